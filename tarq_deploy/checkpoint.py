@@ -1,0 +1,226 @@
+"""The lattice checkpoint: the one contract between calibration and every converter, evaluator and publisher.
+
+Layout of a checkpoint directory::
+
+    manifest.json         format, version, lattice (bits, group size, scheme), method and knobs, per-layer records,
+                          calibration summary, source model, sha256 of every file below
+    lattice.safetensors   per quantized weight NAME: "NAME.codes" and "NAME.scales" (float16 [m, n_groups]).
+                          Codes are uint8 nibble pairs [m, n/2] for 4-bit (code + 8; column 2j in the low nibble,
+                          2j+1 in the high nibble) and int8 [m, n] otherwise.
+    tensors.safetensors   every tensor of the model that was not quantized, in its own dtype
+    model/                the model's config, tokenizer and processor files, copied verbatim
+
+Tied tensors (Whisper's token embedding is its output projection) are stored once; ``aliases`` in the manifest maps
+each other name to the quantized weight it shares. Nothing in a checkpoint is a pickle. Every write goes to a
+temporary directory that is renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .quant.lattice import LatticeSpec, QuantizedWeight, check_on_lattice
+
+FORMAT_NAME = "tarq-lattice"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LATTICE_FILE = "lattice.safetensors"
+TENSORS_FILE = "tensors.safetensors"
+MODEL_FILES_DIR = "model"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be read as what it claims to be; the message names the file and the problem."""
+
+
+@dataclass
+class LatticeCheckpoint:
+    """In-memory form of a lattice checkpoint."""
+
+    spec: LatticeSpec
+    quantized: dict[str, QuantizedWeight]
+    tensors: dict[str, torch.Tensor]
+    aliases: dict[str, str] = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)  # method, knobs, layer records, calibration, source model
+    model_files: dict[str, bytes] = field(default_factory=dict)
+
+    def weight_names(self) -> list[str]:
+        """Every tensor name of the full model, quantized or not, aliases included."""
+        return sorted([*self.quantized, *self.tensors, *self.aliases])
+
+    def dequantized_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """The model's state dict with every lattice weight replaced by its exact value s * q (cast to ``dtype``
+        only when asked: float32 holds s * q exactly, float16 holds it exactly for 4-bit codes too)."""
+        state = {name: q.dequantize().to(dtype) for name, q in self.quantized.items()}
+        state.update(self.tensors)
+        for alias, target in self.aliases.items():
+            state[alias] = state[target]
+        return state
+
+
+# ----------------------------------------------------------------------------------------------------- codes packing
+def pack_codes(q: QuantizedWeight) -> torch.Tensor:
+    """4-bit codes as uint8 nibble pairs (code + 8), other widths as int8 unchanged."""
+    if not _packs_to_nibbles(q.spec, q.codes.shape[1]):
+        return q.codes.contiguous()
+    u = (q.codes.to(torch.int16) + 8).to(torch.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+
+
+def unpack_codes(stored: torch.Tensor, spec: LatticeSpec, n_cols: int) -> torch.Tensor:
+    if not _packs_to_nibbles(spec, n_cols):
+        return stored
+    low = (stored & 0x0F).to(torch.int8) - 8
+    high = (stored >> 4).to(torch.int8) - 8
+    return torch.stack([low, high], dim=2).reshape(stored.shape[0], n_cols)
+
+
+def _packs_to_nibbles(spec: LatticeSpec, n_cols: int) -> bool:
+    return spec.bits == 4 and n_cols % 2 == 0
+
+
+# ------------------------------------------------------------------------------------------------------------ writing
+def save_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike) -> Path:
+    """Write ``ckpt`` to ``out_dir`` atomically (temporary directory, then rename); returns the final path."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_contents(ckpt, tmp)
+        _replace_directory(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
+    lattice: dict[str, torch.Tensor] = {}
+    shapes: dict[str, list[int]] = {}
+    for name in sorted(ckpt.quantized):
+        q = ckpt.quantized[name]
+        check_on_lattice(q)
+        lattice[f"{name}.codes"] = pack_codes(q).cpu()
+        lattice[f"{name}.scales"] = q.scales.cpu().contiguous()
+        shapes[name] = list(q.codes.shape)
+    save_file(lattice, str(directory / LATTICE_FILE), metadata={"format": FORMAT_NAME})
+    tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(ckpt.tensors.items())}
+    save_file(tensors, str(directory / TENSORS_FILE), metadata={"format": FORMAT_NAME})
+    (directory / MODEL_FILES_DIR).mkdir()
+    for rel, data in sorted(ckpt.model_files.items()):
+        target = directory / MODEL_FILES_DIR / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "lattice": {"bits": ckpt.spec.bits, "group_size": ckpt.spec.group_size, "scheme": "symmetric",
+                    "scale_dtype": "float16", "code_storage": "nibble" if ckpt.spec.bits == 4 else "int8"},
+        "quantized": shapes,
+        "aliases": dict(sorted(ckpt.aliases.items())),
+        **ckpt.metadata,
+        "files": {rel: _sha256(directory / rel) for rel in _payload_files(directory)},
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _payload_files(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def _replace_directory(tmp: Path, out: Path) -> None:
+    """Move ``tmp`` to ``out``; an existing ``out`` is set aside first and removed only after the move."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    if not (out / MANIFEST).is_file():
+        raise CheckpointError(f"{out}: exists and is not a lattice checkpoint; refusing to overwrite it")
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------------------ reading
+def read_manifest(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; {directory} is not a lattice checkpoint")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if manifest.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path}: format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format version {manifest.get('format_version')} is not supported "
+                              f"(this tool reads version {FORMAT_VERSION})")
+    return manifest
+
+
+def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True) -> LatticeCheckpoint:
+    """Read a checkpoint back: bit-identical codes and scales, untouched tensors, model files and metadata."""
+    root = Path(directory)
+    manifest = read_manifest(root)
+    if verify_hashes:
+        _verify_files(root, manifest)
+    lattice_cfg = manifest["lattice"]
+    spec = LatticeSpec(bits=lattice_cfg["bits"], group_size=lattice_cfg["group_size"])
+    raw = _load_safetensors(root / LATTICE_FILE)
+    quantized = {name: _quantized_from(raw, name, shape, spec, root / LATTICE_FILE)
+                 for name, shape in manifest["quantized"].items()}
+    tensors = _load_safetensors(root / TENSORS_FILE)
+    model_files = {str(p.relative_to(root / MODEL_FILES_DIR)): p.read_bytes()
+                   for p in sorted((root / MODEL_FILES_DIR).rglob("*")) if p.is_file()}
+    reserved = {"format", "format_version", "lattice", "quantized", "aliases", "files"}
+    metadata = {k: v for k, v in manifest.items() if k not in reserved}
+    return LatticeCheckpoint(spec, quantized, tensors, manifest.get("aliases", {}), metadata, model_files)
+
+
+def _verify_files(root: Path, manifest: dict) -> None:
+    for rel, expected in manifest.get("files", {}).items():
+        path = root / rel
+        if not path.is_file():
+            raise CheckpointError(f"{path}: listed in {MANIFEST} but missing")
+        if _sha256(path) != expected:
+            raise CheckpointError(f"{path}: content does not match its sha256 in {MANIFEST} (corrupted or truncated)")
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _quantized_from(raw: dict[str, torch.Tensor], name: str, shape: list[int], spec: LatticeSpec, path: Path) -> QuantizedWeight:
+    if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
+        raise CheckpointError(f"{path}: codes or scales of {name} missing")
+    q = QuantizedWeight(unpack_codes(raw[f"{name}.codes"], spec, shape[1]), raw[f"{name}.scales"], spec)
+    if list(q.codes.shape) != list(shape):
+        raise CheckpointError(f"{path}: codes of {name} have shape {list(q.codes.shape)}, manifest says {shape}")
+    try:
+        check_on_lattice(q)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {name}: {e}") from None
+    return q

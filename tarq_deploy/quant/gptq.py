@@ -1,0 +1,102 @@
+"""GPTQ: the column sweep that projects W onto the lattice under a PSD metric H (paper, Appendix "Background: GPTQ").
+
+Columns are quantized left to right; each column's rounding error, normalised by the diagonal of the upper Cholesky
+factor U of H^-1, is pushed onto the columns not yet quantized (W[:, j+1:] -= e_j U[j, j+1:]). Updates inside a block of
+``blocksize`` columns are applied eagerly, the rest lazily once per block (one matmul). Any metric works: the plain
+second moment (GPTQ), the rareBAL metric (TARQ) or the identity (which reduces to round-to-nearest).
+
+Group scales are fixed the moment the sweep enters a group, from that group's current, error-updated columns (as the
+reference implementation does); per-channel scales come from the whole matrix before the sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .lattice import LatticeSpec, QuantizedWeight, codes_for, scales_for, SCALE_DTYPE, CODE_DTYPE
+
+PERCDAMP = 0.01
+BLOCKSIZE = 128
+
+
+@dataclass
+class PreparedMetric:
+    """A damped metric ready for sweeps: reused by TARQ's pilot and final sweeps and its residual solve."""
+
+    H_inv: torch.Tensor  # float64 (H + damp I)^-1 with dead columns neutralised
+    U: torch.Tensor  # float32 upper Cholesky factor of H_inv
+    dead: torch.Tensor  # bool [n]: columns whose input is always zero
+    damp: float
+
+
+def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP) -> PreparedMetric:
+    """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse."""
+    H = H.to(torch.float64).clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    diag_mean = torch.diag(H).mean().item()
+    damp = percdamp * diag_mean if diag_mean > 0 else 1.0
+    H.diagonal().add_(damp)
+    H_inv = torch.cholesky_inverse(_cholesky(H))
+    U = _cholesky(H_inv, upper=True).to(torch.float32)
+    return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp)
+
+
+def _cholesky(A: torch.Tensor, upper: bool = False) -> torch.Tensor:
+    """Cholesky that retries with growing jitter: near-singular metrics come from few calibration positions."""
+    L, info = torch.linalg.cholesky_ex(A, upper=upper)
+    jitter = 1e-10 * torch.diag(A).abs().mean().item()
+    while info.item() != 0:
+        jitter *= 10
+        if jitter > 1e3 * torch.diag(A).abs().mean().item():
+            raise torch.linalg.LinAlgError("metric is not positive definite even after heavy jitter")
+        L, info = torch.linalg.cholesky_ex(A + jitter * torch.eye(A.shape[0], dtype=A.dtype, device=A.device), upper=upper)
+    return L
+
+
+def gptq_quantize(
+    W: torch.Tensor, H: torch.Tensor, spec: LatticeSpec, percdamp: float = PERCDAMP, blocksize: int = BLOCKSIZE
+) -> QuantizedWeight:
+    """Project W [m, n] onto the lattice under metric H [n, n]."""
+    return gptq_sweep(W, prepare_metric(H.to(W.device), percdamp), spec, blocksize)
+
+
+def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int = BLOCKSIZE) -> QuantizedWeight:
+    """The column sweep of Algorithm 2 with lazy block updates; returns codes and scales."""
+    m, n = W.shape
+    spec.check_columns(n)
+    width = spec.group_width(n)
+    if spec.group_size != -1 and blocksize % width != 0:
+        raise ValueError(f"blocksize {blocksize} must be a multiple of group size {width}")
+    W = W.to(torch.float32).clone()
+    W[:, metric.dead] = 0.0
+    U = metric.U.to(W.device)
+    codes = torch.zeros((m, n), dtype=CODE_DTYPE, device=W.device)
+    scales = scales_for(W, spec) if spec.group_size == -1 else torch.zeros((m, n // width), dtype=SCALE_DTYPE, device=W.device)
+
+    for i1 in range(0, n, blocksize):
+        i2 = min(i1 + blocksize, n)
+        W_block = W[:, i1:i2].clone()
+        Err_block = torch.zeros_like(W_block)
+        U_block = U[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if spec.group_size != -1 and col % width == 0:
+                scales[:, col // width] = scales_for(W_block[:, i : i + width], spec)[:, 0]
+            s = scales[:, col // width : col // width + 1]
+            w = W_block[:, i : i + 1]
+            q = codes_for(w, s, spec)
+            codes[:, col : col + 1] = q
+            err = (w - q.float() * s.float()) / U_block[i, i]
+            W_block[:, i:] -= err * U_block[i : i + 1, i:]
+            Err_block[:, i : i + 1] = err
+        W[:, i2:] -= Err_block @ U[i1:i2, i2:]
+    return QuantizedWeight(codes, scales, spec)
+
+
+def weighted_loss(delta_W: torch.Tensor, H: torch.Tensor) -> float:
+    """tr(dW H dW^T): the H-weighted reconstruction loss of eq. (5)."""
+    dW = delta_W.to(torch.float64)
+    return float(torch.einsum("ij,jk,ik->", dW, H.to(dW.device, torch.float64), dW))

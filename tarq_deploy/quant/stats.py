@@ -1,0 +1,81 @@
+"""Streaming second moments per Linear: H_common, H_tail (eq. 4) and the input-error cross-moment H_delta (eq. 7).
+
+Memory is O(n^2) per layer whatever the number of calibration positions: each batch of activations is folded into
+the running sums and dropped. Sums are kept in float64; on CUDA each batch's product is formed in float32 (fast on
+any GPU) and only the accumulation is float64, which keeps the rounding error of long sums at the per-batch level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def _accumulation_dtype(device: torch.device) -> torch.dtype:
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
+@dataclass
+class LayerStats:
+    """Running H_common, H_tail and H_delta of one Linear with n inputs."""
+
+    n: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    H_common: torch.Tensor = field(init=False)
+    H_tail: torch.Tensor = field(init=False)
+    H_delta: torch.Tensor = field(init=False)
+    n_common: int = 0
+    n_tail: int = 0
+    n_delta: int = 0
+
+    def __post_init__(self) -> None:
+        self.device = torch.device(self.device)
+        zeros = lambda: torch.zeros((self.n, self.n), dtype=torch.float64, device=self.device)  # noqa: E731
+        self.H_common, self.H_tail, self.H_delta = zeros(), zeros(), zeros()
+
+    def add(self, x_q: torch.Tensor, tail_mask: torch.Tensor, x_fp: torch.Tensor | None = None) -> None:
+        """Fold in activations x_q [..., n] entering the partially quantized layer, their tail tags [...] and,
+        when the full-precision stream is tracked, the matching x_fp [..., n]."""
+        x_q = x_q.reshape(-1, self.n)
+        mask = tail_mask.reshape(-1).to(torch.bool)
+        if mask.shape[0] != x_q.shape[0]:
+            raise ValueError(f"tail mask has {mask.shape[0]} positions, activations have {x_q.shape[0]}")
+        work = _accumulation_dtype(self.device)
+        x_q = x_q.to(self.device, work)
+        mask = mask.to(self.device)
+        x_tail, x_common = x_q[mask], x_q[~mask]
+        self.H_tail += (x_tail.T @ x_tail).to(torch.float64)
+        self.H_common += (x_common.T @ x_common).to(torch.float64)
+        self.n_tail += int(x_tail.shape[0])
+        self.n_common += int(x_common.shape[0])
+        if x_fp is not None:
+            x_fp = x_fp.reshape(-1, self.n).to(self.device, work)
+            if x_fp.shape != x_q.shape:
+                raise ValueError(f"x_fp has shape {tuple(x_fp.shape)}, x_q has {tuple(x_q.shape)}")
+            self.H_delta += ((x_fp - x_q).T @ x_q).to(torch.float64)
+            self.n_delta += int(x_q.shape[0])
+
+    @property
+    def H(self) -> torch.Tensor:
+        """The plain, frequency-weighted second moment H = H_common + H_tail."""
+        return self.H_common + self.H_tail
+
+    @property
+    def tail_share(self) -> float:
+        """p = N_tail / N of eq. (3)."""
+        total = self.n_common + self.n_tail
+        return self.n_tail / total if total else 0.0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        counts = torch.tensor([self.n_common, self.n_tail, self.n_delta], dtype=torch.int64)
+        return {"H_common": self.H_common.cpu(), "H_tail": self.H_tail.cpu(), "H_delta": self.H_delta.cpu(), "counts": counts}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> "LayerStats":
+        stats = cls(n=state["H_common"].shape[0], device=torch.device(device))
+        stats.H_common.copy_(state["H_common"])
+        stats.H_tail.copy_(state["H_tail"])
+        stats.H_delta.copy_(state["H_delta"])
+        stats.n_common, stats.n_tail, stats.n_delta = (int(v) for v in state["counts"])
+        return stats

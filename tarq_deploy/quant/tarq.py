@@ -1,0 +1,188 @@
+"""TARQ for one Linear layer (paper Algorithm 1) and the ablations it is compared with.
+
+Methods (paper, "Component analysis"):
+  rtn       round-to-nearest, no data
+  gptq      GPTQ under the plain, frequency-weighted metric H = H_common + H_tail
+  rarebal   GPTQ under the rareBAL metric H_rB = H_common + lam * H_tail          (metric only)
+  residual  propagation-aware residual target, projected under the plain metric  (solver only)
+  tarq      both: residual target projected under H_rB                            (Algorithm 1)
+
+Reweighting source (Appendix "Reweighting source and cost-ratio ablations"): which positions form the re-weighted
+slice: ``rare`` (the rarity tags), ``random`` (as many positions drawn uniformly) or ``common`` (as many drawn from
+the common positions). ``c`` is the cost ratio: lam = c * tr(H_common) / (tr(H_tail) + eps).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
+from .lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from .stats import LayerStats
+
+METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq")
+SOURCES = ("rare", "random", "common")
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class TarqConfig:
+    """Solver choice and knobs, named as in the paper."""
+
+    method: str = "tarq"
+    source: str = "rare"
+    c: float = 1.0
+    percdamp: float = PERCDAMP
+    blocksize: int = BLOCKSIZE
+    record_losses: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"reweighting source must be one of {SOURCES}, got {self.source!r}")
+        if not self.c > 0:
+            raise ValueError(f"cost ratio c must be positive, got {self.c}")
+
+    @property
+    def uses_rarebal(self) -> bool:
+        return self.method in ("rarebal", "tarq")
+
+    @property
+    def uses_residual(self) -> bool:
+        return self.method in ("residual", "tarq")
+
+    @property
+    def needs_data(self) -> bool:
+        return self.method != "rtn"
+
+
+@dataclass
+class LayerRecord:
+    """What the solver did to one Linear, for the per-layer JSON log."""
+
+    name: str
+    shape: tuple[int, int]
+    method: str
+    lam: float | None = None
+    alpha: float | None = None
+    p: float | None = None
+    n_common: int = 0
+    n_tail: int = 0
+    tr_common: float | None = None
+    tr_tail: float | None = None
+    fallback: str | None = None
+    loss_rtn: float | None = None
+    loss_final: float | None = None
+    tail_loss_rtn: float | None = None
+    tail_loss_final: float | None = None
+    common_loss_rtn: float | None = None
+    common_loss_final: float | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def rarebal_metric(H_common: torch.Tensor, H_tail: torch.Tensor, c: float = 1.0) -> tuple[torch.Tensor, float]:
+    """Eq. (4): lam = c tr(H_common) / (tr(H_tail) + eps) and H_rB = H_common + lam H_tail."""
+    lam = c * float(torch.trace(H_common)) / (float(torch.trace(H_tail)) + EPS)
+    return H_common + lam * H_tail, lam
+
+
+def residual_direction(W: torch.Tensor, H_delta: torch.Tensor, metric: PreparedMetric) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (7): D = W H_delta G with G = (H + delta I)^-1 (the damped inverse the sweep already holds).
+
+    Also returns D H, needed by the closed-form alpha, without another m x n x n product: since G (H + delta I) = I,
+    D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them does not matter)."""
+    W_H_delta = W.float() @ H_delta.to(W.device, torch.float32)
+    D = W_H_delta @ metric.H_inv.to(W.device, torch.float32)
+    return D, W_H_delta - metric.damp * D
+
+
+def optimal_alpha(E: torch.Tensor, D: torch.Tensor, DH: torch.Tensor) -> float:
+    """Eq. (8): alpha* = <E, D>_H / (<D, D>_H + eps), with <A, B>_H = tr(A H B^T) and DH = D H."""
+    numerator = float((DH.double() * E.double()).sum())
+    denominator = float((DH.double() * D.double()).sum())
+    return numerator / (denominator + EPS)
+
+
+def solve_layer(
+    name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig
+) -> tuple[QuantizedWeight, LayerRecord]:
+    """Quantize one Linear weight W [m, n] with the configured method."""
+    record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    if not config.needs_data:
+        W_hat = quantize_rtn(W, spec)
+    else:
+        if stats is None:
+            raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
+        W_hat = _solve_with_data(W.float(), stats, spec, config, record)
+    record.seconds = time.perf_counter() - start
+    if config.record_losses and stats is not None:
+        _record_losses(record, W, W_hat, stats)
+    return W_hat, record
+
+
+def _solve_with_data(
+    W: torch.Tensor, stats: LayerStats, spec: LatticeSpec, config: TarqConfig, record: LayerRecord
+) -> QuantizedWeight:
+    """Algorithm 1, with the metric and the residual step switched by the method."""
+    H_common, H_tail = stats.H_common.to(W.device), stats.H_tail.to(W.device)
+    record.n_common, record.n_tail, record.p = stats.n_common, stats.n_tail, stats.tail_share
+    record.tr_common, record.tr_tail = float(torch.trace(H_common)), float(torch.trace(H_tail))
+
+    if config.uses_rarebal and stats.n_tail > 0 and record.tr_tail > 0:
+        H_rB, record.lam = rarebal_metric(H_common, H_tail, config.c)
+    else:
+        if config.uses_rarebal:
+            record.fallback = "no tail positions reached this layer: plain metric"
+        H_rB = H_common + H_tail
+    metric = prepare_metric(H_rB, config.percdamp)
+    W_hat0 = gptq_sweep(W, metric, spec, config.blocksize)  # pilot (the whole answer without the residual step)
+    if not config.uses_residual:
+        return W_hat0
+    if stats.n_delta == 0:
+        record.fallback = "no paired full-precision stream: residual step skipped"
+        return W_hat0
+
+    D, DH = residual_direction(W, stats.H_delta, metric)
+    E = W_hat0.dequantize() - W
+    alpha = optimal_alpha(E, D, DH)
+    record.alpha = alpha
+    W_tar = W + alpha * D
+    return gptq_sweep(W_tar, metric, spec, config.blocksize)
+
+
+def _record_losses(record: LayerRecord, W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> None:
+    """Group losses tr(dW H_g dW^T) / N_g of eq. (2) for plain rounding and for the solver's answer."""
+    for label, candidate in (("rtn", quantize_rtn(W, W_hat.spec)), ("final", W_hat)):
+        common, tail = group_losses(W, candidate, stats)
+        setattr(record, f"common_loss_{label}", common)
+        setattr(record, f"tail_loss_{label}", tail)
+        setattr(record, f"loss_{label}", common * stats.n_common + tail * stats.n_tail)
+
+
+def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> tuple[float, float]:
+    """Per-position common and tail losses L^C and L^T (eq. 2); 0 for an empty group."""
+    dW = (W.float() - W_hat.dequantize().to(W.device)).double()
+    common = float(((dW @ stats.H_common.to(dW.device)) * dW).sum())
+    tail = float(((dW @ stats.H_tail.to(dW.device)) * dW).sum())
+    return common / max(stats.n_common, 1), tail / max(stats.n_tail, 1)
+
+
+def reweighting_mask(rare_mask: torch.Tensor, source: str, generator: torch.Generator) -> torch.Tensor:
+    """The positions re-weighted as 'tail' for a reweighting source, size-matched to the rare positions."""
+    rare_mask = rare_mask.reshape(-1).to(torch.bool)
+    if source == "rare":
+        return rare_mask
+    pool = torch.arange(rare_mask.numel()) if source == "random" else torch.nonzero(~rare_mask.cpu()).reshape(-1)
+    k = min(int(rare_mask.sum()), pool.numel())
+    chosen = pool[torch.randperm(pool.numel(), generator=generator)[:k]]
+    mask = torch.zeros_like(rare_mask, device="cpu")
+    mask[chosen] = True
+    return mask.to(rare_mask.device)
