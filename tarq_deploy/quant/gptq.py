@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lattice import LatticeSpec, QuantizedWeight, codes_for, scales_for, SCALE_DTYPE, CODE_DTYPE
+from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight, scales_for
 
 PERCDAMP = 0.01
 BLOCKSIZE = 128
@@ -85,15 +85,22 @@ def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, block
             col = i1 + i
             if spec.group_size != -1 and col % width == 0:
                 scales[:, col // width] = scales_for(W_block[:, i : i + width], spec)[:, 0]
-            s = scales[:, col // width : col // width + 1]
-            w = W_block[:, i : i + 1]
-            q = codes_for(w, s, spec)
-            codes[:, col : col + 1] = q
-            err = (w - q.float() * s.float()) / U_block[i, i]
+            s = scales[:, col // width].float()
+            w = W_block[:, i]
+            q = _round_column(w, s, spec)
+            codes[:, col] = q.to(CODE_DTYPE)
+            err = ((w - q * s) / U_block[i, i]).unsqueeze(1)
             W_block[:, i:] -= err * U_block[i : i + 1, i:]
             Err_block[:, i : i + 1] = err
         W[:, i2:] -= Err_block @ U[i1:i2, i2:]
     return QuantizedWeight(codes, scales, spec)
+
+
+def _round_column(w: torch.Tensor, s: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    """lattice.codes_for for one column, inlined for the hot loop (same arithmetic, so the same codes)."""
+    safe = torch.where(s == 0, torch.ones_like(s), s)
+    q = torch.round(w / safe).clamp_(spec.qmin, spec.qmax)
+    return q.masked_fill_(s == 0, 0.0)
 
 
 def weighted_loss(delta_W: torch.Tensor, H: torch.Tensor) -> float:

@@ -1,0 +1,406 @@
+"""The legacy whisper.cpp model file ("ggml" magic, what whisper.cpp 1.8.5 loads): its layout, a strict parser, and
+``verify`` against a lattice checkpoint.
+
+Layout (all int32 little-endian, no padding):
+
+    magic 0x67676d6c
+    hparams: n_vocab n_audio_ctx n_audio_state n_audio_head n_audio_layer n_text_ctx n_text_state n_text_head
+             n_text_layer n_mels ftype            (ftype = ggml_ftype + 1000 * quantization version)
+    mel filters: n_mel, n_fft (201), n_mel * n_fft float32
+    vocab: count, then per token: length, raw bytes
+    tensors until EOF: n_dims, name length, ggml type, ne[0..n_dims) (ne[0] = row length), name, data
+
+whisper.cpp creates every tensor itself with a fixed type and shape (``whisper_model_load``) and reads the file's bytes
+straight into it, so the layout below (``tensor_slots``) is what a file must match tensor for tensor: weight matrices
+and the token embedding in the header's type, conv weights F16, everything else F32. Shapes here are numpy order
+(row-major, last axis = ggml ne[0]); they are reversed only at the file boundary.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .ggml_blocks import (GGML_BLOCK, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                          GGML_TYPE_Q8_0, tensor_nbytes)
+
+FILE_MAGIC = 0x67676D6C  # "ggml"
+QNT_VERSION = 2  # GGML_QNT_VERSION: the block layouts of ggml-common.h
+QNT_VERSION_FACTOR = 1000  # GGML_QNT_VERSION_FACTOR
+# ggml_ftype of a file whose weight matrices are of the given ggml type (enum ggml_ftype, ggml.h)
+FTYPE_OF_TYPE = {GGML_TYPE_F32: 0, GGML_TYPE_F16: 1, GGML_TYPE_Q4_0: 2, GGML_TYPE_Q4_1: 3, GGML_TYPE_Q8_0: 7}
+TYPE_OF_FTYPE = {ftype: t for t, ftype in FTYPE_OF_TYPE.items()}
+QUANTIZED_TYPES = (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0)
+N_FFT_BINS = 201  # whisper.cpp's WHISPER_N_FFT 400 -> 201 frequency bins
+MAX_TOKEN_BYTES = 1024  # no real BPE token comes near; a larger length means a corrupt vocabulary
+MAX_NAME_BYTES = 256
+MAX_DIMS = 4
+
+# tensor roles: which ggml type whisper.cpp gives the tensor
+ROLE_MATRIX = "matrix"  # the header's weight type (attention, MLP, token embedding)
+ROLE_CONV = "conv"  # F16 (F32 in an all-F32 file)
+ROLE_F32 = "f32"  # always F32: biases, LayerNorms, positional embeddings
+
+
+class GGMLFileError(ValueError):
+    """A whisper.cpp model file that is not what whisper.cpp would load; the message names the file and the problem."""
+
+    def __init__(self, path: str | os.PathLike, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+# --------------------------------------------------------------------------------------------------- the layout
+@dataclass(frozen=True)
+class WhisperHParams:
+    """The 11 header integers, in file order."""
+
+    n_vocab: int
+    n_audio_ctx: int
+    n_audio_state: int
+    n_audio_head: int
+    n_audio_layer: int
+    n_text_ctx: int
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+    n_mels: int
+    ftype: int
+
+    @classmethod
+    def from_config(cls, config: dict, weight_type: int) -> "WhisperHParams":
+        """Header of a transformers WhisperConfig (as a dict) whose matrices are stored as ``weight_type``."""
+        quant_version = QNT_VERSION if weight_type in QUANTIZED_TYPES else 0  # as whisper.cpp's own tools write it
+        return cls(
+            n_vocab=config["vocab_size"], n_audio_ctx=config["max_source_positions"], n_audio_state=config["d_model"],
+            n_audio_head=config["encoder_attention_heads"], n_audio_layer=config["encoder_layers"],
+            n_text_ctx=config["max_target_positions"], n_text_state=config["d_model"],
+            n_text_head=config["decoder_attention_heads"], n_text_layer=config["decoder_layers"],
+            n_mels=config["num_mel_bins"], ftype=FTYPE_OF_TYPE[weight_type] + QNT_VERSION_FACTOR * quant_version)
+
+    def ints(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    @property
+    def weight_type(self) -> int:
+        return TYPE_OF_FTYPE[self.ftype % QNT_VERSION_FACTOR]
+
+    def same_model(self, other: "WhisperHParams") -> bool:
+        """Same architecture, whatever the storage type."""
+        return self.ints()[:-1] == other.ints()[:-1]
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """One tensor whisper.cpp creates: its name, the transformers state-dict name it comes from, role and shape."""
+
+    name: str
+    hf_name: str
+    role: str
+    shape: tuple[int, ...]
+
+    def ggml_type(self, weight_type: int) -> int:
+        if self.role == ROLE_MATRIX:
+            return weight_type
+        if self.role == ROLE_CONV:
+            return GGML_TYPE_F32 if weight_type == GGML_TYPE_F32 else GGML_TYPE_F16
+        return GGML_TYPE_F32
+
+
+# transformers name piece -> whisper.cpp name piece, inside a layer (the inverse of whisper.cpp's converters)
+_ATTENTION_PARTS = {"q_proj": ("query", True), "k_proj": ("key", False), "v_proj": ("value", True),
+                    "out_proj": ("out", True)}  # (name, has bias): whisper.cpp's attn.key has no bias
+
+
+def tensor_slots(h: WhisperHParams) -> list[TensorSlot]:
+    """Every tensor whisper.cpp 1.8.5 creates for these hyper-parameters, in the order we write them."""
+    d, n_mels = h.n_audio_state, h.n_mels
+    slots = [
+        TensorSlot("encoder.positional_embedding", "model.encoder.embed_positions.weight", ROLE_F32, (h.n_audio_ctx, d)),
+        TensorSlot("encoder.conv1.weight", "model.encoder.conv1.weight", ROLE_CONV, (d, n_mels, 3)),
+        TensorSlot("encoder.conv1.bias", "model.encoder.conv1.bias", ROLE_F32, (d, 1)),
+        TensorSlot("encoder.conv2.weight", "model.encoder.conv2.weight", ROLE_CONV, (d, d, 3)),
+        TensorSlot("encoder.conv2.bias", "model.encoder.conv2.bias", ROLE_F32, (d, 1)),
+    ]
+    for i in range(h.n_audio_layer):
+        slots += _block_slots(f"encoder.blocks.{i}", f"model.encoder.layers.{i}", d, cross=False)
+    slots += _layer_norm_slots("encoder.ln_post", "model.encoder.layer_norm", d)
+    slots += [
+        TensorSlot("decoder.positional_embedding", "model.decoder.embed_positions.weight", ROLE_F32, (h.n_text_ctx, d)),
+        TensorSlot("decoder.token_embedding.weight", "model.decoder.embed_tokens.weight", ROLE_MATRIX, (h.n_vocab, d)),
+    ]
+    for i in range(h.n_text_layer):
+        slots += _block_slots(f"decoder.blocks.{i}", f"model.decoder.layers.{i}", d, cross=True)
+    slots += _layer_norm_slots("decoder.ln", "model.decoder.layer_norm", d)
+    return slots
+
+
+def _block_slots(prefix: str, hf_prefix: str, d: int, cross: bool) -> list[TensorSlot]:
+    slots = _attention_slots(f"{prefix}.attn", f"{hf_prefix}.self_attn", d)
+    slots += _layer_norm_slots(f"{prefix}.attn_ln", f"{hf_prefix}.self_attn_layer_norm", d)
+    if cross:
+        slots += _attention_slots(f"{prefix}.cross_attn", f"{hf_prefix}.encoder_attn", d)
+        slots += _layer_norm_slots(f"{prefix}.cross_attn_ln", f"{hf_prefix}.encoder_attn_layer_norm", d)
+    ffn = 4 * d  # whisper.cpp hard-codes the MLP width as 4 * n_state
+    slots += [
+        TensorSlot(f"{prefix}.mlp.0.weight", f"{hf_prefix}.fc1.weight", ROLE_MATRIX, (ffn, d)),
+        TensorSlot(f"{prefix}.mlp.0.bias", f"{hf_prefix}.fc1.bias", ROLE_F32, (ffn,)),
+        TensorSlot(f"{prefix}.mlp.2.weight", f"{hf_prefix}.fc2.weight", ROLE_MATRIX, (d, ffn)),
+        TensorSlot(f"{prefix}.mlp.2.bias", f"{hf_prefix}.fc2.bias", ROLE_F32, (d,)),
+    ]
+    slots += _layer_norm_slots(f"{prefix}.mlp_ln", f"{hf_prefix}.final_layer_norm", d)
+    return slots
+
+
+def _attention_slots(prefix: str, hf_prefix: str, d: int) -> list[TensorSlot]:
+    slots = []
+    for hf_part, (part, has_bias) in _ATTENTION_PARTS.items():
+        slots.append(TensorSlot(f"{prefix}.{part}.weight", f"{hf_prefix}.{hf_part}.weight", ROLE_MATRIX, (d, d)))
+        if has_bias:
+            slots.append(TensorSlot(f"{prefix}.{part}.bias", f"{hf_prefix}.{hf_part}.bias", ROLE_F32, (d,)))
+    return slots
+
+
+def _layer_norm_slots(prefix: str, hf_prefix: str, d: int) -> list[TensorSlot]:
+    return [TensorSlot(f"{prefix}.{p}", f"{hf_prefix}.{p}", ROLE_F32, (d,)) for p in ("weight", "bias")]
+
+
+# --------------------------------------------------------------------------------------------------- the parser
+@dataclass(frozen=True)
+class TensorRecord:
+    """Where one tensor's data lies in the file."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # numpy order
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class WhisperCppFile:
+    """A parsed whisper.cpp model file; tensor data stays in a read-only memory map."""
+
+    path: Path
+    hparams: WhisperHParams
+    mel_filters: np.ndarray  # float32 [n_mel, 201]
+    vocab: list[bytes]
+    tensors: dict[str, TensorRecord]
+    data: np.ndarray  # uint8 memmap of the whole file
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes: uint8 [rows, row_bytes] (row = last axis)."""
+        rec = self.tensors[name]
+        flat = self.data[rec.offset:rec.offset + rec.nbytes]
+        return flat.reshape(-1, rec.nbytes // max(1, _n_rows(rec.shape)))
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """float32 values in the tensor's shape, decoded by gguf-py (the reference decoder)."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        rec = self.tensors[name]
+        values = dequantize(np.array(self.raw(name)), GGMLQuantizationType(rec.ggml_type))
+        return values.astype(np.float32, copy=False).reshape(rec.shape)
+
+
+def read_whisper_cpp(path: str | os.PathLike) -> WhisperCppFile:
+    """Parse ``path`` strictly; any deviation from what whisper.cpp 1.8.5 loads raises GGMLFileError."""
+    path = Path(path)
+    if not path.is_file():
+        raise GGMLFileError(path, "no such file")
+    if path.stat().st_size == 0:
+        raise GGMLFileError(path, "empty file")
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    cur = _Cursor(data, path)
+    if cur.u32("magic") != FILE_MAGIC:
+        raise GGMLFileError(path, "bad magic: not a whisper.cpp (ggml) model file")
+    hparams = _read_hparams(cur)
+    mel = _read_mel_filters(cur, hparams)
+    vocab = _read_vocab(cur, hparams)
+    tensors = _read_tensors(cur, hparams)
+    return WhisperCppFile(path, hparams, mel, vocab, tensors, data)
+
+
+class _Cursor:
+    """Sequential little-endian reads with truncation errors that say what was being read."""
+
+    def __init__(self, data: np.ndarray, path: Path):
+        self.data, self.path, self.pos = data, path, 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    def take(self, n: int, what: str) -> np.ndarray:
+        if n < 0 or n > self.remaining:
+            raise GGMLFileError(self.path, f"truncated: {what} needs {n} bytes at offset {self.pos}, "
+                                           f"only {self.remaining} left (file has {len(self.data)} bytes)")
+        chunk = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return chunk
+
+    def i32s(self, n: int, what: str) -> list[int]:
+        return [int(v) for v in self.take(4 * n, what).view("<i4")]
+
+    def i32(self, what: str) -> int:
+        return self.i32s(1, what)[0]
+
+    def u32(self, what: str) -> int:
+        return int(self.take(4, what).view("<u4")[0])
+
+
+def _read_hparams(cur: _Cursor) -> WhisperHParams:
+    names = [f.name for f in fields(WhisperHParams)]
+    h = WhisperHParams(*cur.i32s(len(names), "the header"))
+    bad = [n for n in names[:-1] if getattr(h, n) <= 0]
+    if bad:
+        raise GGMLFileError(cur.path, f"bad header: {', '.join(f'{n}={getattr(h, n)}' for n in bad)} (must be > 0)")
+    if h.n_audio_state != h.n_text_state:
+        raise GGMLFileError(cur.path, f"bad header: n_audio_state {h.n_audio_state} != n_text_state {h.n_text_state}")
+    base, version = h.ftype % QNT_VERSION_FACTOR, h.ftype // QNT_VERSION_FACTOR
+    if h.ftype < 0 or base not in TYPE_OF_FTYPE:
+        raise GGMLFileError(cur.path, f"bad header: unknown ftype {h.ftype}")
+    quantized = TYPE_OF_FTYPE[base] in QUANTIZED_TYPES
+    if (quantized and version != QNT_VERSION) or (not quantized and version not in (0, QNT_VERSION)):
+        raise GGMLFileError(cur.path, f"bad header: ftype {h.ftype} has quantization version {version}; "
+                                      f"this reader knows the version-{QNT_VERSION} block layouts")
+    return h
+
+
+def _read_mel_filters(cur: _Cursor, h: WhisperHParams) -> np.ndarray:
+    n_mel, n_fft = cur.i32s(2, "the mel filter dimensions")
+    if n_mel != h.n_mels or n_fft != N_FFT_BINS:
+        raise GGMLFileError(cur.path, f"bad mel filters: {n_mel} x {n_fft}, expected {h.n_mels} x {N_FFT_BINS}")
+    mel = np.array(cur.take(4 * n_mel * n_fft, "the mel filters").view("<f4")).reshape(n_mel, n_fft)
+    if not np.isfinite(mel).all():
+        raise GGMLFileError(cur.path, "bad mel filters: inf or nan")
+    return mel
+
+
+def _read_vocab(cur: _Cursor, h: WhisperHParams) -> list[bytes]:
+    count = cur.i32("the vocabulary size")
+    if not 0 < count <= h.n_vocab:
+        raise GGMLFileError(cur.path, f"bad vocabulary: {count} tokens (header n_vocab {h.n_vocab})")
+    vocab = []
+    for i in range(count):
+        length = cur.i32(f"the length of token {i}")
+        if not 0 <= length <= MAX_TOKEN_BYTES:
+            raise GGMLFileError(cur.path, f"bad vocabulary: token {i} has length {length}")
+        vocab.append(cur.take(length, f"token {i}").tobytes())
+    return vocab
+
+
+def _read_tensors(cur: _Cursor, h: WhisperHParams) -> dict[str, TensorRecord]:
+    expected = {slot.name: slot for slot in tensor_slots(h)}
+    found: dict[str, TensorRecord] = {}
+    while cur.remaining > 0:
+        rec = _read_tensor(cur)
+        _check_tensor(cur.path, rec, expected, found, h.weight_type)
+        found[rec.name] = rec
+    missing = [name for name in expected if name not in found]
+    if missing:
+        listed = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise GGMLFileError(cur.path, f"missing tensors ({len(missing)} of {len(expected)}): {listed} "
+                                      f"(truncated file, or not a complete whisper.cpp model)")
+    return found
+
+
+def _read_tensor(cur: _Cursor) -> TensorRecord:
+    start = cur.pos
+    n_dims, name_len, ggml_type = cur.i32s(3, f"a tensor header at offset {start}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: n_dims {n_dims}")
+    if not 1 <= name_len <= MAX_NAME_BYTES:
+        raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: name length {name_len}")
+    if ggml_type not in GGML_BLOCK:
+        raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: unknown ggml type {ggml_type}")
+    ne = cur.i32s(n_dims, f"the dimensions of the tensor at offset {start}")
+    raw_name = cur.take(name_len, f"the name of the tensor at offset {start}").tobytes()
+    try:
+        name = raw_name.decode("utf-8")
+    except UnicodeDecodeError:
+        raise GGMLFileError(cur.path, f"bad tensor name at offset {start}: {raw_name!r}") from None
+    if any(n <= 0 for n in ne):
+        raise GGMLFileError(cur.path, f"tensor {name}: bad dimensions {ne}")
+    shape = tuple(reversed(ne))
+    try:
+        nbytes = tensor_nbytes(ggml_type, shape)
+    except ValueError as e:
+        raise GGMLFileError(cur.path, f"tensor {name}: {e}") from None
+    offset = cur.pos
+    cur.take(nbytes, f"the data of tensor {name}")
+    return TensorRecord(name, ggml_type, shape, offset, nbytes)
+
+
+def _check_tensor(path: Path, rec: TensorRecord, expected: dict[str, TensorSlot], found: dict[str, TensorRecord],
+                  weight_type: int) -> None:
+    slot = expected.get(rec.name)
+    if slot is None:
+        raise GGMLFileError(path, f"unknown tensor {rec.name!r} (whisper.cpp refuses it)")
+    if rec.name in found:
+        raise GGMLFileError(path, f"tensor {rec.name} appears twice")
+    if rec.shape != slot.shape:
+        raise GGMLFileError(path, f"tensor {rec.name} has shape {list(rec.shape)}, expected {list(slot.shape)}")
+    want = slot.ggml_type(weight_type)
+    if rec.ggml_type != want:
+        raise GGMLFileError(path, f"tensor {rec.name} is {GGML_TYPE_NAMES[rec.ggml_type]}, but whisper.cpp expects "
+                                  f"{GGML_TYPE_NAMES[want]} in a file of ftype {FTYPE_OF_TYPE[weight_type]} "
+                                  f"({GGML_TYPE_NAMES[weight_type]} matrices)")
+
+
+def _n_rows(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+
+
+# ------------------------------------------------------------------------------------------------------ verify
+class VerifyError(ValueError):
+    """The model file does not belong to the checkpoint it is verified against (header or vocabulary differ)."""
+
+
+def verify(model_bin: str | os.PathLike, checkpoint_dir: str | os.PathLike) -> dict[str, float]:
+    """Decode every tensor of ``model_bin`` with gguf-py and compare it with the checkpoint's exact values (s * q for
+    lattice weights, the stored tensors otherwise; the token embedding is proj_out's lattice). Returns max |diff| per
+    array, "mel_filters" first and then every tensor in file-layout order; 0.0 everywhere for a lossless export."""
+    from tarq_deploy.checkpoint import load_checkpoint
+
+    from .whisper_cpp import checkpoint_source  # the same reading of header, vocabulary and mel filters as export
+
+    model = read_whisper_cpp(model_bin)
+    ckpt = load_checkpoint(checkpoint_dir)
+    source = checkpoint_source(ckpt, origin=str(checkpoint_dir))
+    _check_same_model(model, source.hparams(model.hparams.weight_type), source.vocab(), checkpoint_dir)
+    diffs = {"mel_filters": _max_abs_diff(model.mel_filters, source.mel_filters())}
+    exact = ckpt.dequantized_state_dict()  # s * q in float32, aliases (the tied embedding) resolved
+    for slot in tensor_slots(model.hparams):
+        if slot.hf_name not in exact:
+            raise VerifyError(f"{checkpoint_dir}: the checkpoint has no tensor {slot.hf_name} (for {slot.name})")
+        expected = exact[slot.hf_name].float().reshape(slot.shape).numpy()
+        diffs[slot.name] = _max_abs_diff(model.dequantize(slot.name), expected)
+    return diffs
+
+
+def _check_same_model(model: WhisperCppFile, expected: WhisperHParams, vocab: list[bytes],
+                      checkpoint_dir: str | os.PathLike) -> None:
+    if not model.hparams.same_model(expected):
+        raise VerifyError(f"{model.path}: header {model.hparams.ints()[:-1]} does not match the checkpoint "
+                          f"{checkpoint_dir} ({expected.ints()[:-1]})")
+    if model.vocab != vocab:
+        differing = sum(a != b for a, b in zip(model.vocab, vocab)) + abs(len(model.vocab) - len(vocab))
+        raise VerifyError(f"{model.path}: vocabulary differs from the checkpoint {checkpoint_dir}'s tokenizer "
+                          f"({differing} tokens; {len(model.vocab)} in the file, {len(vocab)} expected)")
+
+
+def _max_abs_diff(actual: np.ndarray, expected: np.ndarray) -> float:
+    """max |actual - expected| in float32 (both sides are exact float32 values, so 0.0 means bit-identical values);
+    equal infinities and NaN against NaN count as equal, any other NaN as an infinite difference."""
+    a = np.asarray(actual, dtype=np.float32)
+    e = np.asarray(expected, dtype=np.float32)
+    same = (a == e) | (np.isnan(a) & np.isnan(e))
+    if same.all():
+        return 0.0
+    diff = np.abs(a[~same] - e[~same])
+    return float("inf") if np.isnan(diff).any() else float(diff.max())

@@ -1,0 +1,403 @@
+"""Export Whisper to whisper.cpp's model file: a lattice checkpoint bit-exactly, or a float model.
+
+Targets (``target`` = the ggml type of the weight matrices):
+
+* ``q4_0`` -- a 4-bit lattice checkpoint, every weight matrix and the tied token embedding stored exactly (the
+  lattice's codes and fp16 scales become Q4_0 blocks; see converters/ggml_blocks.py).
+* ``q8_0`` -- an 8-bit lattice checkpoint, likewise in Q8_0 blocks.
+* ``f16``  -- a float model, or a checkpoint's dequantized values s * q rounded to fp16 (fp16 cannot hold every
+  s * q: a warning says how many values were rounded; verify shows it).
+* ``baseline="rtn"`` with ``q4_0`` / ``q8_0`` -- ggml's own rounding of a float model, byte for byte what
+  whisper.cpp's ``quantize`` tool makes from the F16 file (weights are rounded to fp16 first, as in that F16 file).
+
+Computing and I/O are separate: ``build_whisper_cpp`` packs every tensor in memory (and refuses anything the target
+cannot hold before a byte is written); ``write_whisper_cpp`` only writes, to a temporary name renamed when complete.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.quant.lattice import QuantizedWeight
+
+from .ggml_blocks import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
+                          LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0, pack_lattice)
+from .ggml_file import FILE_MAGIC, N_FFT_BINS, QUANTIZED_TYPES, TensorSlot, WhisperHParams, tensor_slots
+
+log = logging.getLogger(__name__)
+
+TARGET_TYPES = {"f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
+BASELINES = ("rtn",)
+GGML_RTN = {GGML_TYPE_Q4_0: ggml_rtn_q4_0, GGML_TYPE_Q8_0: ggml_rtn_q8_0}
+FLOAT_DTYPES = {GGML_TYPE_F32: np.dtype("<f4"), GGML_TYPE_F16: np.dtype("<f2")}
+EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file
+TOKEN_EMBEDDING = "model.decoder.embed_tokens.weight"
+OUTPUT_PROJECTION = "proj_out.weight"  # tied to the token embedding; whisper.cpp has no separate tensor for it
+
+
+class WhisperExportError(ValueError):
+    """The source cannot be exported as asked; the message says what and why."""
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+@dataclass
+class WhisperSource:
+    """A Whisper model as the exporter sees it, whatever it was read from."""
+
+    config: dict
+    tokenizer: dict  # parsed tokenizer.json (or {"model": {"vocab": ...}, "added_tokens": [...]})
+    feature_extractor: dict  # WhisperFeatureExtractor keyword arguments
+    floats: dict[str, torch.Tensor]
+    lattice: dict[str, QuantizedWeight] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # name -> the name whose tensor it shares
+    origin: str = "model"
+
+    def resolve(self, name: str) -> str:
+        return self.aliases.get(name, name)
+
+    def hparams(self, weight_type: int) -> WhisperHParams:
+        _check_whisper_cpp_config(self.config, self.origin)
+        return WhisperHParams.from_config(self.config, weight_type)
+
+    def vocab(self) -> list[bytes]:
+        return base_vocab_bytes(self.tokenizer, self.origin)
+
+    def mel_filters(self) -> np.ndarray:
+        """float32 [n_mels, 201]: transformers' WhisperFeatureExtractor filters (Slaney), as whisper.cpp expects."""
+        from transformers import WhisperFeatureExtractor
+
+        kwargs = {k: v for k, v in self.feature_extractor.items() if k not in ("feature_extractor_type", "processor_class")}
+        filters = np.asarray(WhisperFeatureExtractor(**kwargs).mel_filters, dtype=np.float32).T
+        if filters.shape != (self.config["num_mel_bins"], N_FFT_BINS):
+            raise WhisperExportError(f"{self.origin}: mel filters {filters.shape}, expected "
+                                     f"({self.config['num_mel_bins']}, {N_FFT_BINS})")
+        return np.ascontiguousarray(filters)
+
+    def float_value(self, name: str) -> torch.Tensor:
+        """The float tensor behind ``name``: stored as is, or s * q of a lattice weight (exact in float32)."""
+        key = self.resolve(name)
+        if key in self.lattice:
+            return self.lattice[key].dequantize()
+        if key in self.floats:
+            return self.floats[key]
+        raise WhisperExportError(f"{self.origin}: tensor {name} missing")
+
+
+def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> WhisperSource:
+    files = ckpt.model_files
+    config = _json_file(files, "config.json", origin)
+    source = WhisperSource(config, _tokenizer_of(files, origin), _feature_extractor_of(files, origin),
+                           dict(ckpt.tensors), dict(ckpt.quantized), dict(ckpt.aliases), origin)
+    _tie_output_projection(source)
+    return source
+
+
+def model_source(model: Any, processor: Any, origin: str = "model") -> WhisperSource:
+    """A transformers WhisperForConditionalGeneration and its WhisperProcessor."""
+    tokenizer = json.loads(processor.tokenizer.backend_tokenizer.to_str())
+    floats = {k: v.detach() for k, v in model.state_dict().items()}
+    source = WhisperSource(model.config.to_dict(), tokenizer, processor.feature_extractor.to_dict(), floats,
+                           origin=origin)
+    _tie_output_projection(source)
+    return source
+
+
+def as_source(source: Any) -> WhisperSource:
+    """A WhisperSource from a LatticeCheckpoint, a checkpoint directory, or (model, processor[, generation_config])."""
+    if isinstance(source, WhisperSource):
+        return source
+    if isinstance(source, LatticeCheckpoint):
+        return checkpoint_source(source)
+    if isinstance(source, (str, os.PathLike)):
+        return checkpoint_source(load_checkpoint(source), origin=str(source))
+    if isinstance(source, (tuple, list)) and len(source) in (2, 3):
+        return model_source(source[0], source[1])
+    raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "
+                    f"(model, processor)")
+
+
+def _json_file(files: dict[str, bytes], name: str, origin: str) -> dict:
+    if name not in files:
+        raise WhisperExportError(f"{origin}: model file {name} missing")
+    try:
+        return json.loads(files[name])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WhisperExportError(f"{origin}: model file {name} is not valid JSON ({e})") from None
+
+
+def _tokenizer_of(files: dict[str, bytes], origin: str) -> dict:
+    if "tokenizer.json" in files:
+        return _json_file(files, "tokenizer.json", origin)
+    if "vocab.json" in files:  # a slow tokenizer's files
+        added = _json_file(files, "added_tokens.json", origin) if "added_tokens.json" in files else {}
+        return {"model": {"vocab": _json_file(files, "vocab.json", origin)},
+                "added_tokens": [{"id": i, "content": t} for t, i in added.items()]}
+    raise WhisperExportError(f"{origin}: no tokenizer.json or vocab.json among the model files")
+
+
+def _feature_extractor_of(files: dict[str, bytes], origin: str) -> dict:
+    if "preprocessor_config.json" in files:
+        return _json_file(files, "preprocessor_config.json", origin)
+    if "processor_config.json" in files:  # transformers 5 nests it in the processor's file
+        nested = _json_file(files, "processor_config.json", origin).get("feature_extractor")
+        if isinstance(nested, dict):
+            return nested
+    raise WhisperExportError(f"{origin}: no feature extractor config (preprocessor_config.json, or "
+                             f"processor_config.json with a 'feature_extractor' entry) among the model files")
+
+
+def _tie_output_projection(source: WhisperSource) -> None:
+    """whisper.cpp uses decoder.token_embedding as the output projection too; refuse a model where they differ."""
+    emb, proj = source.resolve(TOKEN_EMBEDDING), source.resolve(OUTPUT_PROJECTION)
+    if emb == proj:
+        return
+    if proj in source.floats and emb in source.floats and torch.equal(source.floats[emb], source.floats[proj]):
+        source.aliases[OUTPUT_PROJECTION] = emb
+        return
+    if proj not in source.floats and proj not in source.lattice:
+        return  # no separate output projection at all: the embedding is the projection
+    raise WhisperExportError(f"{source.origin}: {OUTPUT_PROJECTION} is not tied to {TOKEN_EMBEDDING}; whisper.cpp "
+                             f"has one matrix for both, so an untied output projection cannot be exported")
+
+
+def _check_whisper_cpp_config(config: dict, origin: str) -> None:
+    d = config["d_model"]
+    for key in ("encoder_ffn_dim", "decoder_ffn_dim"):
+        if config.get(key, 4 * d) != 4 * d:
+            raise WhisperExportError(f"{origin}: {key} = {config[key]}, but whisper.cpp fixes the MLP width at "
+                                     f"4 * d_model = {4 * d}")
+
+
+# --------------------------------------------------------------------------------------------------- vocabulary
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, inverted: character -> the byte it stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_DECODER = _byte_decoder()
+_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in _BYTE_DECODER.items()})  # then .encode("latin-1") gives the bytes
+
+
+def base_vocab_bytes(tokenizer: dict, origin: str = "tokenizer") -> list[bytes]:
+    """Raw bytes of tokens 0 .. <|endoftext|> (50257 for English-only Whisper, 50258 multilingual: an id without a
+    token, 50256 there, is written empty). whisper.cpp adds the special tokens after these itself."""
+    id_to_token = {i: t for t, i in tokenizer.get("model", {}).get("vocab", {}).items()}
+    for added in tokenizer.get("added_tokens", []):
+        id_to_token.setdefault(added["id"], added["content"])
+    eot = [i for i, t in id_to_token.items() if t == EOT_TOKEN]
+    if not eot:
+        raise WhisperExportError(f"{origin}: the tokenizer has no {EOT_TOKEN} token")
+    tokens = [id_to_token.get(i, "") for i in range(min(eot) + 1)]
+    foreign = set("".join(tokens)) - _BYTE_DECODER.keys()
+    if foreign:
+        raise WhisperExportError(f"{origin}: tokens use characters outside the byte-level BPE alphabet: "
+                                 f"{sorted(foreign)[:10]}")
+    return [t.translate(_TO_LATIN1).encode("latin-1") for t in tokens]
+
+
+# ------------------------------------------------------------------------------------------------------ packing
+@dataclass
+class PackedTensor:
+    """One tensor ready to write: ``data`` holds exactly its bytes (float32 / float16 values or uint8 blocks)."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # numpy order
+    data: np.ndarray
+
+
+@dataclass
+class WhisperCppModel:
+    """Everything a whisper.cpp model file holds, computed and validated, nothing written yet."""
+
+    hparams: WhisperHParams
+    mel_filters: np.ndarray
+    vocab: list[bytes]
+    tensors: list[PackedTensor]
+
+    @property
+    def nbytes(self) -> int:
+        preamble = 4 * (1 + len(self.hparams.ints()) + 2 + 1 + len(self.vocab)) + self.mel_filters.nbytes
+        headers = sum(12 + 4 * len(t.shape) + len(t.name.encode()) for t in self.tensors)
+        return preamble + sum(map(len, self.vocab)) + headers + sum(t.data.nbytes for t in self.tensors)
+
+
+def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None = None,
+                      progress: bool = False) -> WhisperCppModel:
+    """Pack every tensor for ``target``; raises before anything is written if the source does not fit."""
+    weight_type = _target_type(target, baseline, source)
+    hparams = source.hparams(weight_type)
+    slots = tensor_slots(hparams)
+    _check_nothing_left_over(source, slots)
+    rounding = _F16Rounding()
+    tensors = [_pack_slot(slot, source, weight_type, baseline, rounding)
+               for slot in tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False)]
+    rounding.report(source.origin)
+    return WhisperCppModel(hparams, source.mel_filters(), source.vocab(), tensors)
+
+
+def _target_type(target: str, baseline: str | None, source: WhisperSource) -> int:
+    if target not in TARGET_TYPES:
+        raise WhisperExportError(f"unknown target {target!r}; choose one of {', '.join(TARGET_TYPES)}")
+    weight_type = TARGET_TYPES[target]
+    if baseline is None:
+        return weight_type
+    if baseline not in BASELINES:
+        raise WhisperExportError(f"unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
+    if weight_type not in GGML_RTN:
+        raise WhisperExportError(f"baseline {baseline!r} is ggml's own quantization: use target q4_0 or q8_0")
+    if source.lattice:
+        raise WhisperExportError(f"{source.origin}: baseline {baseline!r} rounds a float model; this source is a "
+                                 f"lattice checkpoint (export it without a baseline, or pass the float model)")
+    return weight_type
+
+
+def _check_nothing_left_over(source: WhisperSource, slots: list[TensorSlot]) -> None:
+    used = {source.resolve(s.hf_name) for s in slots} | {s.hf_name for s in slots} | {OUTPUT_PROJECTION}
+    extra = sorted(n for n in [*source.floats, *source.lattice] if n not in used)
+    if extra:
+        raise WhisperExportError(f"{source.origin}: tensors whisper.cpp has no place for: {', '.join(extra[:5])}"
+                                 + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
+
+
+def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseline: str | None,
+               rounding: "_F16Rounding") -> PackedTensor:
+    ggml_type = slot.ggml_type(weight_type)
+    if ggml_type in QUANTIZED_TYPES:
+        data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
+    else:
+        values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
+        data = np.ascontiguousarray(values.numpy(), dtype=FLOAT_DTYPES[ggml_type])
+        if source.resolve(slot.hf_name) in source.lattice:
+            rounding.count(values, data)
+    return PackedTensor(slot.name, ggml_type, slot.shape, data)
+
+
+def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
+    q = source.lattice.get(source.resolve(slot.hf_name))
+    name = GGML_TYPE_NAMES[ggml_type]
+    if q is None:
+        raise LatticeNotRepresentable(
+            f"{source.origin}: {slot.hf_name} is not on a lattice; a {name} export stores a lattice checkpoint "
+            f"exactly (quantize every weight matrix and proj_out), or use baseline 'rtn' for ggml's own rounding")
+    if tuple(q.shape) != slot.shape:
+        raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(q.shape)}, whisper.cpp expects "
+                                 f"{list(slot.shape)}")
+    try:
+        return pack_lattice(q.codes, q.scales, q.spec.bits, ggml_type)
+    except LatticeNotRepresentable as e:
+        raise LatticeNotRepresentable(f"{source.origin}: {slot.hf_name} cannot be stored exactly as {name}: {e}") from None
+
+
+def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
+    # whisper.cpp's quantize tool reads the F16 file, so it rounds the fp16 weights: do the same
+    w = _shaped(source.float_value(slot.hf_name), slot, source.origin).to(torch.float16).float()
+    return GGML_RTN[ggml_type](w.numpy())
+
+
+def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
+    """``t`` in the slot's shape; only a length-1 axis may be added or dropped (conv bias [d] -> [d, 1])."""
+    squeeze = tuple(s for s in t.shape if s != 1)
+    if tuple(t.shape) != slot.shape and squeeze != tuple(s for s in slot.shape if s != 1):
+        raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, whisper.cpp expects "
+                                 f"{list(slot.shape)} for {slot.name}")
+    return t.detach().cpu().float().reshape(slot.shape)
+
+
+class _F16Rounding:
+    """Counts lattice values s * q that fp16 cannot hold (an F16 file of a checkpoint is close, not exact)."""
+
+    def __init__(self) -> None:
+        self.rounded = 0
+        self.total = 0
+
+    def count(self, exact: torch.Tensor, stored: np.ndarray) -> None:
+        self.rounded += int(np.count_nonzero(stored.astype(np.float32) != exact.numpy()))
+        self.total += stored.size
+
+    def report(self, origin: str) -> None:
+        if self.rounded:
+            log.warning("%s: F16 cannot hold every lattice value s*q: %d of %d values rounded to the nearest fp16 "
+                        "(use q4_0 / q8_0 for a bit-exact file)", origin, self.rounded, self.total)
+
+
+# ------------------------------------------------------------------------------------------------------ writing
+def write_whisper_cpp(model: WhisperCppModel, out_path: str | os.PathLike, progress: bool = False) -> Path:
+    """Write ``model`` to ``out_path`` through a temporary file in the same directory, renamed when complete;
+    nothing is left behind on error."""
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, as for any new file
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_preamble_bytes(model))
+            with tqdm(total=model.nbytes, desc=f"write {out.name}", unit="B", unit_scale=True,
+                      disable=not progress, leave=False) as bar:
+                for tensor in model.tensors:
+                    bar.update(_write_tensor(f, tensor))
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _preamble_bytes(model: WhisperCppModel) -> bytes:
+    h, mel = model.hparams, model.mel_filters
+    parts = [struct.pack("<I", FILE_MAGIC), struct.pack(f"<{len(h.ints())}i", *h.ints()),
+             struct.pack("<2i", *mel.shape), mel.astype("<f4").tobytes(), struct.pack("<i", len(model.vocab))]
+    parts += [struct.pack("<i", len(token)) + token for token in model.vocab]
+    return b"".join(parts)
+
+
+def _write_tensor(f: Any, tensor: PackedTensor) -> int:
+    name = tensor.name.encode("utf-8")
+    ne = tuple(reversed(tensor.shape))  # ggml order: ne[0] is the row length
+    header = struct.pack(f"<3i{len(ne)}i", len(ne), len(name), tensor.ggml_type, *ne) + name
+    f.write(header)
+    f.write(memoryview(np.ascontiguousarray(tensor.data)).cast("B"))
+    return len(header) + tensor.data.nbytes
+
+
+# --------------------------------------------------------------------------------------------------- public API
+def export_whisper_cpp(source: Any, out_path: str | os.PathLike, target: str = "q4_0", *,
+                       baseline: str | None = None, progress: bool = False) -> Path:
+    """Export ``source`` (a LatticeCheckpoint, a checkpoint directory, or (model, processor[, generation_config]))
+    to a whisper.cpp model file; returns the path written. See the module docstring for targets."""
+    built = build_whisper_cpp(as_source(source), target, baseline, progress)
+    return write_whisper_cpp(built, out_path, progress)
+
+
+def default_target(source: WhisperSource, baseline: str | None) -> str:
+    """The target a source naturally exports to: its lattice's type, q4_0 for a baseline, f16 for a float model."""
+    if baseline:
+        return "q4_0"
+    bits = {q.spec.bits for q in source.lattice.values()}
+    if not bits:
+        return "f16"
+    if bits == {4}:
+        return "q4_0"
+    if bits == {8}:
+        return "q8_0"
+    raise WhisperExportError(f"{source.origin}: a {'/'.join(map(str, sorted(bits)))}-bit lattice has no exact "
+                             f"whisper.cpp type (Q4_0 holds 4-bit, Q8_0 8-bit lattices); use target f16")
+

@@ -1,0 +1,50 @@
+"""`tarq-deploy inspect CHECKPOINT`: validate a lattice checkpoint and summarise what it holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..checkpoint import load_checkpoint
+
+HELP = "validate a lattice checkpoint (hashes, code ranges) and print its lattice, method and per-layer figures"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="lattice checkpoint directory")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def summarise(checkpoint_dir: str) -> dict:
+    ckpt = load_checkpoint(checkpoint_dir)
+    n_weights = sum(q.codes.numel() for q in ckpt.quantized.values())
+    return {
+        "checkpoint": checkpoint_dir,
+        "bits": ckpt.spec.bits,
+        "group_size": ckpt.spec.group_size,
+        "quantized_matrices": len(ckpt.quantized),
+        "quantized_weights": n_weights,
+        "untouched_tensors": len(ckpt.tensors),
+        "aliases": ckpt.aliases,
+        "method": ckpt.metadata.get("method"),
+        "source_model": ckpt.metadata.get("source_model"),
+        "layers": ckpt.metadata.get("layers", []),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = summarise(args.checkpoint)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{summary['checkpoint']}: {summary['bits']}-bit lattice, group {summary['group_size']}, "
+          f"{summary['quantized_matrices']} matrices ({summary['quantized_weights']:,} weights), "
+          f"{summary['untouched_tensors']} untouched tensors; all files match their hashes")
+    if summary["method"]:
+        print(f"method: {json.dumps(summary['method'], sort_keys=True)}")
+    for row in summary["layers"]:
+        lam = "-" if row.get("lam") is None else f"{row['lam']:.2f}"
+        alpha = "-" if row.get("alpha") is None else f"{row['alpha']:+.3f}"
+        p = "-" if row.get("p") is None else f"{row['p']:.3f}"
+        print(f"  {row['name']:<55} lam {lam:>7}  alpha {alpha:>7}  p {p:>6}")
+    return 0

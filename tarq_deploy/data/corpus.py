@@ -1,0 +1,581 @@
+"""Calibration and evaluation corpora: loading, audio decoding, validation, selection and rare-biased pools.
+
+Sources: a JSONL manifest (``{"id", "audio", "text"}`` per line, audio relative to the manifest's folder
+allowed), a LibriSpeech-layout folder (``speaker/chapter/*.flac`` + ``*.trans.txt``), or a Hugging Face
+``datasets`` folder written by ``save_to_disk`` (``datasets`` is imported only then).
+
+Audio: WAV (PCM 8/16/24/32-bit, float 32/64, any rate and channel count, WAVE_FORMAT_EXTENSIBLE), FLAC and
+OGG through ``soundfile``, MP3 through ``soundfile`` (libsndfile >= 1.1) or ``ffmpeg``, and headerless
+little-endian 16-bit ``.raw`` (16 kHz mono unless told) -- all to 16 kHz mono float32.  Decoding functions take
+bytes and return arrays; only :func:`load_audio` touches the file system.
+
+Every problem with an entry (missing file, unreadable audio, empty transcript) raises :class:`CorpusError`
+naming the entry id, its file and the problem.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
+
+TARGET_SAMPLE_RATE = 16_000
+DEFAULT_CALIBRATION_SIZE = 128
+
+
+class CorpusError(ValueError):
+    """A corpus entry or corpus source is unusable; the message names the entry id and file."""
+
+
+class AudioDecodeError(ValueError):
+    """Bytes that are not decodable audio of the claimed format (no file context; see CorpusError)."""
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One corpus entry.  ``audio`` is a file path; ``audio_bytes`` holds the encoded file when it has none."""
+
+    id: str
+    audio: str
+    text: str
+    dataset: str = ""
+    audio_bytes: bytes | None = field(default=None, repr=False, compare=False)
+
+
+def _entry_error(utterance_id: str, audio: str, problem: str) -> CorpusError:
+    return CorpusError(f"corpus entry {utterance_id!r} (file {audio or '<in memory>'}): {problem}")
+
+
+# -------------------------------------------------------------------------------------------- audio decoding
+
+
+@dataclass(frozen=True)
+class _WavFormat:
+    tag: int
+    channels: int
+    sample_rate: int
+    bits: int
+
+
+_WAVE_FORMAT_PCM, _WAVE_FORMAT_FLOAT, _WAVE_FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
+
+
+def _wav_chunks(data: bytes) -> Iterable[tuple[bytes, bytes]]:
+    position = 12
+    while position + 8 <= len(data):
+        chunk_id, size = data[position: position + 4], struct.unpack_from("<I", data, position + 4)[0]
+        body_start = position + 8
+        # Streaming writers leave size 0 or 0xFFFFFFFF on the data chunk: take what is there.
+        streamed = chunk_id == b"data" and (size == 0 or body_start + size > len(data))
+        body_end = len(data) if streamed else body_start + size
+        yield chunk_id, data[body_start:body_end]
+        position = body_end + (size & 1)  # chunks are word-aligned
+
+
+def _parse_fmt(body: bytes) -> _WavFormat:
+    if len(body) < 16:
+        raise AudioDecodeError("WAV fmt chunk is truncated")
+    tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", body)
+    if tag == _WAVE_FORMAT_EXTENSIBLE:
+        if len(body) < 26:
+            raise AudioDecodeError("WAVE_FORMAT_EXTENSIBLE fmt chunk is truncated")
+        tag = struct.unpack_from("<H", body, 24)[0]  # first two bytes of the sub-format GUID
+    if channels < 1 or rate < 1:
+        raise AudioDecodeError(f"WAV header declares {channels} channels at {rate} Hz")
+    return _WavFormat(tag, channels, rate, bits)
+
+
+def _pcm_to_float(payload: bytes, fmt: _WavFormat) -> np.ndarray:
+    width = fmt.bits // 8
+    usable = len(payload) // (width * fmt.channels) * width * fmt.channels  # drop a torn last frame
+    raw = payload[:usable]
+    if fmt.tag == _WAVE_FORMAT_FLOAT and fmt.bits in (32, 64):
+        samples = np.frombuffer(raw, dtype=f"<f{width}").astype(np.float32)
+    elif fmt.tag == _WAVE_FORMAT_PCM and fmt.bits == 8:  # 8-bit WAV is unsigned
+        samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif fmt.tag == _WAVE_FORMAT_PCM and fmt.bits in (16, 32):
+        samples = np.frombuffer(raw, dtype=f"<i{width}").astype(np.float32) / float(2 ** (fmt.bits - 1))
+    elif fmt.tag == _WAVE_FORMAT_PCM and fmt.bits == 24:
+        triplets = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        values = triplets[:, 0] | (triplets[:, 1] << 8) | (triplets[:, 2] << 16)
+        samples = (np.where(values >= 1 << 23, values - (1 << 24), values) / float(1 << 23)).astype(np.float32)
+    else:
+        raise AudioDecodeError(f"unsupported WAV encoding (format tag {fmt.tag}, {fmt.bits} bits)")
+    return samples.reshape(-1, fmt.channels)
+
+
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """WAV bytes -> (float32 [frames, channels] in [-1, 1], sample rate)."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise AudioDecodeError("not a RIFF/WAVE file")
+    fmt: _WavFormat | None = None
+    for chunk_id, body in _wav_chunks(data):
+        if chunk_id == b"fmt ":
+            fmt = _parse_fmt(body)
+        elif chunk_id == b"data":
+            if fmt is None:
+                raise AudioDecodeError("WAV data chunk comes before its fmt chunk")
+            samples = _pcm_to_float(body, fmt)
+            if samples.shape[0] == 0:
+                raise AudioDecodeError("WAV file holds no audio frames")
+            return samples, fmt.sample_rate
+    raise AudioDecodeError("WAV file has no data chunk" if fmt else "WAV file has no fmt chunk")
+
+
+def decode_raw_pcm16(data: bytes, sample_rate: int = TARGET_SAMPLE_RATE, channels: int = 1) -> tuple[np.ndarray, int]:
+    """Headerless little-endian signed 16-bit PCM -> (float32 [frames, channels], sample rate)."""
+    frame_bytes = 2 * channels
+    usable = len(data) // frame_bytes * frame_bytes
+    if usable == 0:
+        raise AudioDecodeError("raw PCM file holds no complete frame")
+    samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+    return samples.reshape(-1, channels), sample_rate
+
+
+def _decode_with_soundfile(data: bytes, kind: str) -> tuple[np.ndarray, int]:
+    try:
+        import soundfile
+    except ImportError as error:
+        raise AudioDecodeError(
+            f"decoding {kind} needs the Python package 'soundfile' (pip install soundfile)"
+        ) from error
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as error:  # soundfile raises LibsndfileError / RuntimeError subclasses
+        raise AudioDecodeError(f"soundfile cannot decode this {kind} data: {error}") from error
+    if samples.shape[0] == 0:
+        raise AudioDecodeError(f"{kind} file holds no audio frames")
+    return samples, int(rate)
+
+
+def _decode_with_ffmpeg(data: bytes, kind: str) -> tuple[np.ndarray, int]:
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        raise AudioDecodeError(f"decoding {kind} needs 'soundfile' built on libsndfile >= 1.1 or the ffmpeg program")
+    command = [ffmpeg, "-nostdin", "-loglevel", "error", "-i", "pipe:0", "-f", "f32le", "-ac", "1",
+               "-ar", str(TARGET_SAMPLE_RATE), "pipe:1"]
+    result = subprocess.run(command, input=data, capture_output=True, check=False)
+    if result.returncode != 0 or not result.stdout:
+        detail = result.stderr.decode(errors="replace")[-300:]
+        raise AudioDecodeError(f"ffmpeg cannot decode this {kind} data: {detail}")
+    return np.frombuffer(result.stdout, dtype="<f4").reshape(-1, 1).copy(), TARGET_SAMPLE_RATE
+
+
+def decode_mp3(data: bytes) -> tuple[np.ndarray, int]:
+    try:
+        return _decode_with_soundfile(data, "MP3")
+    except AudioDecodeError as soundfile_error:
+        if shutil.which("ffmpeg") is None:
+            raise soundfile_error
+        return _decode_with_ffmpeg(data, "MP3")
+
+
+def sniff_audio_format(data: bytes, name: str = "") -> str:
+    """'wav' | 'flac' | 'ogg' | 'mp3' | 'raw' from magic bytes, else from the file extension."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return "wav"
+    if data[:4] == b"fLaC":
+        return "flac"
+    if data[:4] == b"OggS":
+        return "ogg"
+    if data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "mp3"
+    extension = Path(name).suffix.lower().lstrip(".")
+    if extension in {"raw", "pcm"}:
+        return "raw"
+    return {"wave": "wav", "oga": "ogg", "opus": "ogg"}.get(extension, extension)
+
+
+def decode_audio(
+    data: bytes, name: str = "", raw_sample_rate: int = TARGET_SAMPLE_RATE, raw_channels: int = 1
+) -> tuple[np.ndarray, int]:
+    """Encoded bytes -> (float32 [frames, channels], native sample rate).  Pure: no file access."""
+    kind = sniff_audio_format(data, name)
+    if kind == "wav":
+        return decode_wav(data)
+    if kind == "raw":
+        return decode_raw_pcm16(data, raw_sample_rate, raw_channels)
+    if kind in {"flac", "ogg"}:
+        return _decode_with_soundfile(data, kind.upper())
+    if kind == "mp3":
+        return decode_mp3(data)
+    raise AudioDecodeError(f"unrecognised audio format {kind or '(no extension)'!r}")
+
+
+def resample(samples: np.ndarray, source_rate: int, target_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:
+    """Band-limited resampling of a 1-D signal: scipy's polyphase filter, else an exact FFT resampler."""
+    if source_rate == target_rate:
+        return samples.astype(np.float32, copy=False)
+    divisor = math.gcd(source_rate, target_rate)
+    up, down = target_rate // divisor, source_rate // divisor
+    try:
+        from scipy.signal import resample_poly
+    except ImportError:
+        return _fft_resample(samples, source_rate, target_rate)
+    return resample_poly(samples.astype(np.float64), up, down).astype(np.float32)
+
+
+def _fft_resample(samples: np.ndarray, source_rate: int, target_rate: int) -> np.ndarray:
+    # Truncating / zero-padding the spectrum is an ideal low-pass; fine for utterance-length signals.
+    target_length = max(1, round(len(samples) * target_rate / source_rate))
+    spectrum = np.fft.rfft(samples.astype(np.float64))
+    bins = target_length // 2 + 1
+    resized = np.zeros(bins, dtype=np.complex128)
+    keep = min(bins, spectrum.size)
+    resized[:keep] = spectrum[:keep]
+    return (np.fft.irfft(resized, n=target_length) * (target_length / len(samples))).astype(np.float32)
+
+
+def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """[frames] or [frames, channels] at any rate -> 1-D float32 at 16 kHz (channels averaged)."""
+    mono = samples.mean(axis=1) if samples.ndim == 2 else samples
+    return resample(np.asarray(mono, dtype=np.float32), sample_rate, TARGET_SAMPLE_RATE)
+
+
+def load_audio(
+    source: Utterance | str | os.PathLike[str], raw_sample_rate: int = TARGET_SAMPLE_RATE, raw_channels: int = 1
+) -> np.ndarray:
+    """Read and decode one utterance (or file) to 16 kHz mono float32; failures raise CorpusError."""
+    utterance = source if isinstance(source, Utterance) else Utterance(Path(source).name, str(source), "-")
+    data = utterance.audio_bytes
+    try:
+        if data is None:
+            data = Path(utterance.audio).read_bytes()
+        samples, rate = decode_audio(data, utterance.audio, raw_sample_rate, raw_channels)
+    except FileNotFoundError as error:
+        raise _entry_error(utterance.id, utterance.audio, "audio file does not exist") from error
+    except (OSError, AudioDecodeError) as error:
+        raise _entry_error(utterance.id, utterance.audio, f"unreadable audio: {error}") from error
+    return to_mono_16k(samples, rate)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def validate_utterance(utterance: Utterance, decode: bool = False) -> None:
+    """Empty transcript or missing file raise CorpusError; ``decode=True`` also decodes the audio."""
+    if not utterance.text.strip():
+        raise _entry_error(utterance.id, utterance.audio, "empty transcript")
+    if utterance.audio_bytes is None and not Path(utterance.audio).is_file():
+        raise _entry_error(utterance.id, utterance.audio, "audio file does not exist")
+    if decode:
+        load_audio(utterance)
+
+
+def validate_corpus(utterances: Iterable[Utterance], decode: bool = False) -> list[Utterance]:
+    """Check every entry (and that ids are unique); returns the entries as a list."""
+    checked: list[Utterance] = []
+    seen: set[str] = set()
+    for utterance in utterances:
+        if utterance.id in seen:
+            raise _entry_error(utterance.id, utterance.audio, "duplicate utterance id")
+        seen.add(utterance.id)
+        validate_utterance(utterance, decode)
+        checked.append(utterance)
+    return checked
+
+
+# ---------------------------------------------------------------------------------------------------- loaders
+
+
+def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, decode: bool = False) -> list[Utterance]:
+    """JSONL manifest -> utterances in file order; relative audio paths are taken from the manifest's folder."""
+    manifest = Path(path)
+    base = manifest.parent
+    name = dataset if dataset is not None else manifest.stem
+    utterances = []
+    for line_number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            utterance_id, audio, text = str(record["id"]), str(record["audio"]), str(record["text"] or "")
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise CorpusError(
+                f'{manifest}:{line_number}: not an {{"id", "audio", "text"}} record ({error})'
+            ) from error
+        audio_path = audio if os.path.isabs(audio) else str(base / audio)
+        utterances.append(Utterance(utterance_id, audio_path, text, name))
+    return validate_corpus(utterances, decode)
+
+
+def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike[str]) -> Path:
+    """Write a JSONL manifest (audio relative to its folder when below it), atomically."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for utterance in utterances:
+        if utterance.audio_bytes is not None and not utterance.audio:
+            raise _entry_error(utterance.id, "", "in-memory audio cannot be written to a manifest")
+        audio = Path(utterance.audio).resolve()
+        try:
+            audio_field = str(audio.relative_to(target.parent.resolve()))
+        except ValueError:
+            audio_field = str(audio)
+        lines.append(json.dumps({"id": utterance.id, "audio": audio_field, "text": utterance.text}, ensure_ascii=False))
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write("\n".join(lines) + ("\n" if lines else ""))
+    os.replace(tmp_name, target)
+    return target
+
+
+def load_librispeech_dir(
+    root: str | os.PathLike[str], dataset: str | None = None, decode: bool = False
+) -> list[Utterance]:
+    """LibriSpeech layout (``speaker/chapter/<id>.flac`` + ``<speaker>-<chapter>.trans.txt``), sorted by id.
+
+    ``root`` may be the split folder or any folder above it; every ``*.trans.txt`` below it is read.
+    """
+    folder = Path(root)
+    transcripts = sorted(folder.rglob("*.trans.txt"))
+    if not transcripts:
+        raise CorpusError(f"{folder}: no LibriSpeech *.trans.txt transcripts found below it")
+    utterances = []
+    for transcript in transcripts:
+        for line in transcript.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            utterance_id, _, text = line.strip().partition(" ")
+            audio = _librispeech_audio(transcript.parent, utterance_id)
+            utterances.append(Utterance(utterance_id, str(audio), text.strip(), dataset or folder.name))
+    return validate_corpus(sorted(utterances, key=lambda u: u.id), decode)
+
+
+def _librispeech_audio(chapter_dir: Path, utterance_id: str) -> Path:
+    for extension in (".flac", ".wav", ".mp3"):
+        candidate = chapter_dir / f"{utterance_id}{extension}"
+        if candidate.is_file():
+            return candidate
+    return chapter_dir / f"{utterance_id}.flac"  # missing: validation names this file
+
+
+_TEXT_COLUMNS = ("text", "sentence", "transcript", "transcription", "normalized_text", "raw_text")
+_ID_COLUMNS = ("id", "utterance_id", "segment_id", "audio_id", "file")
+
+
+def load_hf_dataset_dir(
+    path: str | os.PathLike[str],
+    split: str | None = None,
+    audio_column: str = "audio",
+    text_column: str | None = None,
+    id_column: str | None = None,
+    dataset: str | None = None,
+    decode: bool = False,
+) -> list[Utterance]:
+    """A ``datasets`` folder written by ``save_to_disk``; audio is taken as encoded bytes (decoded by us)."""
+    try:
+        import datasets
+    except ImportError as error:
+        raise CorpusError(
+            f"{path} is a Hugging Face datasets folder; reading it needs the optional package 'datasets' "
+            "(pip install datasets)"
+        ) from error
+    loaded = datasets.load_from_disk(str(path))
+    table = _pick_split(loaded, split, path)
+    columns = list(table.column_names)
+    text_column = text_column or _first_present(_TEXT_COLUMNS, columns, "transcript", path)
+    id_column = id_column or next((c for c in _ID_COLUMNS if c in columns), None)
+    if audio_column not in columns:
+        raise CorpusError(f"{path}: no audio column {audio_column!r} (columns: {', '.join(columns)})")
+    name = dataset or Path(path).name
+    utterances = [
+        _hf_row_to_utterance(row, i, audio_column, text_column, id_column, name)
+        for i, row in enumerate(_undecoded_rows(table, [c for c in (audio_column, text_column, id_column) if c]))
+    ]
+    return validate_corpus(utterances, decode)
+
+
+def _undecoded_rows(table: Any, columns: list[str]) -> Iterable[dict[str, Any]]:
+    """Rows as stored (an Audio column stays {"bytes", "path"}), read from the backing Arrow table.
+
+    This skips the ``datasets`` audio decoder (torchcodec in datasets >= 4) and any fingerprinted transform
+    (datasets 5.2 with pyarrow 26 cannot fingerprint: dill fails to pickle pyarrow's MonthDayNano).
+    """
+    if getattr(table, "_indices", None) is not None:  # a selection that save_to_disk did not flatten
+        table = table.flatten_indices()
+    for batch in table.data.select(columns).to_batches(max_chunksize=256):
+        yield from batch.to_pylist()
+
+
+def _pick_split(loaded: Any, split: str | None, path: Any) -> Any:
+    if not hasattr(loaded, "keys"):  # a single Dataset
+        return loaded
+    names = list(loaded.keys())
+    if split is None and len(names) == 1:
+        return loaded[names[0]]
+    if split not in names:
+        raise CorpusError(f"{path}: choose a split with split=... (available: {', '.join(names)})")
+    return loaded[split]
+
+
+def _first_present(candidates: Sequence[str], columns: Sequence[str], what: str, path: Any) -> str:
+    for candidate in candidates:
+        if candidate in columns:
+            return candidate
+    raise CorpusError(f"{path}: no {what} column among {', '.join(columns)}; pass it explicitly")
+
+
+def _hf_row_to_utterance(
+    row: Mapping[str, Any], index: int, audio_column: str, text_column: str, id_column: str | None, name: str
+) -> Utterance:
+    utterance_id = str(row[id_column]) if id_column else f"{name}-{index:06d}"
+    audio = row[audio_column]
+    text = str(row[text_column] or "")
+    if isinstance(audio, Mapping):
+        path, payload = str(audio.get("path") or ""), audio.get("bytes")
+        if payload is None and audio.get("array") is not None:  # already decoded: store as float WAV bytes
+            payload = encode_wav_float32(np.asarray(audio["array"], dtype=np.float32), int(audio["sampling_rate"]))
+        return Utterance(utterance_id, path, text, name, payload)
+    return Utterance(utterance_id, str(audio), text, name)
+
+
+def encode_wav_float32(samples: np.ndarray, sample_rate: int) -> bytes:
+    """Mono float32 samples -> IEEE-float WAV bytes (lossless carrier for already-decoded audio)."""
+    payload = np.asarray(samples, dtype="<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", _WAVE_FORMAT_FLOAT, 1, sample_rate, sample_rate * 4, 4, 32)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(payload)) + payload
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def load_corpus(path: str | os.PathLike[str], **options: Any) -> list[Utterance]:
+    """Dispatch on what ``path`` is: a .jsonl manifest, a saved ``datasets`` folder or a LibriSpeech folder."""
+    source = Path(path)
+    if source.is_file():
+        return load_manifest(source, **options)
+    if not source.is_dir():
+        raise CorpusError(f"corpus source {source} does not exist")
+    if any((source / marker).is_file() for marker in ("dataset_info.json", "state.json", "dataset_dict.json")):
+        return load_hf_dataset_dir(source, **options)
+    return load_librispeech_dir(source, **options)
+
+
+# ---------------------------------------------------------------------------------------- statistics and pools
+
+
+@dataclass(frozen=True)
+class CorpusStatistics:
+    utterances: int
+    words: int
+    rare_words: int
+
+    @property
+    def rare_share(self) -> float:
+        return self.rare_words / self.words if self.words else 0.0
+
+
+def corpus_statistics(
+    utterances: Iterable[Utterance], k: float = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf"
+) -> CorpusStatistics:
+    """Utterance, word and rare-word counts (Zipf < k, see tarq_deploy.data.rarity) and the rare share."""
+    counts = [count_rare_words(u.text, k, numerals) for u in utterances]
+    return CorpusStatistics(len(counts), sum(c.words for c in counts), sum(c.rare_words for c in counts))
+
+
+def rare_density(utterance: Utterance, k: float = DEFAULT_ZIPF_THRESHOLD) -> float:
+    """The paper's rho(utt) = |{w in utt : Zipf(w) < k}| / |utt| (0 for an utterance without words)."""
+    return count_rare_words(utterance.text, k).rare_share
+
+
+def _rank_by_rare_density(utterances: Sequence[Utterance], k: float) -> list[int]:
+    """Indices ranked by rho descending; ties to more rare words (more tail positions), then (dataset, id)."""
+    scored = []
+    for index, utterance in enumerate(utterances):
+        counts = count_rare_words(utterance.text, k)
+        scored.append((-counts.rare_share, -counts.rare_words, utterance.dataset, utterance.id, index))
+    return [entry[-1] for entry in sorted(scored)]
+
+
+def select_random(
+    utterances: Sequence[Utterance], n: int = DEFAULT_CALIBRATION_SIZE, seed: int = 0
+) -> list[Utterance]:
+    """``n`` utterances drawn uniformly without replacement with ``numpy.random.default_rng(seed)``.
+
+    The same corpus order and seed give the same selection; it is returned in corpus order.  All of the
+    corpus is returned when it has fewer than ``n`` entries.
+    """
+    if n >= len(utterances):
+        return list(utterances)
+    chosen = np.random.default_rng(seed).choice(len(utterances), size=n, replace=False)
+    return [utterances[i] for i in sorted(chosen.tolist())]
+
+
+def select_r_top(
+    utterances: Sequence[Utterance], n: int = DEFAULT_CALIBRATION_SIZE, k: float = DEFAULT_ZIPF_THRESHOLD
+) -> list[Utterance]:
+    """r-top: the ``n`` utterances with the largest rare density rho from this one source (paper, App. cross).
+
+    Ranked by rho descending; ties go to more rare words, then (dataset, id) ascending.  Returned in rank order.
+    """
+    return [utterances[i] for i in _rank_by_rare_density(utterances, k)[:n]]
+
+
+def select_r_mix(
+    utterances: Sequence[Utterance],
+    n: int = DEFAULT_CALIBRATION_SIZE,
+    seed: int = 0,
+    k: float = DEFAULT_ZIPF_THRESHOLD,
+) -> list[Utterance]:
+    """r-mix: ``n // 2`` utterances by top rho (as r-top), plus ``n - n // 2`` drawn uniformly at random
+    (``select_random`` with ``seed``) from the rest of the source, so the halves never overlap.
+
+    Returned as the rare half in rank order followed by the random half in corpus order.
+    """
+    top = _rank_by_rare_density(utterances, k)[: n // 2]
+    taken = set(top)
+    rest = [u for i, u in enumerate(utterances) if i not in taken]
+    return [utterances[i] for i in top] + select_random(rest, n - len(top), seed)
+
+
+def select_r_cross(
+    sources: Mapping[str, Sequence[Utterance]],
+    n: int = DEFAULT_CALIBRATION_SIZE,
+    k: float = DEFAULT_ZIPF_THRESHOLD,
+    evaluation_dataset: str | None = None,
+) -> list[Utterance]:
+    """r-cross: a rare-dense pool drawn across several source corpora (paper: LibriSpeech-train.100,
+    SPGI-S/train, VoxPopuli-en/train).
+
+    From each source take its top ``ceil(4n/3)`` utterances by rho (170 for n = 128), pool them, and return the
+    global top ``n`` by rho (same ranking and ties as r-top).  Sources named ``evaluation_dataset`` are left
+    out, so calibration never draws from the dataset being evaluated.
+    """
+    per_source = math.ceil(4 * n / 3)
+    candidates: list[Utterance] = []
+    for name, utterances in sources.items():
+        if name != evaluation_dataset:
+            candidates.extend(select_r_top(utterances, per_source, k))
+    if not candidates:
+        raise CorpusError(f"r-cross needs at least one source other than the evaluation set {evaluation_dataset!r}")
+    return select_r_top(candidates, n, k)
+
+
+POOLS = ("random", "r-top", "r-mix")
+
+
+def select_pool(
+    utterances: Sequence[Utterance],
+    pool: str,
+    n: int = DEFAULT_CALIBRATION_SIZE,
+    seed: int = 0,
+    k: float = DEFAULT_ZIPF_THRESHOLD,
+) -> list[Utterance]:
+    """One-source pools by name: 'random', 'r-top' or 'r-mix' (r-cross takes several sources)."""
+    if pool == "random":
+        return select_random(utterances, n, seed)
+    if pool == "r-top":
+        return select_r_top(utterances, n, k)
+    if pool == "r-mix":
+        return select_r_mix(utterances, n, seed, k)
+    raise CorpusError(f"unknown calibration pool {pool!r}; choose one of {', '.join(POOLS)} or use select_r_cross")

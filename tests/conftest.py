@@ -1,0 +1,44 @@
+"""Shared fixtures: real English speech clips with transcripts (see tarq_deploy/data/real_clips.py).
+
+The clips are found offline (Debian's pocketsphinx-testdata) or fetched once into the tarq-deploy cache through
+pip's configured indexes; a missing source fails the test with a message saying how to provide it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox
+
+
+def _or_fail(what: str, error: RealClipError) -> None:
+    pytest.fail(f"real clip source unavailable ({what}): {error}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def jfk_wav() -> str:
+    """Path of jfk.wav (11.0 s, 16 kHz mono); transcript in tarq_deploy.data.real_clips.JFK_TEXT."""
+    try:
+        return str(jfk_wav_path())
+    except RealClipError as error:
+        _or_fail("jfk.wav", error)
+        raise
+
+
+@pytest.fixture(scope="session")
+def librivox_clips() -> list[tuple[str, str]]:
+    """The five LibriVox clips as (wav_path, transcript); transcripts are lowercase without punctuation."""
+    try:
+        return [(clip.path, clip.text) for clip in _librivox()]
+    except RealClipError as error:
+        _or_fail("LibriVox clips", error)
+        raise
+
+
+@pytest.fixture(scope="session")
+def real_clips() -> list[Clip]:
+    """All 12 real clips (jfk, 5 LibriVox, 5 cards, goforward) as Clip(id, path, text, source)."""
+    try:
+        return all_real_clips()
+    except RealClipError as error:
+        _or_fail("real clips", error)
+        raise

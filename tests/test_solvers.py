@@ -1,0 +1,208 @@
+"""The lattice, the GPTQ sweep, the streaming statistics and the TARQ layer solver on synthetic data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tarq_deploy.quant.gptq import gptq_quantize, weighted_loss
+from tarq_deploy.quant.lattice import LatticeSpec, check_on_lattice, dequantize, quantize_rtn
+from tarq_deploy.quant.stats import LayerStats
+from tarq_deploy.quant.tarq import (
+    TarqConfig, group_losses, optimal_alpha, rarebal_metric, residual_direction, reweighting_mask, solve_layer,
+)
+from tarq_deploy.quant.gptq import prepare_metric
+
+
+def correlated_activations(n: int, tokens: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(n, n, generator=g) / n**0.5
+    scales = torch.logspace(0, -2, n)  # a spread spectrum, as real activations have
+    return (torch.randn(tokens, n, generator=g) * scales) @ mixing
+
+
+def stats_for(x_q: torch.Tensor, tail: torch.Tensor, x_fp: torch.Tensor | None = None) -> LayerStats:
+    stats = LayerStats(x_q.shape[1])
+    stats.add(x_q, tail, x_fp)
+    return stats
+
+
+@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("group_size", [-1, 32, 64, 128])
+def test_rtn_codes_in_range_and_scales_fp16_exact(bits: int, group_size: int) -> None:
+    spec = LatticeSpec(bits, group_size)
+    W = torch.randn(48, 256) * torch.logspace(-3, 1, 256)
+    q = quantize_rtn(W, spec)
+    check_on_lattice(q)
+    assert q.codes.min() >= spec.qmin and q.codes.max() <= spec.qmax
+    assert torch.equal(q.scales.float().half().float(), q.scales.float())
+    # rounding to nearest: every weight is within half a step of its value (or clamped at the top code)
+    err = (W - q.dequantize()).abs()
+    step = q.scales.float().repeat_interleave(spec.group_width(256), dim=1)
+    assert (err <= step * 0.5 + 1e-6 * W.abs() + step * (q.codes == spec.qmax)).all()
+    assert q.codes.min() == spec.qmin or q.codes.max() == spec.qmax or group_size == -1
+
+
+def test_dequantize_is_exact_product() -> None:
+    spec = LatticeSpec(4, 32)
+    q = quantize_rtn(torch.randn(8, 64), spec)
+    expected = q.codes.double() * q.scales.double().repeat_interleave(32, dim=1)
+    assert torch.equal(dequantize(q.codes, q.scales, spec).double(), expected)
+
+
+def test_zero_group_gets_zero_scale_and_codes() -> None:
+    W = torch.randn(4, 64)
+    W[:, :32] = 0
+    q = quantize_rtn(W, LatticeSpec(4, 32))
+    assert (q.scales[:, 0] == 0).all() and (q.codes[:, :32] == 0).all()
+
+
+def test_spec_rejects_bad_group_and_columns() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        LatticeSpec(4, 48)
+    with pytest.raises(ValueError, match="multiple of group size"):
+        quantize_rtn(torch.randn(4, 40), LatticeSpec(4, 32))
+
+
+@pytest.mark.parametrize("group_size", [-1, 32, 128])
+def test_gptq_with_identity_metric_is_rtn(group_size: int) -> None:
+    spec = LatticeSpec(4, group_size)
+    W = torch.randn(64, 256)
+    rtn, gptq = quantize_rtn(W, spec), gptq_quantize(W, torch.eye(256), spec)
+    assert torch.equal(rtn.codes, gptq.codes) and torch.equal(rtn.scales, gptq.scales)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("group_size", [-1, 32, 128])
+def test_gptq_beats_rtn_under_its_metric(seed: int, group_size: int) -> None:
+    spec = LatticeSpec(4, group_size)
+    X = correlated_activations(256, 2048, seed)
+    H = X.T.double() @ X.double()
+    W = torch.randn(96, 256, generator=torch.Generator().manual_seed(100 + seed))
+    rtn, gptq = quantize_rtn(W, spec), gptq_quantize(W, H, spec)
+    check_on_lattice(gptq)
+    assert weighted_loss(W - gptq.dequantize(), H) <= weighted_loss(W - rtn.dequantize(), H)
+
+
+def test_gptq_handles_dead_columns() -> None:
+    X = correlated_activations(128, 512, 0)
+    X[:, [3, 77]] = 0
+    W = torch.randn(32, 128)
+    q = gptq_quantize(W, X.T @ X, LatticeSpec(4, 32))
+    assert (q.codes[:, [3, 77]] == 0).all()
+    assert torch.isfinite(q.dequantize()).all()
+
+
+def test_streaming_stats_equal_one_shot_sums() -> None:
+    X, Y = torch.randn(300, 32), torch.randn(300, 32)
+    tail = torch.rand(300) < 0.2
+    stream = LayerStats(32)
+    for chunk in range(0, 300, 70):
+        stream.add(X[chunk:chunk + 70], tail[chunk:chunk + 70], Y[chunk:chunk + 70])
+    Xd, Yd = X.double(), Y.double()
+    assert torch.allclose(stream.H_tail, Xd[tail].T @ Xd[tail])
+    assert torch.allclose(stream.H_common, Xd[~tail].T @ Xd[~tail])
+    assert torch.allclose(stream.H_delta, (Yd - Xd).T @ Xd)
+    assert (stream.n_tail, stream.n_common, stream.n_delta) == (int(tail.sum()), int((~tail).sum()), 300)
+    restored = LayerStats.from_state_dict(stream.state_dict())
+    assert torch.equal(restored.H_delta, stream.H_delta) and restored.n_tail == stream.n_tail
+
+
+def test_rarebal_equalises_trace_mass() -> None:
+    X = correlated_activations(64, 1000, 1)
+    tail = torch.arange(1000) % 13 == 0
+    stats = stats_for(X, tail)
+    for c in (1.0, 0.25, 4.0):
+        H_rB, lam = rarebal_metric(stats.H_common, stats.H_tail, c)
+        assert torch.trace(lam * stats.H_tail).item() == pytest.approx(c * torch.trace(stats.H_common).item(), rel=1e-12)
+        assert torch.allclose(H_rB, stats.H_common + lam * stats.H_tail)
+
+
+def test_alpha_star_is_the_one_dimensional_minimiser() -> None:
+    X = correlated_activations(128, 2000, 2)
+    X_fp = X + 0.05 * correlated_activations(128, 2000, 3)
+    stats = stats_for(X, torch.arange(2000) % 9 == 0, X_fp)
+    H_rB, _ = rarebal_metric(stats.H_common, stats.H_tail)
+    metric = prepare_metric(H_rB)
+    W = torch.randn(64, 128)
+    E = gptq_quantize(W, H_rB, LatticeSpec(4, 32)).dequantize() - W
+    D, DH = residual_direction(W, stats.H_delta, metric)
+    assert torch.allclose(DH.double(), D.double() @ H_rB, rtol=1e-3, atol=1e-3 * DH.abs().max().item())
+    alpha = optimal_alpha(E, D, DH)
+    grid = torch.linspace(alpha - 1.0, alpha + 1.0, 2001, dtype=torch.float64)
+    objective = [weighted_loss(E - a * D, H_rB) for a in grid]
+    best = grid[int(torch.tensor(objective).argmin())].item()
+    assert alpha == pytest.approx(best, abs=1e-3)
+    assert weighted_loss(E - alpha * D, H_rB) <= min(objective) * (1 + 1e-9)
+
+
+def test_tarq_without_propagation_error_is_rarebal() -> None:
+    X = correlated_activations(128, 1500, 4)
+    stats = stats_for(X, torch.arange(1500) % 7 == 0, X.clone())
+    W = torch.randn(64, 128)
+    spec = LatticeSpec(4, 32)
+    tarq, record = solve_layer("l", W, stats, spec, TarqConfig(method="tarq"))
+    rarebal, _ = solve_layer("l", W, stats, spec, TarqConfig(method="rarebal"))
+    assert record.alpha == 0.0
+    assert torch.equal(tarq.codes, rarebal.codes) and torch.equal(tarq.scales, rarebal.scales)
+
+
+def tail_subspace_stats(seed: int, n: int = 128, tokens: int = 4000, p: float = 0.07) -> LayerStats:
+    """Common and tail positions with different correlation structure (their own principal subspaces)."""
+    tail = torch.rand(tokens, generator=torch.Generator().manual_seed(seed)) < p
+    x_common = correlated_activations(n, tokens, 1000 + seed)
+    x_tail = correlated_activations(n, tokens, 2000 + seed)
+    return stats_for(torch.where(tail[:, None], x_tail, x_common), tail)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("group_size", [-1, 32])
+def test_rarebal_trades_common_loss_for_tail_loss(seed: int, group_size: int) -> None:
+    stats = tail_subspace_stats(seed)
+    W = torch.randn(64, 128, generator=torch.Generator().manual_seed(seed))
+    spec = LatticeSpec(4, group_size)
+    gptq, _ = solve_layer("l", W, stats, spec, TarqConfig(method="gptq"))
+    rarebal, record = solve_layer("l", W, stats, spec, TarqConfig(method="rarebal"))
+    _, tail_gptq = group_losses(W, gptq, stats)
+    _, tail_rarebal = group_losses(W, rarebal, stats)
+    assert record.lam > 5  # p = 0.07 with equal per-position mass gives lam near (1 - p) / p
+    assert tail_rarebal < tail_gptq
+    assert weighted_loss(W - gptq.dequantize(), stats.H) < weighted_loss(W - rarebal.dequantize(), stats.H)
+
+
+def test_layer_without_tail_falls_back_and_records_it() -> None:
+    X = correlated_activations(64, 500, 5)
+    stats = stats_for(X, torch.zeros(500, dtype=torch.bool))
+    W = torch.randn(32, 64)
+    q, record = solve_layer("l", W, stats, LatticeSpec(4, 32), TarqConfig(method="rarebal"))
+    plain, _ = solve_layer("l", W, stats, LatticeSpec(4, 32), TarqConfig(method="gptq"))
+    assert record.fallback and record.lam is None
+    assert torch.equal(q.codes, plain.codes)
+
+
+def test_records_carry_the_per_layer_figures() -> None:
+    X = correlated_activations(64, 800, 6)
+    stats = stats_for(X, torch.arange(800) % 10 == 0, X * 1.01)
+    _, record = solve_layer("enc.0.fc1", torch.randn(32, 64), stats, LatticeSpec(4, 32), TarqConfig())
+    row = record.to_json()
+    assert row["name"] == "enc.0.fc1" and row["method"] == "tarq"
+    assert row["p"] == pytest.approx(0.1) and row["lam"] > 0 and row["alpha"] is not None
+    assert row["loss_final"] <= row["loss_rtn"] * 1.5 and row["seconds"] > 0
+
+
+@pytest.mark.parametrize("source", ["random", "common"])
+def test_reweighting_sources_are_size_matched(source: str) -> None:
+    rare = torch.arange(200) % 10 == 0
+    mask = reweighting_mask(rare, source, torch.Generator().manual_seed(0))
+    assert int(mask.sum()) == int(rare.sum())
+    if source == "common":
+        assert not (mask & rare).any()
+    again = reweighting_mask(rare, source, torch.Generator().manual_seed(0))
+    assert torch.equal(mask, again)
+
+
+def test_config_rejects_unknown_method() -> None:
+    with pytest.raises(ValueError, match="method"):
+        TarqConfig(method="awq")
+    with pytest.raises(ValueError, match="cost ratio"):
+        TarqConfig(c=0)
