@@ -2,10 +2,16 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test
+.PHONY: install system-packages demo test
+
+# Real human speech with transcripts (LibriVox clips) for tests and the demo.
+system-packages:
+	@if [ ! -d /usr/share/pocketsphinx/test/data ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocketsphinx-testdata; \
+	fi
 
 # torch is pinned first so pip takes the CPU wheel that lies on these machines instead of a CUDA build.
-install:
+install: system-packages
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev,models]'
 

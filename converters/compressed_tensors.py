@@ -9,9 +9,11 @@ Per quantized Linear ``P`` (weight [N out, K in], symmetric int4, group g):
 - no ``weight_zero_point``: symmetric schemes drop it.
 
 The loader (compressed-tensors ``PackedQuantizationCompressor.decompress``, vLLM ``CompressedTensorsWNA16``)
-computes (u - 8) * s = c * s: exactly the lattice value. ``config.json`` gets the ``quantization_config`` that
-llm-compressor writes for a W4A16 scheme: one config group targeting ``Linear`` with weights {num_bits 4, type int,
-symmetric true, strategy group|channel, group_size}, and every Linear kept in 16 bits listed in ``ignore``.
+computes (u - 8) * s = c * s from the lattice's own code and scale (in the scale's dtype: compressed-tensors and
+the GPU kernels round the product to fp16/bf16, as for any weight held in that dtype). ``config.json`` gets the
+``quantization_config`` that llm-compressor writes for a W4A16 scheme: one config group targeting ``Linear`` with
+weights {num_bits 4, type int, symmetric true, strategy group|channel, group_size}, and every Linear kept in 16 bits
+listed in ``ignore``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import CODE_DTYPE, LatticeSpec
 
 from .gptq import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, SERVE_DTYPES, WEIGHTS_FILE, ExportError,
-                   check_int4_spec, check_runtime_shapes, checked_layers, module_name, pack_int4_last_dim,
-                   prepare_model_files, resolve_serve_dtype, unpack_int4_last_dim, untouched_tensors,
-                   write_hf_directory)
+                   check_int4_spec, check_output_path, check_runtime_shapes, checked_layers, module_name,
+                   pack_int4_last_dim, prepare_model_files, resolve_serve_dtype, unpack_int4_last_dim,
+                   untouched_tensors, write_hf_directory)
 
 QUANT_METHOD = "compressed-tensors"
 PACK_FORMAT = "pack-quantized"
@@ -38,7 +40,8 @@ TARGETS = ["Linear"]
 
 
 # ------------------------------------------------------------------------------------------------------- tensors
-def compressed_tensors_layer(codes: torch.Tensor, scales: torch.Tensor, scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def compressed_tensors_layer(codes: torch.Tensor, scales: torch.Tensor,
+                             scale_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """One layer's lattice (codes int8 [N, K], scales fp16 [N, K/g]) -> weight_packed, weight_scale, weight_shape."""
     n, k = codes.shape
     return {
@@ -75,7 +78,7 @@ def weights_scheme(spec: LatticeSpec) -> dict:
     per_channel = spec.group_size == -1
     return {"num_bits": INT4_BITS, "type": "int", "symmetric": True, "dynamic": False, "actorder": None,
             "strategy": "channel" if per_channel else "group", "group_size": None if per_channel else spec.group_size,
-            "block_structure": None, "observer": None, "observer_kwargs": {}}
+            "block_structure": None}  # observers are calibration-time settings: left to the loader's default
 
 
 def compressed_tensors_config(spec: LatticeSpec, ignore: list[str]) -> dict:
@@ -109,9 +112,11 @@ def write_compressed_tensors_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | 
                                         overwrite: bool = False) -> Path:
     """Write ``ckpt`` as a compressed-tensors pack-quantized safetensors checkpoint in ``out_dir`` (atomically).
 
-    ``serve_dtype`` ('float16' | 'bfloat16', default: the model config's dtype) is the dtype of ``weight_scale`` and
-    of the runtime; bf16 is refused unless every scale is exact in bf16. ``require_marlin_shapes`` refuses layers
-    vLLM's Marlin kernel cannot serve. Everything is checked before anything is written."""
+    ``serve_dtype`` ('float16' | 'bfloat16' | 'float32', default: the model config's dtype) is the dtype of
+    ``weight_scale`` and of the runtime (written into config.json); bf16 is refused unless every scale is exact in
+    bf16. ``require_marlin_shapes`` refuses layers vLLM's Marlin kernel cannot serve (N % 64, K % 128). Everything
+    is checked before anything is written."""
+    check_output_path(out_dir, overwrite)
     check_int4_spec(ckpt.spec, "compressed-tensors pack-quantized")
     layers = checked_layers(ckpt)
     if require_marlin_shapes:

@@ -9,10 +9,11 @@ GPTQ v1 per quantized Linear ``P`` (weight [N out, K in], group g; g = K for per
 - ``P.g_idx``   int32 [K] = k // g (no act-order).
 - ``P.bias`` and every other tensor: copied from the lattice checkpoint in its own dtype.
 
-A v1 runtime computes (u - (z + 1)) * s = c * s: exactly the lattice value. ``config.json`` gets
-``quantization_config`` {quant_method "gptq", bits 4, group_size, desc_act false, sym true, checkpoint_format
-"gptq"} (vLLM needs all of bits / group_size / desc_act / sym to choose Marlin) and ``quantize_config.json`` holds
-the same for AutoGPTQ-era loaders.
+A v1 runtime computes (u - (z + 1)) * s = c * s: the lattice's own code and scale (a kernel multiplying in fp16 or
+bf16 then rounds c * s to that dtype, exactly as it would for the lattice dequantized to that dtype).
+``config.json`` gets ``quantization_config`` {quant_method "gptq", bits 4, group_size, desc_act false, sym true,
+checkpoint_format "gptq"} (vLLM needs all of bits / group_size / desc_act / sym to choose Marlin) and
+``quantize_config.json`` holds the same for AutoGPTQ-era loaders.
 
 Scales and the serving dtype: runtimes cast scales to the model's dtype (bf16 for Voxtral). fp16 scales are exact in
 fp16 by construction; serving in bf16 is exact only if every scale is also representable in bf16. The converters
@@ -46,7 +47,8 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 QUANTIZE_CONFIG_FILE = "quantize_config.json"
 SAFETENSORS_METADATA = {"format": "pt"}  # transformers refuses safetensors files without it
-SERVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# Marlin kernels run in float16 or bfloat16; float32 (CPU loaders) holds every fp16 scale exactly too.
+SERVE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 CONFIG_DTYPE_KEYS = ("torch_dtype", "dtype")
 SUB_CONFIG_KEYS = ("text_config", "audio_config")
 # Files of the source model that describe weights we replace; never copied into an exported checkpoint.
@@ -258,9 +260,11 @@ def write_gptq_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike, s
                           require_marlin_shapes: bool = True, overwrite: bool = False) -> Path:
     """Write ``ckpt`` as a GPTQ v1 safetensors checkpoint in ``out_dir`` (atomically); returns the path.
 
-    ``serve_dtype`` ('float16' | 'bfloat16', default: the model config's dtype) is the dtype the runtime will run in;
-    bf16 is refused unless every scale is exact in bf16. ``require_marlin_shapes`` refuses layers vLLM's Marlin kernel
-    cannot serve (N % 64, K % 128). Everything is checked before anything is written."""
+    ``serve_dtype`` ('float16' | 'bfloat16' | 'float32', default: the model config's dtype) is the dtype the runtime
+    will run in, written into config.json; bf16 is refused unless every scale is exact in bf16.
+    ``require_marlin_shapes`` refuses layers vLLM's Marlin kernel cannot serve (N % 64, K % 128). Everything is
+    checked before anything is written."""
+    check_output_path(out_dir, overwrite)
     check_int4_spec(ckpt.spec, "GPTQ")
     layers = checked_layers(ckpt)
     if require_marlin_shapes:
@@ -314,27 +318,39 @@ def prepare_model_files(ckpt: LatticeCheckpoint, quantization_config: dict, serv
 
 
 def _set_config_dtype(config: dict, serve_dtype: str) -> None:
+    """Make the config's dtype the checked serving dtype, so that a runtime's default ("auto") is the safe one."""
+    found = False
     for section in (config, *(config.get(key) for key in SUB_CONFIG_KEYS)):
         if not isinstance(section, dict):
             continue
         for key in CONFIG_DTYPE_KEYS:
-            if key in section and section[key] != serve_dtype:
-                log.warning("config %s %r -> %r: the runtime will cast untouched 16-bit tensors to %s",
+            if key not in section:
+                continue
+            found = True
+            if section[key] != serve_dtype:
+                log.warning("config %s %r -> %r: the runtime will cast untouched tensors to %s",
                             key, section[key], serve_dtype, serve_dtype)
                 section[key] = serve_dtype
+    if not found:
+        config[CONFIG_DTYPE_KEYS[0]] = serve_dtype
 
 
 def _json_bytes(data: dict) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
+def check_output_path(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Refuse early, before any packing, to replace an existing output unless asked."""
+    if Path(out_dir).exists() and not overwrite:
+        raise ExportError(f"{out_dir} already exists; pass overwrite to replace it")
+
+
 def write_hf_directory(out_dir: str | os.PathLike, tensors: dict[str, torch.Tensor], files: dict[str, bytes],
                        weights_file: str, overwrite: bool = False) -> Path:
     """Write tensors (one safetensors file) and files into a temporary sibling directory, then rename it to
     ``out_dir``; on any error nothing is left behind. An existing ``out_dir`` is replaced only if ``overwrite``."""
+    check_output_path(out_dir, overwrite)
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise ExportError(f"{out} already exists; pass overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:

@@ -31,9 +31,9 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec
 
-from .gptq import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_int4_spec, checked_layers, module_name,
-                   pack_int4_last_dim, prepare_model_files, resolve_serve_dtype, unpack_int4_last_dim,
-                   untouched_tensors, write_hf_directory)
+from .gptq import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_int4_spec, check_output_path, checked_layers,
+                   module_name, pack_int4_last_dim, prepare_model_files, resolve_serve_dtype,
+                   unpack_int4_last_dim, untouched_tensors, write_hf_directory)
 
 TILE = 16  # Marlin tile edge (values)
 PERM_CHUNK = 1024  # values permuted together: 4 tiles of 16 x 16
@@ -155,7 +155,8 @@ def marlin_pack(codes: torch.Tensor, scales: torch.Tensor, group_size: int = 128
     return pack_marlin_weights(codes, group_size), permute_marlin_scales(scales)
 
 
-def marlin_unpack(packed: torch.Tensor, marlin_scales: torch.Tensor, k: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def marlin_unpack(packed: torch.Tensor, marlin_scales: torch.Tensor, k: int,
+                  n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Marlin (B, s) -> lattice (codes int8 [N, K], scales [N, K/g]); exact inverse of ``marlin_pack``."""
     if marlin_scales.shape[1] != n or k % marlin_scales.shape[0] != 0:
         raise ExportError(f"Marlin s {list(marlin_scales.shape)} does not fit K={k}, N={n}")
@@ -175,6 +176,7 @@ def write_marlin_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike,
     """Legacy pre-packed Marlin checkpoint: per quantized Linear ``B`` int32 [K/16, 2N] and ``s`` fp16 [K/g, N]
     (permuted), every other tensor untouched, config.json with checkpoint_format "marlin". Current vLLM no longer
     loads this (it repacks GPTQ / compressed-tensors at load instead); SGLang and legacy AutoGPTQ do."""
+    check_output_path(out_dir, overwrite)
     check_int4_spec(ckpt.spec, "marlin")
     for name, (k, n) in checked_layers(ckpt).items():
         check_marlin_shape(k, n, ckpt.spec.group_size, name, legacy=True)

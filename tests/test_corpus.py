@@ -236,3 +236,19 @@ def test_r_cross_pools_sources_and_excludes_the_evaluation_set() -> None:
     assert {u.dataset for u in cp.select_r_cross(sources, 3, evaluation_dataset="b")} == {"a"}
     with pytest.raises(CorpusError):
         cp.select_r_cross({"a": _utterances("a")}, 3, evaluation_dataset="a")
+
+
+def test_hf_saved_dataset_reads_stored_audio_without_decoding_it(tmp_path: Path, jfk_wav: str) -> None:
+    datasets = pytest.importorskip("datasets")
+    stored = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+    features = datasets.Features({"audio": stored, "sentence": datasets.Value("string")})
+    rows = {"audio": [{"path": jfk_wav, "bytes": None}, {"path": None, "bytes": Path(jfk_wav).read_bytes()}],
+            "sentence": ["ask not", "what your country"]}
+    try:
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(tmp_path)
+    except Exception as error:  # e.g. datasets 5.2 + pyarrow 26 cannot even fingerprint a new dataset
+        pytest.skip(f"this datasets install cannot build a test dataset: {error!r}")
+    utterances = cp.load_corpus(tmp_path, dataset="jfk-hf")
+    assert [(u.id, u.text, u.dataset) for u in utterances] == [
+        ("jfk-hf-000000", "ask not", "jfk-hf"), ("jfk-hf-000001", "what your country", "jfk-hf")]
+    assert np.array_equal(cp.load_audio(utterances[0]), cp.load_audio(utterances[1]))

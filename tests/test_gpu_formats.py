@@ -39,13 +39,20 @@ SYM_INT4_QZEROS_WORD = 0x77777777  # eight nibbles of zero point 8 minus one
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
-def random_lattice(k: int, n: int, group_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random codes int8 [N, K] in [-8, 7] and positive fp16 scales [N, K/g]."""
-    gen = torch.Generator().manual_seed(seed)
+def random_codes(k: int, n: int, seed: int) -> torch.Tensor:
+    """Random codes int8 [N, K] covering [-8, 7]."""
+    return torch.randint(-8, 8, (n, k), generator=torch.Generator().manual_seed(seed), dtype=torch.int8)
+
+
+def random_scales(k: int, n: int, group_size: int, seed: int) -> torch.Tensor:
+    """Random positive fp16 scales [N, K/g], all distinct in practice (so a misplaced scale shows)."""
     groups = 1 if group_size == -1 else k // group_size
-    codes = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
-    scales = (torch.rand(n, groups, generator=gen) * 0.02 + 1e-4).to(torch.float16)
-    return codes, scales
+    gen = torch.Generator().manual_seed(seed + 1)
+    return (torch.rand(n, groups, generator=gen) * 0.02 + 1e-4).to(torch.float16)
+
+
+def random_lattice(k: int, n: int, group_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return random_codes(k, n, seed), random_scales(k, n, group_size, seed)
 
 
 def lattice_value(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -155,23 +162,26 @@ def test_marlin_permutations_match_published_tables():
     assert SCALE_PERM.tolist() == grouped and SCALE_PERM_SINGLE.tolist() == single
 
 
-@pytest.mark.parametrize("group_size", [128, -1])
-def test_marlin_round_trip_is_identity_on_every_voxtral_decoder_shape(group_size):
-    for seed, (layer, (k, n)) in enumerate(VOXTRAL_DECODER_SHAPES.items()):
-        codes, scales = random_lattice(k, n, group_size, seed=seed)
+@pytest.mark.parametrize("layer", list(VOXTRAL_DECODER_SHAPES))
+def test_marlin_round_trip_is_identity_on_every_voxtral_decoder_shape(layer):
+    k, n = VOXTRAL_DECODER_SHAPES[layer]
+    seed = list(VOXTRAL_DECODER_SHAPES).index(layer)
+    codes = random_codes(k, n, seed)
+    for group_size in (128, -1):  # one code matrix, both scale layouts: the codes dominate the time
+        scales = random_scales(k, n, group_size, seed)
         packed, marlin_scales = marlin_pack(codes, scales, group_size)
-        assert packed.dtype == torch.int32 and tuple(packed.shape) == (k // 16, 2 * n), layer
-        assert tuple(marlin_scales.shape) == (scales.shape[1], n), layer
+        assert packed.dtype == torch.int32 and tuple(packed.shape) == (k // 16, 2 * n)
+        assert tuple(marlin_scales.shape) == (scales.shape[1], n)
         codes_back, scales_back = marlin_unpack(packed, marlin_scales, k, n)
-        assert torch.equal(codes_back, codes), layer
-        assert torch.equal(scales_back, scales), layer
+        assert torch.equal(codes_back, codes), group_size
+        assert torch.equal(scales_back, scales), group_size
 
 
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_marlin_round_trip_small_groups(group_size):
     codes, scales = random_lattice(3072, 1024, group_size, seed=7)
-    assert [torch.equal(a, b) for a, b in zip(marlin_unpack(*marlin_pack(codes, scales, group_size), 3072, 1024),
-                                               (codes, scales))] == [True, True]
+    codes_back, scales_back = marlin_unpack(*marlin_pack(codes, scales, group_size), 3072, 1024)
+    assert torch.equal(codes_back, codes) and torch.equal(scales_back, scales)
 
 
 @pytest.mark.parametrize("layer,group_size", [("k_proj", 128), ("o_proj", -1)])
@@ -272,6 +282,18 @@ def test_bad_shape_is_refused_and_nothing_written(tmp_path, writer, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_tied_quantized_weight_and_other_bit_widths_are_refused(tmp_path):
+    ckpt = small_checkpoint()
+    ckpt.aliases["model.layers.0.self_attn.k_proj.weight"] = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(ExportError, match="tied to the quantized"):
+        write_gptq_checkpoint(ckpt, tmp_path / "a")
+    ckpt = small_checkpoint()
+    ckpt.spec = LatticeSpec(8, 128)
+    with pytest.raises(ExportError, match="8 bits"):
+        write_compressed_tensors_checkpoint(ckpt, tmp_path / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_existing_output_is_not_overwritten_unless_asked(tmp_path):
     out = tmp_path / "gptq"
     out.mkdir()
@@ -350,31 +372,63 @@ def test_compressed_tensors_library_unpacks_our_tensors(tmp_path):
     assert ct_lib.__version__
 
 
-def test_transformers_loads_compressed_tensors_checkpoint(tmp_path):
-    """A real loader: transformers + compressed-tensors decompress our files into the lattice weights (rounded
-    to the scale dtype, as the library multiplies in it) and keep every other tensor."""
-    pytest.importorskip("compressed_tensors")
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig, LlamaConfig, LlamaForCausalLM
+def tiny_llama_lattice(group_size: int = 128) -> LatticeCheckpoint:
+    """A one-layer random Llama whose seven projections are on the lattice (shapes fit Marlin: N % 64, K % 128)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=False,
                          torch_dtype="float16")
     state = LlamaForCausalLM(config).half().state_dict()
-    spec = LatticeSpec(4, 128)
+    spec = LatticeSpec(4, group_size)
     quantized = {}
     for i, name in enumerate(n for n in state if n.endswith("_proj.weight")):
         n_out, k_in = state[name].shape
-        quantized[name] = QuantizedWeight(*random_lattice(k_in, n_out, 128, seed=i), spec)
+        quantized[name] = QuantizedWeight(*random_lattice(k_in, n_out, group_size, seed=i), spec)
     tensors = {name: t for name, t in state.items() if name not in quantized}
-    ckpt = LatticeCheckpoint(spec, quantized, tensors, model_files={"config.json": config.to_json_string().encode()})
+    return LatticeCheckpoint(spec, quantized, tensors, model_files={"config.json": config.to_json_string().encode()})
+
+
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`")
+def test_transformers_loads_compressed_tensors_checkpoint(tmp_path):
+    """A real loader: transformers + compressed-tensors decompress our files into the lattice weights (rounded
+    to the scale dtype, as the library multiplies in it) and keep every other tensor."""
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    ckpt = tiny_llama_lattice()
     out = write_compressed_tensors_checkpoint(ckpt, tmp_path / "ct")
     model = AutoModelForCausalLM.from_pretrained(out, quantization_config=CompressedTensorsConfig(dequantize=True),
                                                  dtype=torch.float16)
     loaded = model.state_dict()
-    for name, q in quantized.items():
+    for name, q in ckpt.quantized.items():
         assert torch.equal(loaded[name], q.dequantize().to(torch.float16)), name
-    for name, t in tensors.items():
+    for name, t in ckpt.tensors.items():
+        assert torch.equal(loaded[name], t), name
+
+
+@pytest.mark.parametrize("group_size", [128, -1])
+def test_transformers_loads_gptq_checkpoint(tmp_path, group_size):
+    """A real loader on CPU: transformers + optimum + gptqmodel with its pure-torch kernel (backend "torch"; the
+    default CPU kernel, aten int4pack, computes in bf16 and is not exact). Each quantized Linear applied to the
+    identity gives its weight: the lattice value rounded to fp16, the model dtype."""
+    pytest.importorskip("optimum")
+    pytest.importorskip("gptqmodel")
+    from transformers import AutoModelForCausalLM, GPTQConfig
+
+    ckpt = tiny_llama_lattice(group_size)
+    out = write_gptq_checkpoint(ckpt, tmp_path / "gptq")
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float16, device_map="cpu",
+                                                 quantization_config=GPTQConfig(bits=4, backend="torch"))
+    for name, q in ckpt.quantized.items():
+        layer = model.get_submodule(name[: -len(".weight")])
+        assert "qweight" in dict(layer.named_buffers()), name
+        with torch.no_grad():
+            weight = layer(torch.eye(q.codes.shape[1], dtype=torch.float16)).T
+        assert torch.equal(weight, q.dequantize().to(torch.float16)), name
+    loaded = model.state_dict()
+    for name, t in ckpt.tensors.items():
         assert torch.equal(loaded[name], t), name
 
 
@@ -391,4 +445,5 @@ def test_legacy_marlin_checkpoint(tmp_path):
     assert scales.dtype == torch.float16 and tuple(scales.shape) == (1, 256)
     codes, scales_back = marlin_unpack(packed, scales, 128, 256)
     assert torch.equal(codes, q.codes) and torch.equal(scales_back, q.scales)
-    assert torch.equal(tensors["model.layers.0.self_attn.q_proj.bias"], ckpt.tensors["model.layers.0.self_attn.q_proj.bias"])
+    bias = "model.layers.0.self_attn.q_proj.bias"
+    assert torch.equal(tensors[bias], ckpt.tensors[bias])

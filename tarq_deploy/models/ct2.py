@@ -121,7 +121,10 @@ FUSED_LAYER_MODULES: dict[str, tuple[str, ...]] = {
     "attention/linear_1": ("encoder_attn.k_proj", "encoder_attn.v_proj"),
 }
 KEY_PROJECTION_SUFFIX = ".k_proj"
-LEAF_NAMES: dict[str, str] = {"weight": "weight", "bias": "bias", "gamma": "weight", "beta": "bias", "encodings": "weight"}
+# CTranslate2 leaf name -> transformers leaf name (LayerNorm gamma/beta, position-encoding table).
+LEAF_NAMES: dict[str, str] = {
+    "weight": "weight", "bias": "bias", "gamma": "weight", "beta": "bias", "encodings": "weight",
+}
 
 LAYER_NAME_PATTERN = re.compile(r"^(encoder|decoder)/layer_(\d+)/(.+)$")
 
@@ -304,7 +307,8 @@ def _route_for(name: str) -> TensorRoute | None:
     if sub_module in LAYER_MODULES:
         return TensorRoute(name, (f"{prefix}{LAYER_MODULES[sub_module]}.{hf_leaf}",))
     if sub_module in FUSED_LAYER_MODULES:
-        return TensorRoute(name, tuple(_fused_target(prefix, part, hf_leaf) for part in FUSED_LAYER_MODULES[sub_module]))
+        parts = FUSED_LAYER_MODULES[sub_module]
+        return TensorRoute(name, tuple(_fused_target(prefix, part, hf_leaf) for part in parts))
     return None
 
 
@@ -402,10 +406,18 @@ def build_generation_config(config: WhisperConfig, token_ids: dict[str, int], id
         is_multilingual=config.vocab_size >= MULTILINGUAL_MIN_VOCAB,
     )
     if generation.is_multilingual:
-        # English-only checkpoints carry language ids too (shifted, unusable), so only multilingual ones get them.
-        generation.lang_to_id = {id_to_token[index]: index for index in ct2_config.get("lang_ids", [])}
+        # Only multilingual models get language ids: tiny.en's config.json lists 50259..50356, one past its real
+        # language tokens, and transformers refuses a language argument for English-only models anyway.
+        generation.lang_to_id = _language_tokens(ct2_config.get("lang_ids", []), id_to_token)
         generation.task_to_id = {task: token_ids[token] for task, token in TASK_TOKENS.items()}
     return generation
+
+
+def _language_tokens(lang_ids: list[int], id_to_token: dict[int, str]) -> dict[str, int]:
+    unknown = [index for index in lang_ids if index not in id_to_token]
+    if unknown:
+        raise ValueError(f"config.json lang_ids {unknown} are not tokens of tokenizer.json")
+    return {id_to_token[index]: index for index in lang_ids}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -522,7 +534,7 @@ def _instantiate_model(config: WhisperConfig, arrays: dict[str, np.ndarray], dty
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(config)
     _check_parameters_match(model, arrays, path)
-    state = {name: torch.from_numpy(np.array(array)).to(dtype) for name, array in arrays.items()}
+    state = {name: torch.tensor(array, dtype=dtype) for name, array in arrays.items()}
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     _check_no_meta_tensors(model, path)

@@ -1,0 +1,309 @@
+"""Whisper backbone adapter: calibration windows with rare tags, the three calibration stages, transcription.
+
+Calibration order: encoder blocks, decoder blocks, then the tied output head (proj_out, whose weight is also the
+token embedding). Inside each block, true-sequential groups:
+  encoder: [q, k, v] -> [out] -> [fc1] -> [fc2]
+  decoder: [self q, k, v] -> [self out] -> [cross q, cross k, cross v] -> [cross out] -> [fc1] -> [fc2]
+Cross-attention k/v read the encoder output of their own stream, so their positions are encoder frames.
+
+Windows. Whisper always encodes 30 s (1500 encoder frames). A short utterance padded to 30 s is mostly padding, and
+padding frames would dominate the encoder statistics. With ``pack=True`` (default) consecutive utterances are
+concatenated into windows of up to 30 s (0.3 s silence between them, transcripts joined), the shape of Whisper's own
+training segments: encoder statistics then come from speech, and calibration runs ~6x fewer encoder passes.
+``pack=False`` keeps one utterance per window.
+
+Rare tags. Decoder positions: the input position whose *predicted* token belongs to a rare word (data.rarity).
+Encoder frames (``encoder_tagging="align"``): the frames of each rare word, found by dynamic time warping over the
+cross-attention of the model's alignment heads on the teacher-forced transcript (the word-timestamp recipe);
+``"none"`` tags no frame, so encoder Linears fall back to the plain metric.
+
+The tied head: in a whisper.cpp Q4_0 file the token embedding is stored in Q4_0, and the same matrix serves as input
+lookup and output projection. It is calibrated last, on the final decoder states, under H + mu * tr(H)/n * I: the
+identity term is the lookup role's metric (every row's own error, unweighted by activations), balanced by trace
+against the output role as rareBAL balances common and tail mass (mu = ``head_identity_weight``, default 1).
+During calibration the decoder input embedding stays full precision in both streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
+from ..quant.calibrate import Block, Window
+
+SAMPLE_RATE = 16000
+WINDOW_SECONDS = 30.0
+GAP_SECONDS = 0.3
+ENCODER_FRAMES_PER_SECOND = 50
+MEDIAN_FILTER_WIDTH = 7
+ENCODER_GROUPS = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.out_proj"], ["fc1"], ["fc2"]]
+DECODER_GROUPS = [
+    ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.out_proj"],
+    ["encoder_attn.q_proj", "encoder_attn.k_proj", "encoder_attn.v_proj"], ["encoder_attn.out_proj"],
+    ["fc1"], ["fc2"],
+]
+CROSS_KV = {"encoder_attn.k_proj": "frames", "encoder_attn.v_proj": "frames"}
+TIED_ALIASES = {"model.decoder.embed_tokens.weight": "proj_out.weight"}
+
+
+@dataclass
+class TextAudio:
+    """An utterance ready for calibration: 16 kHz mono audio and its reference transcript."""
+
+    id: str
+    audio: np.ndarray
+    text: str
+
+
+class _Head(nn.Module):
+    """Holds proj_out so the head is a block like any other (its input: the final decoder states)."""
+
+    def __init__(self, proj_out: nn.Linear) -> None:
+        super().__init__()
+        self.proj_out = proj_out
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj_out(h)
+
+
+class WhisperBackbone:
+    def __init__(self, model: nn.Module, processor, generation_config, device: str = "cpu",
+                 head_identity_weight: float = 1.0) -> None:
+        self.model = model.to(device).eval()
+        self.processor = processor
+        self.generation_config = generation_config
+        self.device = torch.device(device)
+        self.head_identity_weight = head_identity_weight
+
+    # -- prompt and windows ------------------------------------------------------------------------------------------
+    def prompt_ids(self) -> list[int]:
+        """<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>: greedy English transcription."""
+        gc = self.generation_config
+        ids = [gc.decoder_start_token_id]
+        if getattr(gc, "is_multilingual", False):
+            ids += [gc.lang_to_id["<|en|>"], gc.task_to_id["transcribe"]]
+        return ids + [gc.no_timestamps_token_id]
+
+    def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
+                      encoder_tagging: str = "align") -> list[Window]:
+        return [self._window(group, k, encoder_tagging) for group in pack_utterances(utterances, pack)]
+
+    def _window(self, group: list[TextAudio], k: float, encoder_tagging: str) -> Window:
+        gap = np.zeros(int(GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
+        pieces = [piece for u in group for piece in (u.audio, gap)][:-1]
+        audio = np.concatenate(pieces)
+        text = " ".join(u.text.strip() for u in group)
+        features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        tagged = rare_token_mask(self.processor.tokenizer, self.prompt_ids(), decoder_text(text), k,
+                                 eos_token_id=self.generation_config.eos_token_id)
+        ids = torch.tensor(tagged.input_ids[:-1])  # teacher forcing: the last token is only a label
+        token_mask = torch.tensor(tagged.mask[:-1])
+        n_frames = self.model.config.max_source_positions
+        speech_frames = min(n_frames, int(np.ceil(len(audio) / SAMPLE_RATE * ENCODER_FRAMES_PER_SECOND)))
+        frame_mask = torch.zeros(n_frames, dtype=torch.bool)
+        if encoder_tagging == "align":
+            rare_spans = [w.token_positions for w in tagged.words if w.rare and w.token_positions]
+            frame_mask = self._rare_frames(features, torch.tensor(tagged.input_ids), rare_spans, speech_frames)
+        elif encoder_tagging != "none":
+            raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
+        info = {"ids": [u.id for u in group], "seconds": len(audio) / SAMPLE_RATE, "speech_frames": speech_frames,
+                "tokens": int(ids.numel()), "rare_tokens": int(token_mask.sum()), "rare_frames": int(frame_mask.sum()),
+                "words": len(tagged.words), "rare_words": sum(w.rare for w in tagged.words)}
+        return Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
+                      masks={"tokens": token_mask, "frames": frame_mask}, info=info)
+
+    # -- encoder frame tags ------------------------------------------------------------------------------------------
+    def _rare_frames(self, features: torch.Tensor, input_ids: torch.Tensor, rare_spans: list[tuple[int, ...]],
+                     speech_frames: int) -> torch.Tensor:
+        mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.bool)
+        if not rare_spans:
+            return mask
+        starts = token_start_frames(self._alignment_matrix(features, input_ids, speech_frames))
+        n_prompt = len(self.prompt_ids())
+        for span in rare_spans:
+            first, last = span[0] - n_prompt, span[-1] - n_prompt  # indices among the text tokens
+            begin = starts[first]
+            end = starts[last + 1] if last + 1 < len(starts) else speech_frames
+            mask[begin : max(end, begin + 1)] = True
+        return mask
+
+    def _alignment_matrix(self, features: torch.Tensor, input_ids: torch.Tensor, speech_frames: int) -> np.ndarray:
+        """[text tokens + 1, speech frames] alignment-head attention, standardised and median-filtered."""
+        heads = self.generation_config.alignment_heads
+        with torch.no_grad(), _eager_attention(self.model):
+            out = self.model(input_features=features.to(self.device), decoder_input_ids=input_ids[None, :-1].to(self.device),
+                             output_attentions=True, use_cache=False)
+        weights = torch.stack([out.cross_attentions[layer][0, head] for layer, head in heads]).float().cpu()
+        weights = weights[:, :, :speech_frames]
+        std, mean = torch.std_mean(weights, dim=-2, keepdim=True)
+        weights = _median_filter((weights - mean) / (std + 1e-8), MEDIAN_FILTER_WIDTH)
+        n_prompt = len(self.prompt_ids())
+        return weights.mean(0)[n_prompt - 1 :].numpy()  # rows: positions predicting text tokens and the end token
+
+    # -- calibration stages ------------------------------------------------------------------------------------------
+    def stages(self) -> list:
+        m = self.model
+        encoder = [Block(f"model.encoder.layers.{i}", layer, ENCODER_GROUPS, domain="frames")
+                   for i, layer in enumerate(m.model.encoder.layers)]
+        decoder = [Block(f"model.decoder.layers.{i}", layer, DECODER_GROUPS, domain_overrides=CROSS_KV)
+                   for i, layer in enumerate(m.model.decoder.layers)]
+        head = [Block("", _Head(m.proj_out), [["proj_out"]], identity_weight=self.head_identity_weight)]
+        return [_EncoderStage(self, encoder), _DecoderStage(self, decoder), _HeadStage(head)]
+
+    def quantized_weight_names(self) -> list[str]:
+        names = [f"{b.name}.{rel}.weight".lstrip(".") for stage in self.stages() for b in stage.blocks
+                 for g in b.groups for rel in g]
+        return names
+
+    # -- transcription -----------------------------------------------------------------------------------------------
+    def transcribe(self, audio: np.ndarray, max_new_tokens: int = 200) -> str:
+        features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        prompt = torch.tensor([self.prompt_ids()], device=self.device)
+        with torch.no_grad():
+            ids = self.model.generate(features.to(self.device), decoder_input_ids=prompt, max_new_tokens=max_new_tokens,
+                                      do_sample=False, num_beams=1, generation_config=self.generation_config)
+        return self.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+
+
+def pack_utterances(utterances: list[TextAudio], pack: bool) -> list[list[TextAudio]]:
+    """Greedy packing, in the given order, into windows of at most 30 s (one utterance per window without packing;
+    a longer utterance is cut to 30 s by the feature extractor and its transcript kept whole, so avoid those)."""
+    if not pack:
+        return [[u] for u in utterances]
+    windows: list[list[TextAudio]] = []
+    length = 0.0
+    for u in utterances:
+        seconds = len(u.audio) / SAMPLE_RATE
+        if windows and length + GAP_SECONDS + seconds <= WINDOW_SECONDS:
+            windows[-1].append(u)
+            length += GAP_SECONDS + seconds
+        else:
+            windows.append([u])
+            length = seconds
+    return windows
+
+
+def token_start_frames(matrix: np.ndarray) -> list[int]:
+    """DTW path through -matrix [tokens, frames]; the frame where the path first reaches each token row."""
+    text_idx, time_idx = dtw_path(-matrix.astype(np.float64))
+    starts = [0] * matrix.shape[0]
+    seen = set()
+    for t, f in zip(text_idx, time_idx):
+        if t not in seen:
+            seen.add(t)
+            starts[t] = int(f)
+    return starts
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Monotonic alignment minimising the summed cost (steps: diagonal, down, right)."""
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    step = np.zeros((n + 1, m + 1), dtype=np.int8)
+    for i in range(1, n + 1):
+        row_prev, row = acc[i - 1], acc[i]
+        for j in range(1, m + 1):
+            choices = (row_prev[j - 1], row_prev[j], row[j - 1])
+            k = int(np.argmin(choices))
+            row[j] = cost[i - 1, j - 1] + choices[k]
+            step[i, j] = k
+    i, j = n, m
+    path = []
+    while i > 0 and j > 0:
+        path.append((i - 1, j - 1))
+        k = step[i, j]
+        i, j = (i - 1, j - 1) if k == 0 else (i - 1, j) if k == 1 else (i, j - 1)
+    path.reverse()
+    return np.array([p[0] for p in path]), np.array([p[1] for p in path])
+
+
+def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    pad = width // 2
+    if x.shape[-1] <= pad:
+        return x
+    padded = nn.functional.pad(x, (pad, pad), mode="reflect")
+    return padded.unfold(-1, width, 1).median(dim=-1).values
+
+
+class _eager_attention:
+    """Temporarily switch to eager attention, which returns attention weights."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+
+    def __exit__(self, *exc: object) -> None:
+        self.model.set_attn_implementation(self.previous)
+
+
+# --------------------------------------------------------------------------------------------------------- stages
+class _EncoderStage:
+    name = "encoder"
+
+    def __init__(self, backbone: WhisperBackbone, blocks: list[Block]) -> None:
+        self.backbone, self.blocks = backbone, blocks
+
+    def enter(self, window: Window, stream: dict) -> torch.Tensor:
+        enc = self.backbone.model.model.encoder
+        with torch.no_grad():
+            x = window.inputs["input_features"].to(self.backbone.device)
+            x = nn.functional.gelu(enc.conv2(nn.functional.gelu(enc.conv1(x)))).permute(0, 2, 1)
+            return x + enc.embed_positions.weight[: x.shape[1]]
+
+    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
+        return module(h, None)
+
+    def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
+        with torch.no_grad():
+            stream["encoder_out"] = self.backbone.model.model.encoder.layer_norm(h)
+
+
+class _DecoderStage:
+    name = "decoder"
+
+    def __init__(self, backbone: WhisperBackbone, blocks: list[Block]) -> None:
+        self.backbone, self.blocks = backbone, blocks
+
+    def enter(self, window: Window, stream: dict) -> torch.Tensor:
+        dec = self.backbone.model.model.decoder
+        ids = window.inputs["decoder_input_ids"].to(self.backbone.device)
+        with torch.no_grad():
+            return dec.embed_tokens(ids) + dec.embed_positions.weight[: ids.shape[1]]
+
+    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
+        return module(h, attention_mask=_causal_mask(h), encoder_hidden_states=stream["encoder_out"], use_cache=False)
+
+    def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
+        with torch.no_grad():
+            stream["decoder_out"] = self.backbone.model.model.decoder.layer_norm(h)
+
+
+class _HeadStage:
+    name = "head"
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self.blocks = blocks
+
+    def enter(self, window: Window, stream: dict) -> torch.Tensor:
+        return stream["decoder_out"]
+
+    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
+        module(h)
+        return h  # the head's logits are not needed downstream
+
+    def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
+        pass
+
+
+def _causal_mask(h: torch.Tensor) -> torch.Tensor:
+    t = h.shape[1]
+    blocked = torch.triu(torch.ones(t, t, dtype=torch.bool, device=h.device), diagonal=1)
+    return torch.zeros(1, 1, t, t, dtype=h.dtype, device=h.device).masked_fill(blocked, torch.finfo(h.dtype).min)

@@ -1,0 +1,314 @@
+"""The sequential calibration driver: block by block, paired full-precision and quantized streams.
+
+For every block, in the backbone's calibration order:
+  1. the full-precision copy of the block runs on the fp stream; the inputs of its Linears (x_fp) are kept;
+  2. for each group of Linears in true-sequential order (attention inputs, output projection, MLP, ...), the partly
+     quantized block runs on the quantized stream up to that group; hooks fold x_q (with its tail tags) and the
+     matching x_fp into H_common / H_tail / H_delta; each Linear of the group is solved and its weight replaced by
+     the lattice's exact value, so later groups see the quantization of earlier ones;
+  3. both streams advance through their block.
+After each block the lattice of its Linears and the per-layer records are saved to a work directory, so an interrupted
+run resumes from the last finished block: the streams are recomputed through the finished blocks (the same
+arithmetic as the uninterrupted run), which gives the same final bytes.
+
+The backbone supplies stages (e.g. Whisper: encoder, decoder, output head) with their blocks and the code that moves
+a window's hidden states into, through and out of them; see ``Stage``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from .lattice import LatticeSpec, QuantizedWeight
+from .stats import LayerStats
+from .tarq import LayerRecord, TarqConfig, reweighting_mask, solve_layer
+
+
+@dataclass
+class Window:
+    """One calibration input: what the backbone needs to run it, and tail tags per position domain."""
+
+    inputs: dict[str, torch.Tensor]
+    masks: dict[str, torch.Tensor]  # domain ("frames", "tokens") -> bool [positions]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Block:
+    """A unit of the sequential sweep: a module whose Linears are solved together before the streams advance."""
+
+    name: str  # state-dict prefix of the module, e.g. "model.encoder.layers.3"
+    module: nn.Module
+    groups: list[list[str]]  # Linear names relative to ``module``, in true-sequential order
+    domain: str = "tokens"  # position domain of the block's activations
+    domain_overrides: dict[str, str] = field(default_factory=dict)  # e.g. cross-attention k/v read encoder frames
+    identity_weight: float = 0.0  # mu: adds mu * tr(H_common)/n * I to H_common (see Whisper's tied head)
+
+    def linear(self, rel: str) -> nn.Linear:
+        return self.module.get_submodule(rel)  # type: ignore[return-value]
+
+    def domain_of(self, rel: str) -> str:
+        return self.domain_overrides.get(rel, self.domain)
+
+
+class Stage(Protocol):
+    """A run of blocks sharing one way of entering and leaving (encoder, decoder, head)."""
+
+    name: str
+    blocks: list[Block]
+
+    def enter(self, window: Window, stream: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Hidden states entering the first block; ``stream`` holds what earlier stages left (per stream)."""
+
+    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Run one block of this stage."""
+
+    def leave(self, h: torch.Tensor, window: Window, stream: dict[str, torch.Tensor]) -> None:
+        """Store the stage's output in ``stream`` for later stages."""
+
+
+@dataclass
+class CalibrationConfig:
+    spec: LatticeSpec
+    solver: TarqConfig
+    device: str = "cpu"
+    seed: int = 0
+
+
+class _StopForward(Exception):
+    """Raised from a hook once the inputs of the current group are captured: the rest of the block is not needed."""
+
+
+# --------------------------------------------------------------------------------------------------------- work dir
+class WorkDir:
+    """Resumable state: one safetensors file per finished block, plus the records so far."""
+
+    def __init__(self, path: Path, fingerprint: str) -> None:
+        self.path = path
+        self.fingerprint = fingerprint
+        self.progress_file = path / "progress.json"
+
+    def load(self) -> tuple[int, list[dict]]:
+        """Number of finished blocks and their records; (0, []) for a fresh run or a different configuration."""
+        if not self.progress_file.is_file():
+            return 0, []
+        progress = json.loads(self.progress_file.read_text())
+        if progress.get("fingerprint") != self.fingerprint:
+            return 0, []
+        return int(progress["finished_blocks"]), progress["records"]
+
+    def save_block(self, index: int, lattice: dict[str, QuantizedWeight], records: list[dict]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for name, q in lattice.items():
+            tensors[f"{name}.codes"] = q.codes.cpu().contiguous()
+            tensors[f"{name}.scales"] = q.scales.cpu().contiguous()
+        _atomic_save_safetensors(tensors, self.path / f"block-{index:04d}.safetensors")
+        progress = {"fingerprint": self.fingerprint, "finished_blocks": index + 1, "records": records}
+        _atomic_write_text(self.progress_file, json.dumps(progress, indent=1))
+
+    def load_block(self, index: int, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
+        raw = load_file(str(self.path / f"block-{index:04d}.safetensors"))
+        names = sorted({k.rsplit(".", 1)[0] for k in raw})
+        return {n: QuantizedWeight(raw[f"{n}.codes"], raw[f"{n}.scales"], spec) for n in names}
+
+
+def _atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def fingerprint(*parts: Any) -> str:
+    """A stable hash of everything that determines the result (model, corpus, method, lattice, seed)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------------------ driver
+@dataclass
+class CalibrationResult:
+    lattice: dict[str, QuantizedWeight]  # full weight name ("<block>.<linear>.weight") -> lattice
+    records: list[dict]
+    seconds: float
+
+
+class SequentialCalibrator:
+    """Runs the sweep over the stages of a backbone for a list of windows."""
+
+    def __init__(self, stages: list[Stage], windows: list[Window], config: CalibrationConfig,
+                 work_dir: WorkDir | None = None, log: Callable[[str], None] = print) -> None:
+        self.stages = stages
+        self.windows = windows
+        self.config = config
+        self.device = torch.device(config.device)
+        self.work_dir = work_dir
+        self.log = log
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.masks = [self._reweighting_masks(w) for w in windows]
+
+    def _reweighting_masks(self, window: Window) -> dict[str, torch.Tensor]:
+        return {domain: reweighting_mask(mask, self.config.solver.source, self.generator)
+                for domain, mask in window.masks.items()}
+
+    def run(self) -> CalibrationResult:
+        start = time.perf_counter()
+        finished, records = self.work_dir.load() if self.work_dir else (0, [])
+        lattice: dict[str, QuantizedWeight] = {}
+        streams = {"fp": [dict() for _ in self.windows], "q": [dict() for _ in self.windows]}
+        block_index = 0
+        blocks_total = sum(len(s.blocks) for s in self.stages)
+        progress = tqdm(total=blocks_total, desc="calibrating", unit="block", initial=finished)
+        if finished:
+            self.log(f"resuming after {finished} finished blocks")
+        for stage in self.stages:
+            h = {kind: [stage.enter(w, s) for w, s in zip(self.windows, streams[kind])] for kind in streams}
+            for block in stage.blocks:
+                if block_index < finished:
+                    restored = self.work_dir.load_block(block_index, self.config.spec)  # type: ignore[union-attr]
+                    h = self._replay_block(stage, block, restored, h, streams)
+                    lattice.update(restored)
+                else:
+                    block_lattice, block_records, h = self._calibrate_block(stage, block, h, streams)
+                    lattice.update(block_lattice)
+                    records.extend(block_records)
+                    if self.work_dir:
+                        self.work_dir.save_block(block_index, block_lattice, records)
+                    progress.update(1)
+                block_index += 1
+            for kind in streams:
+                for w, s, hidden in zip(self.windows, streams[kind], h[kind]):
+                    stage.leave(hidden, w, s)
+        progress.close()
+        return CalibrationResult(lattice, records, time.perf_counter() - start)
+
+    # -- one block -------------------------------------------------------------------------------------------------
+    def _calibrate_block(self, stage: Stage, block: Block, h: dict[str, list[torch.Tensor]],
+                         streams: dict[str, list[dict]]) -> tuple[dict[str, QuantizedWeight], list[dict], dict]:
+        fp_module = copy.deepcopy(block.module)
+        all_linears = [rel for group in block.groups for rel in group]
+        x_fp, h_fp_next = self._capture_fp_inputs(stage, block, fp_module, all_linears, h["fp"], streams["fp"])
+        lattice: dict[str, QuantizedWeight] = {}
+        records: list[dict] = []
+        for group in block.groups:
+            stats = self._group_stats(stage, block, group, x_fp, h["q"], streams["q"])
+            for rel in group:
+                q, record = self._solve(block, rel, stats[rel])
+                lattice[f"{block.name}.{rel}.weight"] = q
+                records.append(record.to_json())
+        del x_fp
+        h_q_next = [self._forward(stage, block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])]
+        del fp_module
+        return lattice, records, {"fp": h_fp_next, "q": h_q_next}
+
+    def _replay_block(self, stage: Stage, block: Block, restored: dict[str, QuantizedWeight],
+                      h: dict[str, list[torch.Tensor]], streams: dict[str, list[dict]]) -> dict:
+        """Advance both streams through a block finished in an earlier run (fp first, then with its lattice)."""
+        h_fp_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])]
+        for name, q in restored.items():
+            rel = name[len(block.name) + 1 : -len(".weight")]
+            _assign(block.linear(rel), q)
+        h_q_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["q"], self.windows, streams["q"])]
+        return {"fp": h_fp_next, "q": h_q_next}
+
+    def _forward(self, stage: Stage, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
+        with torch.no_grad():
+            return stage.call_block(module, h, window, stream)
+
+    def _capture_fp_inputs(self, stage: Stage, block: Block, fp_module: nn.Module, linears: list[str],
+                           h_fp: list[torch.Tensor], streams: list[dict]) -> tuple[list[dict], list[torch.Tensor]]:
+        """Run the full-precision block once per window, keeping every Linear's input (x_fp) and the output."""
+        captured: list[dict[str, torch.Tensor]] = []
+        outputs: list[torch.Tensor] = []
+        for hidden, window, stream in zip(h_fp, self.windows, streams):
+            inputs: dict[str, torch.Tensor] = {}
+            with _input_hooks(fp_module, linears, lambda rel, x: inputs.__setitem__(rel, x)):
+                outputs.append(self._forward(stage, fp_module, hidden, window, stream))
+            captured.append(inputs)
+        return captured, outputs
+
+    def _group_stats(self, stage: Stage, block: Block, group: list[str], x_fp: list[dict],
+                     h_q: list[torch.Tensor], streams: list[dict]) -> dict[str, LayerStats]:
+        """Run the partly quantized block up to ``group`` on every window and fold the group's inputs into stats."""
+        stats = {rel: LayerStats(block.linear(rel).in_features, device=self.device) for rel in group}
+        for w_index, (hidden, window, stream) in enumerate(zip(h_q, self.windows, streams)):
+            pending = set(group)
+
+            def fold(rel: str, x_q: torch.Tensor) -> None:
+                mask = self.masks[w_index][block.domain_of(rel)]
+                stats[rel].add(x_q, mask, x_fp[w_index][rel])
+                pending.discard(rel)
+                if not pending:
+                    raise _StopForward
+
+            with _input_hooks(block.module, group, fold):
+                try:
+                    self._forward(stage, block.module, hidden, window, stream)
+                except _StopForward:
+                    pass
+        return stats
+
+    def _solve(self, block: Block, rel: str, stats: LayerStats) -> tuple[QuantizedWeight, LayerRecord]:
+        linear = block.linear(rel)
+        if block.identity_weight > 0:
+            n = stats.n
+            stats.H_common += block.identity_weight * torch.trace(stats.H_common) / n * torch.eye(
+                n, dtype=stats.H_common.dtype, device=stats.H_common.device)
+        W = linear.weight.detach().to(self.device, torch.float32)
+        q, record = solve_layer(f"{block.name}.{rel}", W, stats, self.config.spec, self.config.solver)
+        _assign(linear, q)
+        return q.to("cpu"), record
+
+
+def _assign(linear: nn.Linear, q: QuantizedWeight) -> None:
+    """Replace a Linear's weight by the lattice's exact value (in place, so tied parameters follow)."""
+    with torch.no_grad():
+        linear.weight.copy_(q.dequantize().to(linear.weight.device, linear.weight.dtype))
+
+
+class _input_hooks:
+    """Context manager: forward pre-hooks that hand each named Linear's input (flattened to [positions, n]) to ``sink``."""
+
+    def __init__(self, module: nn.Module, names: list[str], sink: Callable[[str, torch.Tensor], None]) -> None:
+        self.handles = []
+        for rel in dict.fromkeys(names):
+            linear = module.get_submodule(rel)
+            self.handles.append(linear.register_forward_pre_hook(self._hook(rel, sink)))
+
+    @staticmethod
+    def _hook(rel: str, sink: Callable[[str, torch.Tensor], None]) -> Callable:
+        def hook(_module: nn.Module, args: tuple) -> None:
+            x = args[0]
+            sink(rel, x.detach().reshape(-1, x.shape[-1]))
+        return hook
+
+    def __enter__(self) -> "_input_hooks":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def iter_linears(blocks: list[Block]) -> Iterator[tuple[str, nn.Linear]]:
+    for block in blocks:
+        for group in block.groups:
+            for rel in group:
+                yield f"{block.name}.{rel}.weight", block.linear(rel)
