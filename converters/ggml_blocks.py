@@ -85,7 +85,9 @@ def pack_q4_0(codes: Any, scales: Any) -> np.ndarray:
     """Q4_0 blocks of a 4-bit lattice: codes int [m, n] in [-8, 7], fp16 scales [m, n_groups]; uint8 [m, n/32*18]."""
     q, d = _block_codes_and_scales(codes, scales, GGML_TYPE_Q4_0)
     m, n_blocks = d.shape
-    nibbles = (q.astype(np.int16) + Q4_0_NIBBLE_OFFSET).astype(np.uint8).reshape(m, n_blocks, 2, QK // 2)
+    # codes are checked to lie in [-8, 7], so code + 8 fits int8 and reads as the unsigned nibble
+    nibbles = (q.astype(np.int8, copy=False) + np.int8(Q4_0_NIBBLE_OFFSET)).view(np.uint8)
+    nibbles = nibbles.reshape(m, n_blocks, 2, QK // 2)
     packed = nibbles[:, :, 0, :] | (nibbles[:, :, 1, :] << np.uint8(4))  # element j low, element j + 16 high
     return _assemble_blocks(d, packed)
 
@@ -154,7 +156,8 @@ def ggml_rtn_q4_0(w: Any) -> np.ndarray:
     d = signed_max / np.float32(-8)
     with np.errstate(divide="ignore"):
         inv_d = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    nib = np.minimum(np.trunc(blocks * inv_d + np.float32(8.5)).astype(np.uint8), np.uint8(15))  # x/d >= -8: no negatives
+    # x / d >= -8 for every x of the block, so x / d + 8.5 > 0 and the uint8 cast sees no negatives
+    nib = np.minimum(np.trunc(blocks * inv_d + np.float32(8.5)).astype(np.uint8), np.uint8(15))
     nib = nib.reshape(-1, 2, QK // 2)
     packed = nib[:, 0, :] | (nib[:, 1, :] << np.uint8(4))
     out = _assemble_blocks(d.reshape(1, -1), packed.reshape(1, -1, QK // 2))

@@ -17,7 +17,9 @@ and the token embedding in the header's type, conv weights F16, everything else 
 """
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -37,6 +39,11 @@ N_FFT_BINS = 201  # whisper.cpp's WHISPER_N_FFT 400 -> 201 frequency bins
 MAX_TOKEN_BYTES = 1024  # no real BPE token comes near; a larger length means a corrupt vocabulary
 MAX_NAME_BYTES = 256
 MAX_DIMS = 4
+# far beyond any Whisper (large-v3: 32 layers, 1280 wide, 51866 tokens); a header past them is corrupt, and
+# building its tensor list would only waste memory
+HPARAM_LIMITS = {"n_vocab": 1 << 20, "n_audio_ctx": 1 << 16, "n_audio_state": 1 << 16, "n_audio_head": 1 << 10,
+                 "n_audio_layer": 1 << 10, "n_text_ctx": 1 << 16, "n_text_state": 1 << 16, "n_text_head": 1 << 10,
+                 "n_text_layer": 1 << 10, "n_mels": 1 << 10}
 
 # tensor roles: which ggml type whisper.cpp gives the tensor
 ROLE_MATRIX = "matrix"  # the header's weight type (attention, MLP, token embedding)
@@ -119,7 +126,8 @@ def tensor_slots(h: WhisperHParams) -> list[TensorSlot]:
     """Every tensor whisper.cpp 1.8.5 creates for these hyper-parameters, in the order we write them."""
     d, n_mels = h.n_audio_state, h.n_mels
     slots = [
-        TensorSlot("encoder.positional_embedding", "model.encoder.embed_positions.weight", ROLE_F32, (h.n_audio_ctx, d)),
+        TensorSlot("encoder.positional_embedding", "model.encoder.embed_positions.weight", ROLE_F32,
+                   (h.n_audio_ctx, d)),
         TensorSlot("encoder.conv1.weight", "model.encoder.conv1.weight", ROLE_CONV, (d, n_mels, 3)),
         TensorSlot("encoder.conv1.bias", "model.encoder.conv1.bias", ROLE_F32, (d, 1)),
         TensorSlot("encoder.conv2.weight", "model.encoder.conv2.weight", ROLE_CONV, (d, d, 3)),
@@ -189,7 +197,7 @@ class WhisperCppFile:
     mel_filters: np.ndarray  # float32 [n_mel, 201]
     vocab: list[bytes]
     tensors: dict[str, TensorRecord]
-    data: np.ndarray  # uint8 memmap of the whole file
+    data: np.ndarray  # uint8 view of the whole file (read-only memory map)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes: uint8 [rows, row_bytes] (row = last axis)."""
@@ -203,7 +211,7 @@ class WhisperCppFile:
         from gguf.quants import dequantize
 
         rec = self.tensors[name]
-        values = dequantize(np.array(self.raw(name)), GGMLQuantizationType(rec.ggml_type))
+        values = dequantize(self.raw(name), GGMLQuantizationType(rec.ggml_type))
         return values.astype(np.float32, copy=False).reshape(rec.shape)
 
 
@@ -214,51 +222,59 @@ def read_whisper_cpp(path: str | os.PathLike) -> WhisperCppFile:
         raise GGMLFileError(path, "no such file")
     if path.stat().st_size == 0:
         raise GGMLFileError(path, "empty file")
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    cur = _Cursor(data, path)
+    with open(path, "rb") as f:
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    cur = _Cursor(buffer, path)
     if cur.u32("magic") != FILE_MAGIC:
         raise GGMLFileError(path, "bad magic: not a whisper.cpp (ggml) model file")
     hparams = _read_hparams(cur)
     mel = _read_mel_filters(cur, hparams)
     vocab = _read_vocab(cur, hparams)
     tensors = _read_tensors(cur, hparams)
-    return WhisperCppFile(path, hparams, mel, vocab, tensors, data)
+    return WhisperCppFile(path, hparams, mel, vocab, tensors, np.frombuffer(buffer, dtype=np.uint8))
 
 
 class _Cursor:
     """Sequential little-endian reads with truncation errors that say what was being read."""
 
-    def __init__(self, data: np.ndarray, path: Path):
-        self.data, self.path, self.pos = data, path, 0
+    def __init__(self, buffer: mmap.mmap, path: Path):
+        self.buffer, self.path, self.pos = buffer, path, 0
 
     @property
     def remaining(self) -> int:
-        return len(self.data) - self.pos
+        return len(self.buffer) - self.pos
 
-    def take(self, n: int, what: str) -> np.ndarray:
+    def skip(self, n: int, what: str) -> int:
+        """Advance past ``n`` bytes; returns where they start."""
         if n < 0 or n > self.remaining:
             raise GGMLFileError(self.path, f"truncated: {what} needs {n} bytes at offset {self.pos}, "
-                                           f"only {self.remaining} left (file has {len(self.data)} bytes)")
-        chunk = self.data[self.pos:self.pos + n]
+                                           f"only {self.remaining} left (file has {len(self.buffer)} bytes)")
+        start = self.pos
         self.pos += n
-        return chunk
+        return start
+
+    def take(self, n: int, what: str) -> bytes:
+        start = self.skip(n, what)
+        return self.buffer[start:start + n]
 
     def i32s(self, n: int, what: str) -> list[int]:
-        return [int(v) for v in self.take(4 * n, what).view("<i4")]
+        start = self.skip(4 * n, what)
+        return list(struct.unpack_from(f"<{n}i", self.buffer, start))
 
     def i32(self, what: str) -> int:
         return self.i32s(1, what)[0]
 
     def u32(self, what: str) -> int:
-        return int(self.take(4, what).view("<u4")[0])
+        return struct.unpack_from("<I", self.buffer, self.skip(4, what))[0]
 
 
 def _read_hparams(cur: _Cursor) -> WhisperHParams:
     names = [f.name for f in fields(WhisperHParams)]
     h = WhisperHParams(*cur.i32s(len(names), "the header"))
-    bad = [n for n in names[:-1] if getattr(h, n) <= 0]
+    bad = [f"{n}={getattr(h, n)} (must be in 1..{HPARAM_LIMITS[n]})"
+           for n in names[:-1] if not 0 < getattr(h, n) <= HPARAM_LIMITS[n]]
     if bad:
-        raise GGMLFileError(cur.path, f"bad header: {', '.join(f'{n}={getattr(h, n)}' for n in bad)} (must be > 0)")
+        raise GGMLFileError(cur.path, f"bad header: {', '.join(bad)}")
     if h.n_audio_state != h.n_text_state:
         raise GGMLFileError(cur.path, f"bad header: n_audio_state {h.n_audio_state} != n_text_state {h.n_text_state}")
     base, version = h.ftype % QNT_VERSION_FACTOR, h.ftype // QNT_VERSION_FACTOR
@@ -275,7 +291,7 @@ def _read_mel_filters(cur: _Cursor, h: WhisperHParams) -> np.ndarray:
     n_mel, n_fft = cur.i32s(2, "the mel filter dimensions")
     if n_mel != h.n_mels or n_fft != N_FFT_BINS:
         raise GGMLFileError(cur.path, f"bad mel filters: {n_mel} x {n_fft}, expected {h.n_mels} x {N_FFT_BINS}")
-    mel = np.array(cur.take(4 * n_mel * n_fft, "the mel filters").view("<f4")).reshape(n_mel, n_fft)
+    mel = np.frombuffer(cur.take(4 * n_mel * n_fft, "the mel filters"), dtype="<f4").reshape(n_mel, n_fft)
     if not np.isfinite(mel).all():
         raise GGMLFileError(cur.path, "bad mel filters: inf or nan")
     return mel
@@ -290,7 +306,7 @@ def _read_vocab(cur: _Cursor, h: WhisperHParams) -> list[bytes]:
         length = cur.i32(f"the length of token {i}")
         if not 0 <= length <= MAX_TOKEN_BYTES:
             raise GGMLFileError(cur.path, f"bad vocabulary: token {i} has length {length}")
-        vocab.append(cur.take(length, f"token {i}").tobytes())
+        vocab.append(cur.take(length, f"token {i}"))
     return vocab
 
 
@@ -319,7 +335,7 @@ def _read_tensor(cur: _Cursor) -> TensorRecord:
     if ggml_type not in GGML_BLOCK:
         raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: unknown ggml type {ggml_type}")
     ne = cur.i32s(n_dims, f"the dimensions of the tensor at offset {start}")
-    raw_name = cur.take(name_len, f"the name of the tensor at offset {start}").tobytes()
+    raw_name = cur.take(name_len, f"the name of the tensor at offset {start}")
     try:
         name = raw_name.decode("utf-8")
     except UnicodeDecodeError:
@@ -331,8 +347,7 @@ def _read_tensor(cur: _Cursor) -> TensorRecord:
         nbytes = tensor_nbytes(ggml_type, shape)
     except ValueError as e:
         raise GGMLFileError(cur.path, f"tensor {name}: {e}") from None
-    offset = cur.pos
-    cur.take(nbytes, f"the data of tensor {name}")
+    offset = cur.skip(nbytes, f"the data of tensor {name}")
     return TensorRecord(name, ggml_type, shape, offset, nbytes)
 
 

@@ -40,10 +40,11 @@ log = logging.getLogger(__name__)
 TARGET_TYPES = {"f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
 BASELINES = ("rtn",)
 GGML_RTN = {GGML_TYPE_Q4_0: ggml_rtn_q4_0, GGML_TYPE_Q8_0: ggml_rtn_q8_0}
-FLOAT_DTYPES = {GGML_TYPE_F32: np.dtype("<f4"), GGML_TYPE_F16: np.dtype("<f2")}
+TORCH_DTYPES = {GGML_TYPE_F32: torch.float32, GGML_TYPE_F16: torch.float16}
 EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file
 TOKEN_EMBEDDING = "model.decoder.embed_tokens.weight"
 OUTPUT_PROJECTION = "proj_out.weight"  # tied to the token embedding; whisper.cpp has no separate tensor for it
+NOT_FEATURE_EXTRACTOR_ARGUMENTS = ("feature_extractor_type", "processor_class")  # saved config entries, not kwargs
 
 
 class WhisperExportError(ValueError):
@@ -77,7 +78,7 @@ class WhisperSource:
         """float32 [n_mels, 201]: transformers' WhisperFeatureExtractor filters (Slaney), as whisper.cpp expects."""
         from transformers import WhisperFeatureExtractor
 
-        kwargs = {k: v for k, v in self.feature_extractor.items() if k not in ("feature_extractor_type", "processor_class")}
+        kwargs = {k: v for k, v in self.feature_extractor.items() if k not in NOT_FEATURE_EXTRACTOR_ARGUMENTS}
         filters = np.asarray(WhisperFeatureExtractor(**kwargs).mel_filters, dtype=np.float32).T
         if filters.shape != (self.config["num_mel_bins"], N_FFT_BINS):
             raise WhisperExportError(f"{self.origin}: mel filters {filters.shape}, expected "
@@ -105,7 +106,9 @@ def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Wh
 
 def model_source(model: Any, processor: Any, origin: str = "model") -> WhisperSource:
     """A transformers WhisperForConditionalGeneration and its WhisperProcessor."""
-    tokenizer = json.loads(processor.tokenizer.backend_tokenizer.to_str())
+    backend = getattr(processor.tokenizer, "backend_tokenizer", None)  # a fast (tokenizers) tokenizer
+    tokenizer = (json.loads(backend.to_str()) if backend is not None
+                 else {"model": {"vocab": processor.tokenizer.get_vocab()}})
     floats = {k: v.detach() for k, v in model.state_dict().items()}
     source = WhisperSource(model.config.to_dict(), tokenizer, processor.feature_extractor.to_dict(), floats,
                            origin=origin)
@@ -167,6 +170,9 @@ def _tie_output_projection(source: WhisperSource) -> None:
         return
     if proj not in source.floats and proj not in source.lattice:
         return  # no separate output projection at all: the embedding is the projection
+    if emb not in source.floats and emb not in source.lattice:
+        source.aliases[TOKEN_EMBEDDING] = proj  # only the projection is stored: it is the tied embedding
+        return
     raise WhisperExportError(f"{source.origin}: {OUTPUT_PROJECTION} is not tied to {TOKEN_EMBEDDING}; whisper.cpp "
                              f"has one matrix for both, so an untied output projection cannot be exported")
 
@@ -285,15 +291,18 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
     else:
         values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
-        data = np.ascontiguousarray(values.numpy(), dtype=FLOAT_DTYPES[ggml_type])
-        if source.resolve(slot.hf_name) in source.lattice:
-            rounding.count(values, data)
+        stored = values.to(TORCH_DTYPES[ggml_type]).contiguous()  # torch converts to fp16 several times faster
+        if ggml_type == GGML_TYPE_F16:
+            rounding.count(slot.name, values, stored)
+        data = stored.numpy()
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
 
 
 def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
     q = source.lattice.get(source.resolve(slot.hf_name))
     name = GGML_TYPE_NAMES[ggml_type]
+    if q is None and source.resolve(slot.hf_name) not in source.floats:
+        raise WhisperExportError(f"{source.origin}: tensor {slot.hf_name} missing (whisper.cpp needs {slot.name})")
     if q is None:
         raise LatticeNotRepresentable(
             f"{source.origin}: {slot.hf_name} is not on a lattice; a {name} export stores a lattice checkpoint "
@@ -304,7 +313,8 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
     try:
         return pack_lattice(q.codes, q.scales, q.spec.bits, ggml_type)
     except LatticeNotRepresentable as e:
-        raise LatticeNotRepresentable(f"{source.origin}: {slot.hf_name} cannot be stored exactly as {name}: {e}") from None
+        raise LatticeNotRepresentable(f"{source.origin}: {slot.hf_name} cannot be stored exactly as {name}: "
+                                      f"{e}") from None
 
 
 def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
@@ -323,20 +333,25 @@ def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
 
 
 class _F16Rounding:
-    """Counts lattice values s * q that fp16 cannot hold (an F16 file of a checkpoint is close, not exact)."""
+    """Counts values that an F16 tensor cannot hold exactly (lattice values s * q, fp32 conv weights): such a file is
+    close to its source, not identical, and verify will say so."""
 
     def __init__(self) -> None:
-        self.rounded = 0
+        self.rounded: dict[str, int] = {}
         self.total = 0
 
-    def count(self, exact: torch.Tensor, stored: np.ndarray) -> None:
-        self.rounded += int(np.count_nonzero(stored.astype(np.float32) != exact.numpy()))
-        self.total += stored.size
+    def count(self, name: str, exact: torch.Tensor, stored: torch.Tensor) -> None:
+        changed = int((stored.float() != exact).sum())
+        if changed:
+            self.rounded[name] = changed
+        self.total += stored.numel()
 
     def report(self, origin: str) -> None:
         if self.rounded:
-            log.warning("%s: F16 cannot hold every lattice value s*q: %d of %d values rounded to the nearest fp16 "
-                        "(use q4_0 / q8_0 for a bit-exact file)", origin, self.rounded, self.total)
+            names = ", ".join(list(self.rounded)[:3]) + (" ..." if len(self.rounded) > 3 else "")
+            log.warning("%s: F16 cannot hold every value exactly: %d of %d values in %d tensors (%s) were rounded "
+                        "to the nearest fp16; the file is close to the source, not identical (q4_0 / q8_0 store a "
+                        "lattice exactly)", origin, sum(self.rounded.values()), self.total, len(self.rounded), names)
 
 
 # ------------------------------------------------------------------------------------------------------ writing
@@ -374,7 +389,8 @@ def _write_tensor(f: Any, tensor: PackedTensor) -> int:
     ne = tuple(reversed(tensor.shape))  # ggml order: ne[0] is the row length
     header = struct.pack(f"<3i{len(ne)}i", len(ne), len(name), tensor.ggml_type, *ne) + name
     f.write(header)
-    f.write(memoryview(np.ascontiguousarray(tensor.data)).cast("B"))
+    data = np.ascontiguousarray(tensor.data, dtype=tensor.data.dtype.newbyteorder("<"))  # no-op on little-endian
+    f.write(memoryview(data).cast("B"))
     return len(header) + tensor.data.nbytes
 
 

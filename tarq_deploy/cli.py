@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import os
+
+# Must precede the OpenMP runtime start (torch import): busy-waiting threads make small ops crawl on a shared CPU.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import importlib
 import sys
 from types import ModuleType
 
 from . import __version__
+from .errors import UserError
 
 # subcommand -> module under tarq_deploy.commands; each module has HELP, add_arguments(parser) and run(args).
 COMMANDS: dict[str, str] = {
+    "quantize": "quantize",
+    "export": "export",
+    "verify": "verify",
     "inspect": "inspect_checkpoint",
 }
-
-
-class UserError(Exception):
-    """An error caused by the user's input; printed without a traceback."""
 
 
 def _command_module(name: str) -> ModuleType:

@@ -5,6 +5,11 @@ pip's configured indexes; a missing source fails the test with a message saying 
 """
 from __future__ import annotations
 
+import os
+
+# Before torch starts OpenMP: busy-waiting worker threads make small ops crawl on a shared 2-core machine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 
 from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox

@@ -155,9 +155,8 @@ class WhisperBackbone:
         return [_EncoderStage(self, encoder), _DecoderStage(self, decoder), _HeadStage(head)]
 
     def quantized_weight_names(self) -> list[str]:
-        names = [f"{b.name}.{rel}.weight".lstrip(".") for stage in self.stages() for b in stage.blocks
-                 for g in b.groups for rel in g]
-        return names
+        return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
+                for g in b.groups for rel in g]
 
     # -- transcription -----------------------------------------------------------------------------------------------
     def transcribe(self, audio: np.ndarray, max_new_tokens: int = 200) -> str:

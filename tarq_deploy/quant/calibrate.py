@@ -56,6 +56,10 @@ class Block:
     domain_overrides: dict[str, str] = field(default_factory=dict)  # e.g. cross-attention k/v read encoder frames
     identity_weight: float = 0.0  # mu: adds mu * tr(H_common)/n * I to H_common (see Whisper's tied head)
 
+    def full_name(self, rel: str) -> str:
+        """State-dict name of a Linear of this block (without the ".weight")."""
+        return f"{self.name}.{rel}" if self.name else rel
+
     def linear(self, rel: str) -> nn.Linear:
         return self.module.get_submodule(rel)  # type: ignore[return-value]
 
@@ -211,7 +215,7 @@ class SequentialCalibrator:
             stats = self._group_stats(stage, block, group, x_fp, h["q"], streams["q"])
             for rel in group:
                 q, record = self._solve(block, rel, stats[rel])
-                lattice[f"{block.name}.{rel}.weight"] = q
+                lattice[f"{block.full_name(rel)}.weight"] = q
                 records.append(record.to_json())
         del x_fp
         h_q_next = [self._forward(stage, block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])]
@@ -223,7 +227,7 @@ class SequentialCalibrator:
         """Advance both streams through a block finished in an earlier run (fp first, then with its lattice)."""
         h_fp_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])]
         for name, q in restored.items():
-            rel = name[len(block.name) + 1 : -len(".weight")]
+            rel = next(r for g in block.groups for r in g if f"{block.full_name(r)}.weight" == name)
             _assign(block.linear(rel), q)
         h_q_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["q"], self.windows, streams["q"])]
         return {"fp": h_fp_next, "q": h_q_next}
@@ -272,7 +276,7 @@ class SequentialCalibrator:
             stats.H_common += block.identity_weight * torch.trace(stats.H_common) / n * torch.eye(
                 n, dtype=stats.H_common.dtype, device=stats.H_common.device)
         W = linear.weight.detach().to(self.device, torch.float32)
-        q, record = solve_layer(f"{block.name}.{rel}", W, stats, self.config.spec, self.config.solver)
+        q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec, self.config.solver)
         _assign(linear, q)
         return q.to("cpu"), record
 
@@ -311,4 +315,4 @@ def iter_linears(blocks: list[Block]) -> Iterator[tuple[str, nn.Linear]]:
     for block in blocks:
         for group in block.groups:
             for rel in group:
-                yield f"{block.name}.{rel}.weight", block.linear(rel)
+                yield f"{block.full_name(rel)}.weight", block.linear(rel)

@@ -19,6 +19,7 @@ from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight, scal
 
 PERCDAMP = 0.01
 BLOCKSIZE = 128
+ROW_CHUNK = 8192
 
 
 @dataclass
@@ -63,37 +64,52 @@ def gptq_quantize(
     return gptq_sweep(W, prepare_metric(H.to(W.device), percdamp), spec, blocksize)
 
 
-def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int = BLOCKSIZE) -> QuantizedWeight:
-    """The column sweep of Algorithm 2 with lazy block updates; returns codes and scales."""
+def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int = BLOCKSIZE,
+               row_chunk: int = ROW_CHUNK) -> QuantizedWeight:
+    """The column sweep of Algorithm 2 with lazy block updates; returns codes and scales.
+
+    Rows are independent under a shared metric, so tall matrices (Whisper's 51865-row output head) are swept in
+    chunks of ``row_chunk`` rows: the same arithmetic per row, with the working block staying in cache."""
+    if W.shape[0] <= row_chunk:
+        return _sweep_rows(W, metric, spec, blocksize)
+    parts = [_sweep_rows(W[r : r + row_chunk], metric, spec, blocksize) for r in range(0, W.shape[0], row_chunk)]
+    return QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), spec)
+
+
+def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int) -> QuantizedWeight:
+    # The sweep works on W^T so that a column of W is a contiguous row in memory.
     m, n = W.shape
     spec.check_columns(n)
     width = spec.group_width(n)
     if spec.group_size != -1 and blocksize % width != 0:
         raise ValueError(f"blocksize {blocksize} must be a multiple of group size {width}")
-    W = W.to(torch.float32).clone()
-    W[:, metric.dead] = 0.0
+    Wt = W.to(torch.float32).T.contiguous()
+    Wt[metric.dead] = 0.0
     U = metric.U.to(W.device)
-    codes = torch.zeros((m, n), dtype=CODE_DTYPE, device=W.device)
-    scales = scales_for(W, spec) if spec.group_size == -1 else torch.zeros((m, n // width), dtype=SCALE_DTYPE, device=W.device)
+    codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
+    if spec.group_size == -1:
+        scales = scales_for(Wt.T, spec)
+    else:
+        scales = torch.zeros((m, n // width), dtype=SCALE_DTYPE, device=W.device)
 
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
-        W_block = W[:, i1:i2].clone()
+        W_block = Wt[i1:i2].clone()
         Err_block = torch.zeros_like(W_block)
         U_block = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
             if spec.group_size != -1 and col % width == 0:
-                scales[:, col // width] = scales_for(W_block[:, i : i + width], spec)[:, 0]
+                scales[:, col // width] = scales_for(W_block[i : i + width].T, spec)[:, 0]
             s = scales[:, col // width].float()
-            w = W_block[:, i]
+            w = W_block[i]
             q = _round_column(w, s, spec)
-            codes[:, col] = q.to(CODE_DTYPE)
-            err = ((w - q * s) / U_block[i, i]).unsqueeze(1)
-            W_block[:, i:] -= err * U_block[i : i + 1, i:]
-            Err_block[:, i : i + 1] = err
-        W[:, i2:] -= Err_block @ U[i1:i2, i2:]
-    return QuantizedWeight(codes, scales, spec)
+            codes_t[col] = q.to(CODE_DTYPE)
+            err = (w - q * s) / U_block[i, i]
+            W_block[i:] -= U_block[i, i:].unsqueeze(1) * err.unsqueeze(0)
+            Err_block[i] = err
+        Wt[i2:] -= U[i1:i2, i2:].T @ Err_block
+    return QuantizedWeight(codes_t.T.contiguous(), scales, spec)
 
 
 def _round_column(w: torch.Tensor, s: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:

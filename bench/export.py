@@ -1,0 +1,167 @@
+"""whisper.cpp export time against plain I/O, for Whisper tiny.en, base (real weights) and small (real dimensions,
+random weights: no complete small checkpoint is available offline).
+
+    python -m bench.export [--models tiny.en,base,small] [--repeats 3] [--out bench/results/export.json]
+
+Per model, medians of ``--repeats`` runs, from a 4-bit group-32 RTN lattice checkpoint directory:
+
+* ``q4_0``: checkpoint directory -> Q4_0 model file (load_checkpoint with its hash check, packing, writing): what
+  ``tarq-deploy export`` does after start-up; also each stage alone.
+* ``f16``: the same checkpoint, dequantized, -> F16 model file.
+* ``f16_from_model``: the in-memory transformers model -> F16 model file.
+* ``io_s``: the floor an exporter cannot beat: reading the checkpoint's files and writing as many bytes as the
+  output has (for ``f16_from_model`` only the write: its source is already in memory). ``ratio`` = export / io.
+
+OMP_WAIT_POLICY defaults to PASSIVE here: on a shared machine torch's spinning OpenMP threads made the checkpoint's
+small tensor ops 5-15x slower. Goal from the issue: exporting whisper small finishes in a few seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
+
+import torch  # noqa: E402
+
+from converters.whisper_cpp import as_source, build_whisper_cpp, export_whisper_cpp, write_whisper_cpp  # noqa: E402
+from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn  # noqa: E402
+
+SPEC = LatticeSpec(bits=4, group_size=32)  # one lattice group per Q4_0 block: the natural ggml lattice
+SMALL_DIMS = dict(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
+                  decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)
+IO_CHUNK = 1 << 24
+
+
+def load_bundle(name: str):
+    """(model, processor, generation_config): packaged tiny.en / base; small = base's processor with small's dims."""
+    from tarq_deploy.models.loader import load_whisper
+
+    if name != "small":
+        return load_whisper(f"packaged:{name}")
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    _, processor, generation_config = load_whisper("packaged:base")  # multilingual vocabulary, as small's
+    torch.manual_seed(0)
+    config = WhisperConfig(vocab_size=51865, num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
+                           **SMALL_DIMS)
+    model = WhisperForConditionalGeneration(config).eval()
+    return model, processor, generation_config
+
+
+def rtn_checkpoint(bundle) -> LatticeCheckpoint:
+    model, processor, generation_config = bundle
+    state = model.state_dict()
+    linear = sorted(f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    quantized = {name: quantize_rtn(state[name], SPEC) for name in linear}
+    aliases = {"model.decoder.embed_tokens.weight": "proj_out.weight"}
+    tensors = {k: v for k, v in state.items() if k not in quantized and k not in aliases}
+    with tempfile.TemporaryDirectory() as tmp:
+        model.config.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        generation_config.save_pretrained(tmp)
+        files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+    return LatticeCheckpoint(SPEC, quantized, tensors, aliases, {"method": {"name": "rtn"}}, files)
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def read_files(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(IO_CHUNK):
+                total += len(chunk)
+    return total
+
+
+def write_bytes(path: Path, n: int) -> None:
+    block = os.urandom(min(n, IO_CHUNK))
+    with open(path, "wb") as f:
+        for start in range(0, n, len(block)):
+            f.write(block[:min(len(block), n - start)])
+    path.unlink()
+
+
+def bench_checkpoint(ckpt_dir: Path, target: str, work: Path, repeats: int) -> dict:
+    """Checkpoint directory -> model file, as ``tarq-deploy export`` does it, split into its stages."""
+    out = work / f"model-{target}.bin"
+    total = median_time(lambda: export_whisper_cpp(ckpt_dir, out, target), repeats)
+    load = median_time(lambda: load_checkpoint(ckpt_dir), repeats)
+    source = as_source(load_checkpoint(ckpt_dir))
+    pack = median_time(lambda: build_whisper_cpp(source, target), repeats)
+    built = build_whisper_cpp(source, target)
+    write = median_time(lambda: write_whisper_cpp(built, out), repeats)
+    files = [p for p in ckpt_dir.rglob("*") if p.is_file()]
+    size = out.stat().st_size
+    io = median_time(lambda: (read_files(files), write_bytes(work / "io.bin", size)), repeats)
+    return {"export_s": total, "load_checkpoint_s": load, "pack_s": pack, "write_s": write, "io_s": io,
+            "ratio": total / io, "source_bytes": sum(p.stat().st_size for p in files), "output_bytes": size}
+
+
+def bench_model_f16(bundle, work: Path, repeats: int) -> dict:
+    """In-memory transformers model -> F16 model file; its floor is writing the output (the source is in memory)."""
+    out = work / "model-f16-from-model.bin"
+    total = median_time(lambda: export_whisper_cpp(bundle, out, "f16"), repeats)
+    source = as_source(bundle)
+    pack = median_time(lambda: build_whisper_cpp(source, "f16"), repeats)
+    built = build_whisper_cpp(source, "f16")
+    write = median_time(lambda: write_whisper_cpp(built, out), repeats)
+    size = out.stat().st_size
+    io = median_time(lambda: write_bytes(work / "io.bin", size), repeats)
+    return {"export_s": total, "pack_s": pack, "write_s": write, "io_s": io, "ratio": total / io,
+            "output_bytes": size}
+
+
+def bench_model(name: str, repeats: int) -> dict:
+    bundle = load_bundle(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ckpt_dir = save_checkpoint(rtn_checkpoint(bundle), work / "ckpt")
+        return {"q4_0": bench_checkpoint(ckpt_dir, "q4_0", work, repeats),
+                "f16": bench_checkpoint(ckpt_dir, "f16", work, repeats),
+                "f16_from_model": bench_model_f16(bundle, work, repeats)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny.en,base,small")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="bench/results/export.json")
+    args = parser.parse_args()
+    logging.getLogger("converters.whisper_cpp").setLevel(logging.ERROR)  # the F16 rounding note, once per run
+    result = {"host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                       "python": platform.python_version()}, "repeats": args.repeats, "lattice": "4-bit g32 RTN",
+              "models": {}}
+    for name in args.models.split(","):
+        row = result["models"][name] = bench_model(name, args.repeats)
+        for target, r in row.items():
+            print(f"{name:8s} {target:15s} export {r['export_s']:5.2f} s (pack {r['pack_s']:.2f} s, write "
+                  f"{r['write_s']:.2f} s), I/O floor {r['io_s']:.2f} s, ratio {r['ratio']:4.1f}x, "
+                  f"output {r['output_bytes'] / 1e6:6.1f} MB")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""`tarq-deploy export --target TARGET`: the lattice checkpoint re-arranged, bit for bit, into a runtime's format.
+
+whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); the GPU targets write a transformers
+checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
+to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import export_whispercpp
+
+HELP = "export a lattice checkpoint (or a float model) to whisper.cpp, GPTQ, compressed-tensors or Marlin, bit-exactly"
+GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    export_whispercpp.add_export_arguments(parser)
+    target = next(a for a in parser._actions if a.dest == "target")
+    target.choices = (*export_whispercpp.TARGETS, *GPU_TARGETS)
+    parser.add_argument("--serve-dtype", choices=["float16", "bfloat16"],
+                        help="GPU targets: the dtype the runtime will cast scales to (default: the model config's)")
+    parser.add_argument("--overwrite", action="store_true", help="GPU targets: replace an existing output directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.target in GPU_TARGETS:
+        return _export_gpu(args)
+    return export_whispercpp.run_export(args)
+
+
+def _export_gpu(args: argparse.Namespace) -> int:
+    from converters.compressed_tensors import write_compressed_tensors_checkpoint
+    from converters.gptq import ExportError, write_gptq_checkpoint
+    from converters.marlin import write_marlin_checkpoint
+
+    from ..checkpoint import load_checkpoint
+    from ..errors import UserError
+
+    if not args.checkpoint:
+        raise UserError(f"--target {args.target} exports a lattice checkpoint: give CHECKPOINT_DIR")
+    writers = {"gptq": write_gptq_checkpoint, "compressed-tensors": write_compressed_tensors_checkpoint,
+               "marlin": write_marlin_checkpoint}
+    try:
+        out = writers[args.target](load_checkpoint(args.checkpoint), args.output, serve_dtype=args.serve_dtype,
+                                   overwrite=args.overwrite)
+    except ExportError as e:
+        raise UserError(str(e)) from None
+    print(f"wrote {out} ({args.target})")
+    return 0

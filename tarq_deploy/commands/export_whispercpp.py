@@ -1,0 +1,140 @@
+"""`tarq-deploy export --target whisper.cpp` and `tarq-deploy verify MODEL.bin --against CHECKPOINT_DIR`.
+
+    tarq-deploy export --target whisper.cpp CHECKPOINT_DIR -o model-q4_0.bin [--type q4_0|q8_0|f16]
+    tarq-deploy export --target whisper.cpp --model SOURCE -o model-f16.bin [--type f16]
+    tarq-deploy export --target whisper.cpp --model SOURCE --baseline rtn -o model-rtn-q4_0.bin [--type q4_0|q8_0]
+    tarq-deploy verify model-q4_0.bin --against CHECKPOINT_DIR [--json]
+
+Errors name the file and the problem, exit with status 2 and leave no output file behind; verify exits 1 when any
+array differs from the checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from converters.ggml_blocks import LatticeNotRepresentable
+from converters.ggml_file import GGMLFileError, VerifyError, read_whisper_cpp, verify
+from converters.whisper_cpp import (BASELINES, TARGET_TYPES, WhisperExportError, as_source, build_whisper_cpp,
+                                    default_target, model_source, write_whisper_cpp)
+
+from ..checkpoint import CheckpointError
+
+EXPORT_HELP = "export a lattice checkpoint (or a float model) to a runtime's model file, bit-exactly"
+VERIFY_HELP = "decode every tensor of a whisper.cpp model file and compare it with a lattice checkpoint's exact values"
+TARGETS = ("whisper.cpp",)
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+_INPUT_ERRORS = (WhisperExportError, LatticeNotRepresentable, GGMLFileError, VerifyError, CheckpointError,
+                 FileNotFoundError)
+
+
+# ------------------------------------------------------------------------------------------------------- export
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
+    parser.add_argument("--target", choices=TARGETS, default="whisper.cpp", help="runtime file format")
+    parser.add_argument("-o", "--output", required=True, help="model file to write (replaced atomically)")
+    parser.add_argument("--type", choices=tuple(TARGET_TYPES), dest="weight_type",
+                        help="ggml type of the weight matrices (default: the checkpoint's lattice: q4_0 for 4-bit, "
+                             "q8_0 for 8-bit; f16 for --model; q4_0 for --baseline)")
+    parser.add_argument("--model", metavar="SOURCE",
+                        help="export a float model instead of a checkpoint (packaged:NAME, a CTranslate2 or "
+                             "transformers directory; see tarq_deploy.models.loader)")
+    parser.add_argument("--baseline", choices=BASELINES,
+                        help="rtn: ggml's own rounding of the float --model (what whisper.cpp's quantize tool makes)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        _check_export_arguments(args)
+        started = time.perf_counter()
+        source = _export_source(args)
+        target = args.weight_type or default_target(source, args.baseline)
+        built = build_whisper_cpp(source, target, args.baseline, progress=not args.quiet)
+        out = write_whisper_cpp(built, args.output, progress=not args.quiet)
+    except _INPUT_ERRORS as e:
+        return _error("export", e)
+    what = f"{target} (ggml rounding of the float model)" if args.baseline else target
+    print(f"wrote {out}: whisper.cpp {what}, {len(built.tensors)} tensors, {out.stat().st_size / 1e6:.1f} MB "
+          f"in {time.perf_counter() - started:.1f} s")
+    return EXIT_OK
+
+
+def _check_export_arguments(args: argparse.Namespace) -> None:
+    if (args.checkpoint is None) == (args.model is None):
+        raise WhisperExportError("give either CHECKPOINT_DIR or --model SOURCE (exactly one)")
+    if args.baseline and args.model is None:
+        raise WhisperExportError(f"--baseline {args.baseline} rounds a float model: give it with --model SOURCE")
+    if args.model and not args.baseline and args.weight_type not in (None, "f16"):
+        raise WhisperExportError(f"--type {args.weight_type} from a float model needs --baseline rtn (ggml's own "
+                                 f"rounding); a lattice is exported from its checkpoint directory")
+
+
+def _export_source(args: argparse.Namespace):
+    if args.checkpoint is not None:
+        return as_source(args.checkpoint)
+    from ..models.loader import load_whisper
+
+    try:
+        model, processor, _ = load_whisper(args.model)
+    except (ValueError, OSError) as e:
+        raise WhisperExportError(f"--model {args.model}: cannot load it ({e})") from None
+    return model_source(model, processor, origin=args.model)
+
+
+# ------------------------------------------------------------------------------------------------------- verify
+def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_file", metavar="MODEL.bin", help="whisper.cpp model file")
+    parser.add_argument("--against", required=True, metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
+    parser.add_argument("--json", action="store_true", help="print {array: max |diff|} as JSON")
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    try:
+        diffs = verify(args.model_file, args.against)
+        types = read_whisper_cpp(args.model_file).tensors
+    except _INPUT_ERRORS as e:
+        return _error("verify", e)
+    if args.json:
+        print(json.dumps(diffs, indent=2))
+    else:
+        _print_diffs(diffs, types)
+    differing = {name: d for name, d in diffs.items() if d != 0.0}
+    if differing:
+        worst = max(differing, key=differing.get)
+        print(f"MISMATCH: {len(differing)} of {len(diffs)} arrays differ from {args.against} "
+              f"(largest max|diff| {differing[worst]:.3g} in {worst})")
+        return EXIT_MISMATCH
+    print(f"OK: all {len(diffs)} arrays of {args.model_file} equal {args.against}'s exact values (max|diff| = 0)")
+    return EXIT_OK
+
+
+def _print_diffs(diffs: dict[str, float], tensors: dict) -> None:
+    from converters.ggml_blocks import GGML_TYPE_NAMES
+
+    print(f"{'max|diff|':>10}  {'type':<5} array")
+    for name, diff in diffs.items():
+        kind = GGML_TYPE_NAMES[tensors[name].ggml_type] if name in tensors else "F32"
+        print(f"{diff:>10.3g}  {kind:<5} {name}")
+
+
+def _error(command: str, e: BaseException) -> int:
+    print(f"tarq-deploy {command}: error: {e}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (until cli.py wires the two subcommands): ``python -m tarq_deploy.commands.export_whispercpp
+    export ...`` or ``... verify ...``."""
+    parser = argparse.ArgumentParser(prog="python -m tarq_deploy.commands.export_whispercpp")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_export_arguments(sub.add_parser("export", help=EXPORT_HELP))
+    add_verify_arguments(sub.add_parser("verify", help=VERIFY_HELP))
+    args = parser.parse_args(argv)
+    return run_export(args) if args.command == "export" else run_verify(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

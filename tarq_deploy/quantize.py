@@ -1,0 +1,165 @@
+"""From a float model and a calibration corpus to a lattice checkpoint (the pipeline behind `tarq-deploy quantize`).
+
+Everything that decides the result is in ``QuantizeOptions``; the same options, model, corpus and seed give the same
+checkpoint bytes (timings go to a separate log, never into the checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from . import __version__
+from .checkpoint import LatticeCheckpoint
+from .data.corpus import Utterance, corpus_statistics, load_audio, select_pool
+from .data.rarity import DEFAULT_ZIPF_THRESHOLD
+from .models.whisper import TIED_ALIASES, TextAudio, WhisperBackbone
+from .quant.calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
+from .quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from .quant.tarq import TarqConfig
+
+# Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
+# nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
+DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "gguf": 32, "gptq": 128, "compressed-tensors": 128, "marlin": 128}
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    method: str = "tarq"
+    bits: int = 4
+    group_size: int = 32
+    zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
+    cost_ratio: float = 1.0
+    source: str = "rare"
+    n_calib: int = 128
+    pool: str = "random"
+    seed: int = 0
+    encoder_tagging: str = "align"
+    pack: bool = True
+    head_identity_weight: float = 1.0
+    percdamp: float = 0.01
+    device: str = "cpu"
+
+    def solver(self) -> TarqConfig:
+        return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp)
+
+    def spec(self) -> LatticeSpec:
+        return LatticeSpec(self.bits, self.group_size)
+
+    def result_knobs(self) -> dict:
+        """The options that shape the result (not where it runs)."""
+        knobs = asdict(self)
+        knobs.pop("device")
+        return knobs
+
+
+def state_sha256(model: torch.nn.Module) -> str:
+    """Hash of the model's tensors (names, dtypes, shapes, bytes): identifies the source whatever its file format."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def select_calibration(utterances: list[Utterance], options: QuantizeOptions) -> list[Utterance]:
+    return select_pool(utterances, options.pool, min(options.n_calib, len(utterances)), options.seed,
+                       options.zipf_threshold)
+
+
+def decode_utterances(utterances: list[Utterance]) -> list[TextAudio]:
+    return [TextAudio(u.id, load_audio(u), u.text) for u in tqdm(utterances, desc="decoding audio", unit="utt")]
+
+
+def quantize_whisper(backbone: WhisperBackbone, utterances: list[Utterance], options: QuantizeOptions,
+                     source_id: str, work_path: Path | None = None,
+                     log: Callable[[str], None] = print) -> tuple[LatticeCheckpoint, dict]:
+    """Calibrate (or round, for rtn) every Linear of the backbone; returns the checkpoint and a timing log."""
+    torch.manual_seed(options.seed)
+    source_sha = state_sha256(backbone.model)
+    spec = options.spec()
+    calibration: dict = {}
+    if options.method == "rtn":
+        lattice = _round_to_nearest(backbone, spec)
+        result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": "rtn"} for n in lattice], 0.0)
+    else:
+        chosen = select_calibration(utterances, options)
+        stats = corpus_statistics(chosen, options.zipf_threshold)
+        windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
+                                         options.encoder_tagging)
+        calibration = _calibration_summary(chosen, stats, windows, options)
+        key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
+        work_dir = WorkDir(work_path, key) if work_path else None
+        config = CalibrationConfig(spec, options.solver(), options.device, options.seed)
+        result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log).run()
+    metadata = {
+        "method": {"name": options.method, **options.result_knobs()},
+        "layers": [_without_timing(r) for r in result.records],
+        "calibration": calibration,
+        "source_model": {"id": source_id, "architecture": "whisper", "state_sha256": source_sha},
+        "tool": {"name": "tarq-deploy", "version": __version__},
+    }
+    checkpoint = whisper_checkpoint(backbone, result.lattice, spec, metadata)
+    timing = {"seconds": result.seconds, "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
+    return checkpoint, timing
+
+
+def _round_to_nearest(backbone: WhisperBackbone, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
+    lattice = {}
+    for stage in backbone.stages():
+        for block in stage.blocks:
+            for group in block.groups:
+                for rel in group:
+                    linear = block.linear(rel)
+                    q = quantize_rtn(linear.weight.detach().float().cpu(), spec)
+                    with torch.no_grad():
+                        linear.weight.copy_(q.dequantize().to(linear.weight.device))
+                    lattice[f"{block.full_name(rel)}.weight"] = q
+    return lattice
+
+
+def _calibration_summary(chosen: list[Utterance], stats, windows, options: QuantizeOptions) -> dict:
+    frames = sum(w.info["speech_frames"] for w in windows)
+    rare_frames = sum(w.info["rare_frames"] for w in windows)
+    tokens = sum(w.info["tokens"] for w in windows)
+    rare_tokens = sum(w.info["rare_tokens"] for w in windows)
+    total_frames = sum(int(w.masks["frames"].numel()) for w in windows)
+    return {
+        "utterances": stats.utterances, "words": stats.words, "rare_words": stats.rare_words,
+        "rare_word_share": stats.rare_share, "pool": options.pool, "windows": len(windows),
+        "ids": [u.id for u in chosen],
+        "tail_share": {"decoder_tokens": rare_tokens / max(tokens, 1),
+                       "encoder_frames": rare_frames / max(total_frames, 1)},
+        "padding_frame_share": 1 - frames / max(total_frames, 1),
+    }
+
+
+def _without_timing(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "seconds"}
+
+
+def whisper_checkpoint(backbone: WhisperBackbone, lattice: dict[str, QuantizedWeight], spec: LatticeSpec,
+                       metadata: dict) -> LatticeCheckpoint:
+    """Assemble the checkpoint: lattice weights, every other tensor untouched, the tied embedding as an alias."""
+    model = backbone.model
+    skip = set(lattice) | set(TIED_ALIASES)
+    tensors = {name: t.detach().cpu().clone() for name, t in model.state_dict().items() if name not in skip}
+    aliases = {alias: target for alias, target in TIED_ALIASES.items() if target in lattice}
+    return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
+                             model_files(backbone))
+
+
+def model_files(backbone: WhisperBackbone) -> dict[str, bytes]:
+    """config, generation config, tokenizer and feature-extractor files as transformers writes them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        backbone.model.config.save_pretrained(tmp)
+        backbone.generation_config.save_pretrained(tmp)
+        backbone.processor.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}

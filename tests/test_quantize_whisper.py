@@ -1,0 +1,158 @@
+"""`quantize` end to end on real Whisper tiny.en: every method, held-out error, resume, the CLI."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jiwer
+import pytest
+import torch
+
+from tarq_deploy.checkpoint import load_checkpoint, save_checkpoint
+from tarq_deploy.data.corpus import Utterance, load_audio, write_manifest
+from tarq_deploy.data.real_clips import all_real_clips
+from tarq_deploy.models.from_checkpoint import load_dequantized_whisper
+from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.models.whisper import TextAudio, WhisperBackbone
+from tarq_deploy.quant import calibrate
+from tarq_deploy.quant.gptq import weighted_loss
+from tarq_deploy.quantize import QuantizeOptions, quantize_whisper
+
+HELD_OUT = ("jfk", "cards-004", "cards-005", "goforward")
+METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq")
+
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    clean = lambda t: " ".join(re.sub(r"[^a-z0-9' ]+", " ", t.lower()).split())  # noqa: E731
+    return jiwer.wer(clean(reference), clean(hypothesis))
+
+
+@pytest.fixture(scope="module")
+def clips() -> dict[str, list]:
+    every = all_real_clips()
+    held = [c for c in every if c.id in HELD_OUT]
+    calib = [c for c in every if c.id not in HELD_OUT]
+    assert len(held) == len(HELD_OUT) and len(calib) >= 6
+    return {"calib": [Utterance(c.id, str(c.path), c.text) for c in calib], "held": held}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(clips: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("ckpts")
+    paths = {}
+    for method in METHODS:
+        model, processor, gc = load_whisper("packaged:tiny.en")
+        backbone = WhisperBackbone(model, processor, gc)
+        ckpt, _ = quantize_whisper(backbone, clips["calib"], QuantizeOptions(method=method), "packaged:tiny.en",
+                                   log=lambda _: None)
+        paths[method] = save_checkpoint(ckpt, out / method)
+    return paths
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_still_transcribes_jfk(checkpoints: dict, clips: dict, method: str) -> None:
+    model, processor, gc = load_dequantized_whisper(checkpoints[method])
+    jfk = next(c for c in clips["held"] if c.id == "jfk")
+    hypothesis = WhisperBackbone(model, processor, gc).transcribe(load_audio(str(jfk.path)))
+    assert word_error_rate(jfk.text, hypothesis) < 0.20, hypothesis
+
+
+def test_checkpoint_records_the_method_and_tied_head(checkpoints: dict) -> None:
+    ckpt = load_checkpoint(checkpoints["tarq"])
+    assert ckpt.aliases == {"model.decoder.embed_tokens.weight": "proj_out.weight"}
+    assert len(ckpt.quantized) == 4 * 6 + 4 * 10 + 1  # encoder 6 Linears, decoder 10 per block, the head
+    assert ckpt.spec.group_size == 32 and ckpt.metadata["method"]["name"] == "tarq"
+    layers = {row["name"]: row for row in ckpt.metadata["layers"]}
+    assert layers["proj_out"]["lam"] > 1 and layers["model.encoder.layers.0.fc1"]["alpha"] is not None
+    calibration = ckpt.metadata["calibration"]
+    assert calibration["rare_words"] > 0 and 0 < calibration["tail_share"]["decoder_tokens"] < 0.5
+    assert calibration["tail_share"]["encoder_frames"] > 0  # rare words found through the alignment heads
+
+
+def held_out_second_moments(clips: dict) -> dict[str, torch.Tensor]:
+    """H = sum x x^T of every Linear's input in the full-precision model on held-out speech."""
+    model, processor, gc = load_whisper("packaged:tiny.en")
+    backbone = WhisperBackbone(model, processor, gc)
+    windows = backbone.build_windows([TextAudio(c.id, load_audio(str(c.path)), c.text) for c in clips["held"]],
+                                     pack=False, encoder_tagging="none")
+    H: dict[str, torch.Tensor] = {}
+
+    def hook(name: str):
+        def fold(_m, args):
+            x = args[0].reshape(-1, args[0].shape[-1]).double()
+            H[name] = H.get(name, 0) + x.T @ x
+        return fold
+
+    handles = [m.register_forward_pre_hook(hook(f"{n}.weight")) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for w in windows:
+            model(input_features=w.inputs["input_features"], decoder_input_ids=w.inputs["decoder_input_ids"])
+    for h in handles:
+        h.remove()
+    return H
+
+
+def test_gptq_and_tarq_beat_rtn_on_held_out_speech(checkpoints: dict, clips: dict) -> None:
+    H = held_out_second_moments(clips)
+    model, _, _ = load_whisper("packaged:tiny.en")
+    W = {n: p.detach().float() for n, p in model.state_dict().items()}
+    rtn = load_checkpoint(checkpoints["rtn"]).quantized
+    for method in ("gptq", "tarq"):
+        solved = load_checkpoint(checkpoints[method]).quantized
+        ratios = [weighted_loss(W[n] - solved[n].dequantize(), H[n]) / weighted_loss(W[n] - rtn[n].dequantize(), H[n])
+                  for n in solved]
+        wins = sum(r < 1 for r in ratios) / len(ratios)
+        assert wins >= 0.8, (method, wins)
+        assert sum(ratios) / len(ratios) < 0.8, (method, sum(ratios) / len(ratios))
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path, monkeypatch) -> None:
+    options = QuantizeOptions(method="tarq", n_calib=4)
+
+    def run(work: Path, out: Path) -> Path:
+        model, processor, gc = load_whisper("packaged:tiny.en")
+        ckpt, _ = quantize_whisper(WhisperBackbone(model, processor, gc), clips["calib"], options, "packaged:tiny.en",
+                                   work, log=lambda _: None)
+        return save_checkpoint(ckpt, out)
+
+    reference = run(tmp_path / "ref.partial", tmp_path / "ref")
+    original = calibrate.SequentialCalibrator._calibrate_block
+    calls = {"n": 0}
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise _Interrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(calibrate.SequentialCalibrator, "_calibrate_block", flaky)
+    with pytest.raises(_Interrupt):
+        run(tmp_path / "res.partial", tmp_path / "res")
+    assert (tmp_path / "res.partial" / "progress.json").is_file() and not (tmp_path / "res").exists()
+    monkeypatch.setattr(calibrate.SequentialCalibrator, "_calibrate_block", original)
+    calls["n"] = 0
+    resumed = run(tmp_path / "res.partial", tmp_path / "res")
+    for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
+        assert (resumed / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+def test_cli_quantize_rtn_and_bad_corpus(tmp_path: Path, clips: dict) -> None:
+    cli = [sys.executable, "-m", "tarq_deploy.cli", "quantize", "--model", "packaged:tiny.en"]
+    done = subprocess.run(cli + ["--method", "rtn", "--out", str(tmp_path / "rtn")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(tmp_path / "rtn").metadata["method"]["name"] == "rtn"
+    manifest = tmp_path / "bad.jsonl"
+    write_manifest([Utterance("ghost", str(tmp_path / "missing.wav"), "hello there")], manifest)
+    done = subprocess.run(cli + ["--calib", str(manifest), "--out", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "ghost" in done.stderr and "missing.wav" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "bad").exists()
