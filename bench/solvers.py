@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -71,7 +72,8 @@ def bench_shape(shape: tuple[int, int], device: torch.device, repeats: int, spec
 
 def machine(device: torch.device) -> dict:
     info = {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "device": str(device)}
+            "threads": torch.get_num_threads(), "device": str(device), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
