@@ -254,8 +254,8 @@ def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None =
     slots = tensor_slots(hparams)
     _check_nothing_left_over(source, slots)
     rounding = _F16Rounding()
-    tensors = [_pack_slot(slot, source, weight_type, baseline, rounding)
-               for slot in tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False)]
+    with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
+        tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
     rounding.report(source.origin)
     return WhisperCppModel(hparams, source.mel_filters(), source.vocab(), tensors)
 

@@ -59,8 +59,9 @@ class LatticeCheckpoint:
         return sorted([*self.quantized, *self.tensors, *self.aliases])
 
     def dequantized_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """The model's state dict with every lattice weight replaced by its exact value s * q (cast to ``dtype``
-        only when asked: float32 holds s * q exactly, float16 holds it exactly for 4-bit codes too)."""
+        """The model's state dict with every lattice weight replaced by its exact value s * q. float32 holds s * q
+        exactly; a 16-bit ``dtype`` rounds some products (fp16(s) * 3 needs 13 significant bits), which is what a
+        runtime computing in that dtype holds too."""
         state = {name: q.dequantize().to(dtype) for name, q in self.quantized.items()}
         state.update(self.tensors)
         for alias, target in self.aliases.items():
