@@ -75,7 +75,7 @@ def child(args: argparse.Namespace) -> None:
     from tarq_deploy.data.corpus import load_corpus
     from tarq_deploy.models.loader import load_whisper
     from tarq_deploy.models.whisper import WhisperBackbone
-    from tarq_deploy.quantize import QuantizeOptions, quantize_whisper
+    from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
 
     model, processor, gc = random_whisper(args.dims, args.device) if args.dims else load_whisper(args.model)
     backbone = WhisperBackbone(model, processor, gc, args.device)
@@ -84,7 +84,7 @@ def child(args: argparse.Namespace) -> None:
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    _, timing = quantize_whisper(backbone, utterances, options, args.model, log=lambda _: None)
+    _, timing = quantize_backbone(backbone, utterances, options, args.model, log=lambda _: None)
     figures = {"method": args.method, "wall_s": time.perf_counter() - start, "calibration_s": timing["seconds"],
                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if args.device == "cuda":

@@ -7,10 +7,9 @@ checkpoint bytes (timings go to a separate log, never into the checkpoint).
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -19,7 +18,7 @@ from . import __version__
 from .checkpoint import LatticeCheckpoint
 from .data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from .data.rarity import DEFAULT_ZIPF_THRESHOLD
-from .models.whisper import TIED_ALIASES, TextAudio, WhisperBackbone
+from .models.whisper import TextAudio
 from .quant.calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
 from .quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
 from .quant.tarq import TarqConfig
@@ -27,6 +26,17 @@ from .quant.tarq import TarqConfig
 # Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
 DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "gguf": 32, "gptq": 128, "compressed-tensors": 128, "marlin": 128}
+
+
+class Backbone(Protocol):
+    """What the pipeline needs from a model adapter (models/whisper.py, models/voxtral.py)."""
+
+    architecture: str
+    model: torch.nn.Module
+
+    def build_windows(self, utterances: list[TextAudio], k: float, pack: bool, encoder_tagging: str) -> list: ...
+    def stages(self) -> list: ...
+    def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint: ...
 
 
 @dataclass(frozen=True)
@@ -78,9 +88,9 @@ def decode_utterances(utterances: list[Utterance]) -> list[TextAudio]:
     return [TextAudio(u.id, load_audio(u), u.text) for u in tqdm(utterances, desc="decoding audio", unit="utt")]
 
 
-def quantize_whisper(backbone: WhisperBackbone, utterances: list[Utterance], options: QuantizeOptions,
-                     source_id: str, work_path: Path | None = None,
-                     log: Callable[[str], None] = print) -> tuple[LatticeCheckpoint, dict]:
+def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
+                      source_id: str, work_path: Path | None = None,
+                      log: Callable[[str], None] = print) -> tuple[LatticeCheckpoint, dict]:
     """Calibrate (or round, for rtn) every Linear of the backbone; returns the checkpoint and a timing log."""
     torch.manual_seed(options.seed)
     source_sha = state_sha256(backbone.model)
@@ -103,15 +113,15 @@ def quantize_whisper(backbone: WhisperBackbone, utterances: list[Utterance], opt
         "method": {"name": options.method, **options.result_knobs()},
         "layers": [_without_timing(r) for r in result.records],
         "calibration": calibration,
-        "source_model": {"id": source_id, "architecture": "whisper", "state_sha256": source_sha},
+        "source_model": {"id": source_id, "architecture": backbone.architecture, "state_sha256": source_sha},
         "tool": {"name": "tarq-deploy", "version": __version__},
     }
-    checkpoint = whisper_checkpoint(backbone, result.lattice, spec, metadata)
+    checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
     timing = {"seconds": result.seconds, "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
 
 
-def _round_to_nearest(backbone: WhisperBackbone, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
+def _round_to_nearest(backbone: Backbone, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
     lattice = {}
     for stage in backbone.stages():
         for block in stage.blocks:
@@ -143,23 +153,3 @@ def _calibration_summary(chosen: list[Utterance], stats, windows, options: Quant
 
 def _without_timing(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "seconds"}
-
-
-def whisper_checkpoint(backbone: WhisperBackbone, lattice: dict[str, QuantizedWeight], spec: LatticeSpec,
-                       metadata: dict) -> LatticeCheckpoint:
-    """Assemble the checkpoint: lattice weights, every other tensor untouched, the tied embedding as an alias."""
-    model = backbone.model
-    skip = set(lattice) | set(TIED_ALIASES)
-    tensors = {name: t.detach().cpu().clone() for name, t in model.state_dict().items() if name not in skip}
-    aliases = {alias: target for alias, target in TIED_ALIASES.items() if target in lattice}
-    return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
-                             model_files(backbone))
-
-
-def model_files(backbone: WhisperBackbone) -> dict[str, bytes]:
-    """config, generation config, tokenizer and feature-extractor files as transformers writes them."""
-    with tempfile.TemporaryDirectory() as tmp:
-        backbone.model.config.save_pretrained(tmp)
-        backbone.generation_config.save_pretrained(tmp)
-        backbone.processor.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}

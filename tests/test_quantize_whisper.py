@@ -19,7 +19,7 @@ from tarq_deploy.models.loader import load_whisper
 from tarq_deploy.models.whisper import TextAudio, WhisperBackbone
 from tarq_deploy.quant import calibrate
 from tarq_deploy.quant.gptq import weighted_loss
-from tarq_deploy.quantize import QuantizeOptions, quantize_whisper
+from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
 
 HELD_OUT = ("jfk", "cards-004", "cards-005", "goforward")
 METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq")
@@ -47,7 +47,7 @@ def checkpoints(clips: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     for method in METHODS:
         model, processor, gc = load_whisper("packaged:tiny.en")
         backbone = WhisperBackbone(model, processor, gc)
-        ckpt, _ = quantize_whisper(backbone, clips["calib"], QuantizeOptions(method=method), "packaged:tiny.en",
+        ckpt, _ = quantize_backbone(backbone, clips["calib"], QuantizeOptions(method=method), "packaged:tiny.en",
                                    log=lambda _: None)
         paths[method] = save_checkpoint(ckpt, out / method)
     return paths
@@ -125,7 +125,7 @@ def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path,
 
     def run(work: Path, out: Path) -> Path:
         model, processor, gc = load_whisper("packaged:tiny.en")
-        ckpt, _ = quantize_whisper(WhisperBackbone(model, processor, gc), clips["calib"], options, "packaged:tiny.en",
+        ckpt, _ = quantize_backbone(WhisperBackbone(model, processor, gc), clips["calib"], options, "packaged:tiny.en",
                                    work, log=lambda _: None)
         return save_checkpoint(ckpt, out)
 
@@ -161,3 +161,17 @@ def test_cli_quantize_rtn_and_bad_corpus(tmp_path: Path, clips: dict) -> None:
     assert done.returncode != 0
     assert "ghost" in done.stderr and "missing.wav" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("method", ["tarq", "gptq"])
+def test_calibrated_checkpoint_exports_losslessly_to_whisper_cpp(checkpoints: dict, clips: dict, tmp_path: Path,
+                                                                 method: str) -> None:
+    from converters.ggml_file import verify
+    from converters.whisper_cpp import export_whisper_cpp
+    from test_whisper_cpp_export import transcribe_whisper_cpp
+
+    model_file = export_whisper_cpp(checkpoints[method], tmp_path / f"{method}-q4_0.bin", "q4_0")
+    diffs = verify(model_file, checkpoints[method])
+    assert diffs and max(diffs.values()) == 0.0
+    jfk = next(c for c in clips["held"] if c.id == "jfk")
+    assert word_error_rate(jfk.text, transcribe_whisper_cpp(model_file, str(jfk.path))) < 0.20

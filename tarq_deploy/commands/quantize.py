@@ -9,10 +9,9 @@ from pathlib import Path
 
 from ..checkpoint import save_checkpoint
 from ..data.corpus import POOLS, load_corpus
-from ..models.loader import load_whisper
-from ..models.whisper import WhisperBackbone
+from ..models.registry import load_backbone
 from ..quant.tarq import METHODS, SOURCES
-from ..quantize import DEFAULT_GROUP_SIZE, QuantizeOptions, quantize_whisper
+from ..quantize import DEFAULT_GROUP_SIZE, QuantizeOptions, quantize_backbone
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
 
@@ -20,7 +19,7 @@ HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lat
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help="packaged:tiny.en | packaged:base | a transformers or CTranslate2 directory | a hub id "
-                        "(e.g. openai/whisper-base)")
+                        "(e.g. openai/whisper-base), or a transformers Voxtral directory")
     p.add_argument("--calib", help="calibration corpus: JSONL manifest, LibriSpeech-layout or saved datasets "
                                    "directory (not needed for rtn)")
     p.add_argument("--method", choices=METHODS, default="tarq")
@@ -40,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pack", action="store_true", help="one utterance per 30 s window instead of packing")
     p.add_argument("--head-identity-weight", type=float, default=1.0,
                    help="mu: weight of the token-lookup role in the tied head's metric")
+    p.add_argument("--quantize-audio-tower", action="store_true",
+                   help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", required=True, help="checkpoint directory to write")
 
@@ -62,11 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if options.method != "rtn" and not args.calib:
         raise UserError(f"--calib is required for method {options.method!r}")
     utterances = load_corpus(args.calib) if options.method != "rtn" else []
-    model, processor, generation_config = load_whisper(args.model)
-    backbone = WhisperBackbone(model, processor, generation_config, options.device, options.head_identity_weight)
+    backbone = load_backbone(args.model, options.device, options.head_identity_weight, args.quantize_audio_tower)
     out = Path(args.out)
     work = out.with_name(out.name + ".partial")
-    checkpoint, timing = quantize_whisper(backbone, utterances, options, args.model, work)
+    checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
     save_checkpoint(checkpoint, out)
     log_path = out.with_name(out.name + ".log.json")
     tmp = log_path.with_name(log_path.name + ".tmp")

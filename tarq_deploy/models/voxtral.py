@@ -80,6 +80,8 @@ def decoder_transcript(transcript: str) -> str:
 
 
 class VoxtralBackbone:
+    architecture = "voxtral"
+
     def __init__(self, model: VoxtralForConditionalGeneration, processor: VoxtralProcessor, device: str = "cpu",
                  language: str | None = "en", quantize_audio_tower: bool = False) -> None:
         self.model = model.to(device).eval()
@@ -119,7 +121,10 @@ class VoxtralBackbone:
 
     # -- windows -----------------------------------------------------------------------------------------------------
     def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD,
-                      pack: bool = True) -> list[Window]:
+                      pack: bool = True, encoder_tagging: str = "none") -> list[Window]:
+        """Encoder frames are never tagged (no alignment heads): with the default 16-bit audio tower that costs
+        nothing; a quantized audio tower gets the plain metric. ``encoder_tagging`` is accepted for a common
+        interface and recorded as 'none'."""
         return [self._window(group, k) for group in pack_utterances(utterances, pack)]
 
     def _window(self, group: list[TextAudio], k: float) -> Window:
@@ -157,6 +162,9 @@ class VoxtralBackbone:
     def quantized_weight_names(self) -> list[str]:
         return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
                 for g in b.groups for rel in g]
+
+    def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint:
+        return voxtral_checkpoint(self, lattice, spec, metadata)
 
     def audio_embeddings(self, features: torch.Tensor) -> torch.Tensor:
         """Projected audio embeddings [audio tokens, hidden] through the model's own ``get_audio_features``."""

@@ -26,14 +26,18 @@ During calibration the decoder input embedding stays full precision in both stre
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
 from ..quant.calibrate import Block, Window
+from ..quant.lattice import LatticeSpec, QuantizedWeight
 
 SAMPLE_RATE = 16000
 WINDOW_SECONDS = 30.0
@@ -71,6 +75,8 @@ class _Head(nn.Module):
 
 
 class WhisperBackbone:
+    architecture = "whisper"
+
     def __init__(self, model: nn.Module, processor, generation_config, device: str = "cpu",
                  head_identity_weight: float = 1.0) -> None:
         self.model = model.to(device).eval()
@@ -157,6 +163,23 @@ class WhisperBackbone:
     def quantized_weight_names(self) -> list[str]:
         return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
                 for g in b.groups for rel in g]
+
+    # -- checkpoint ------------------------------------------------------------------------------------------------
+    def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint:
+        """Lattice weights, every other tensor untouched, the tied token embedding as an alias of proj_out."""
+        skip = set(lattice) | set(TIED_ALIASES)
+        tensors = {n: t.detach().cpu().clone() for n, t in self.model.state_dict().items() if n not in skip}
+        aliases = {alias: target for alias, target in TIED_ALIASES.items() if target in lattice}
+        return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
+                                 self.model_files())
+
+    def model_files(self) -> dict[str, bytes]:
+        """config, generation config, tokenizer and feature-extractor files as transformers writes them."""
+        with tempfile.TemporaryDirectory() as tmp:
+            self.model.config.save_pretrained(tmp)
+            self.generation_config.save_pretrained(tmp)
+            self.processor.save_pretrained(tmp)
+            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
 
     # -- transcription -----------------------------------------------------------------------------------------------
     def transcribe(self, audio: np.ndarray, max_new_tokens: int = 200) -> str:

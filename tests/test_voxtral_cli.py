@@ -1,0 +1,57 @@
+"""Voxtral through the command line: quantize a tiny real-architecture model, export GPTQ and compressed-tensors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from converters.gptq import gptq_dequantize
+from safetensors.torch import load_file
+from tarq_deploy.checkpoint import load_checkpoint
+from tarq_deploy.data.corpus import Utterance, write_manifest
+
+from voxtral_tiny import write_tiny_voxtral
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tarq_deploy.cli", *args], capture_output=True, text=True)
+
+
+def test_quantize_and_export_tiny_voxtral(tmp_path: Path, librivox_clips: list) -> None:
+    model_dir = write_tiny_voxtral(tmp_path / "voxtral")
+    manifest = tmp_path / "calib.jsonl"
+    write_manifest([Utterance(f"c{i}", wav, text) for i, (wav, text) in enumerate(librivox_clips[:3])], manifest)
+    done = cli("quantize", "--model", str(model_dir), "--calib", str(manifest), "--method", "tarq",
+               "--target", "gptq", "--out", str(tmp_path / "ckpt"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    ckpt = load_checkpoint(tmp_path / "ckpt")
+    assert ckpt.spec.group_size == 128 and ckpt.metadata["source_model"]["architecture"] == "voxtral"
+    assert all(".language_model.layers." in name for name in ckpt.quantized)
+    assert any(row.get("lam") for row in ckpt.metadata["layers"])
+
+    done = cli("export", str(tmp_path / "ckpt"), "--target", "gptq", "--serve-dtype", "float16",
+               "-o", str(tmp_path / "gptq"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = json.loads((tmp_path / "gptq" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "gptq"
+    tensors = load_file(str(tmp_path / "gptq" / "model.safetensors"))
+    name = next(iter(ckpt.quantized))
+    prefix = name.removesuffix(".weight")
+    weight = gptq_dequantize(tensors[f"{prefix}.qweight"], tensors[f"{prefix}.qzeros"], tensors[f"{prefix}.scales"],
+                             tensors[f"{prefix}.g_idx"])
+    assert torch.equal(weight, ckpt.quantized[name].dequantize())
+
+    done = cli("export", str(tmp_path / "ckpt"), "--target", "compressed-tensors", "--serve-dtype", "float16",
+               "-o", str(tmp_path / "ct"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["format"] == "pack-quantized"
+
+
+def test_export_refuses_a_bad_checkpoint_dir(tmp_path: Path) -> None:
+    done = cli("export", str(tmp_path / "nothing"), "--target", "gptq", "-o", str(tmp_path / "out"))
+    assert done.returncode == 2 and "not a lattice checkpoint" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
