@@ -3,7 +3,7 @@
     python -m bench.calibration [--model packaged:base] [--n 128] [--device cpu|cuda] [--out FILE.json]
     python -m bench.calibration --dims small --device cuda       # real-dimension random-weight models
 
-Each method runs in a fresh child process (peak RSS of that child from ru_maxrss, so the two do not share a high-water
+Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
 cycles them (utterance i = clip i mod 11, its audio shifted by i * 37 ms so no two windows are identical) — a timing
 workload with real speech and real transcripts, not a quality corpus. Goals (Whisper issue): tarq <= 1.3x gptq end to
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -86,10 +85,18 @@ def child(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     _, timing = quantize_backbone(backbone, utterances, options, args.model, log=lambda _: None)
     figures = {"method": args.method, "wall_s": time.perf_counter() - start, "calibration_s": timing["seconds"],
-               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+               "peak_rss_mb": _peak_rss_mb()}
     if args.device == "cuda":
         figures["peak_vram_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print("RESULT " + json.dumps(figures), flush=True)
+
+
+def _peak_rss_mb() -> float:
+    """This process's own high-water mark (VmHWM): ru_maxrss would include the parent's pre-exec peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def run_child(args: argparse.Namespace, method: str, manifest: Path) -> dict:

@@ -20,7 +20,9 @@ COMMANDS: dict[str, str] = {
     "quantize": "quantize",
     "export": "export",
     "verify": "verify",
+    "bench": "bench",
     "inspect": "inspect_checkpoint",
+    "publish": "publish",
 }
 
 

@@ -1,0 +1,702 @@
+"""CPU benchmark of runtime model files: every measurement in a fresh child process.
+
+    tarq-deploy bench --model a-f16.bin --model a-q4_0.bin --audio jfk.wav --threads 4,8,16
+
+One *cell* = (runtime, model file, audio, threads). Each cell gets ``warmup`` runs, then ``runs`` timed runs; every
+run is a new process that imports the runtime, reads the audio, loads the model and transcribes once. Reported per
+timed run: wall time of the whole process (spawn to reap, measured by the harness), model load time and transcription
+latency (measured inside the child), RTF = transcription time / audio duration, peak RSS of the child, tokens
+decoded; per cell: median, min and max over the timed runs (warm-ups only warm the page cache and are kept apart).
+
+Peak RSS is the child's own ``VmHWM`` (/proc/self/status, read just before it exits). Not ``ru_maxrss``: Linux keeps
+the pre-exec address space's high-water mark in ``ru_maxrss`` across exec, so a child spawned from a big parent
+(pytest with torch loaded, say) reports at least the parent's peak -- measured here: a parent holding 800 MB spawned
+``python -c pass`` and wait4 said 833 MB while the child's VmHWM was 13.6 MB. ``ru_maxrss`` from wait4 is still
+recorded (``ru_maxrss_mb``) for comparison. The harness's *baseline* is the peak RSS of a child that does everything
+but load a model (interpreter, runtime import, audio), one per (runtime, audio); ``model_rss_mb`` = peak - baseline.
+
+Model files are validated by the runtime's strict parser in the harness before any child sees them: pywhispercpp does
+not raise on a file it cannot load (the first transcribe() segfaults), and it takes a path that does not exist as a
+model *name* and downloads it. A file that fails validation, a child that crashes or times out: the cell becomes an
+error row and the bench goes on.
+
+Runs are interleaved by default (warm-up of every cell, then timed run 1 of every cell, ...), so a slow drift of the
+machine's load -- other jobs on a shared box -- spreads over all cells instead of favouring whichever ran first.
+``OMP_WAIT_POLICY=PASSIVE`` by default: ggml's OpenMP workers otherwise spin, and on a shared machine 2 threads ran
+5-15x slower. Every environment knob the child sees (OMP_*, GGML_*, ...) is recorded.
+
+Runtimes are pluggable (``register_runtime``): a runtime = a parser that validates a model file and describes it, and
+a worker function the child calls. whisper.cpp (pywhispercpp) is wired; qwen3-asr.cpp and CrispASR land with their
+exporters.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import wave
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_THREADS = (4, 8, 16)
+DEFAULT_WARMUP = 1
+DEFAULT_RUNS = 3
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_OMP_WAIT_POLICY = "PASSIVE"
+ORDERS = ("interleaved", "grouped")
+SAMPLE_RATE = 16_000  # whisper.cpp wants 16 kHz mono float32; we accept 16-bit PCM WAV of exactly that
+# environment variables that change how a runtime runs; every one set in the child's environment is recorded
+ENV_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GGML_", "WHISPER_", "LLAMA_", "CUDA_", "MALLOC_",
+                     "LD_PRELOAD")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# the child runs this: it imports bench.cpu only (stdlib at module level), then the runtime's worker
+_CHILD_CODE = "import sys; from bench.cpu import worker_main; sys.exit(worker_main(sys.argv[1:]))"
+_MB = 1024 * 1024
+
+
+# ------------------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the harness learns about a model file by validating it."""
+
+    backbone: str  # e.g. "tiny.en"; files of one backbone are compared side by side
+    precision: str  # e.g. "F16", "Q4_0"
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AudioInfo:
+    path: str
+    label: str
+    duration_s: float
+
+
+@dataclass
+class RunRecord:
+    """One child process."""
+
+    index: int  # 0-based over the cell's runs, warm-ups first
+    warmup: bool
+    loadavg_1m: float  # the machine's 1-minute load average when the child was spawned
+    wall_s: float | None = None
+    import_s: float | None = None
+    load_s: float | None = None
+    transcribe_s: float | None = None
+    rtf: float | None = None
+    peak_rss_mb: float | None = None  # the child's VmHWM
+    rss_after_load_mb: float | None = None
+    ru_maxrss_mb: float | None = None  # from wait4; includes the parent's peak at spawn time (see module doc)
+    tokens: int | None = None
+    text: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Stat | None":
+        return cls(statistics.median(values), min(values), max(values), len(values)) if values else None
+
+
+SUMMARIZED_FIELDS = ("wall_s", "load_s", "transcribe_s", "rtf", "peak_rss_mb", "model_rss_mb", "ru_maxrss_mb",
+                     "tokens")
+
+
+@dataclass
+class CellResult:
+    runtime: str
+    model: str
+    model_label: str
+    model_size_mb: float | None
+    backbone: str | None
+    precision: str | None
+    audio: str
+    audio_label: str
+    audio_s: float
+    threads: int
+    oversubscribed: bool
+    status: str = "pending"  # "ok" | "error"
+    error: str | None = None
+    baseline_rss_mb: float | None = None
+    summary: dict[str, Stat | None] = field(default_factory=dict)  # SUMMARIZED_FIELDS over the timed runs
+    text: str | None = None  # the transcript of the last timed run (F16 and Q4_0 should read alike)
+    model_details: dict = field(default_factory=dict)
+    runs: list[RunRecord] = field(default_factory=list)
+
+
+@dataclass
+class Baseline:
+    """A child that imports the runtime and reads the audio but loads no model: the floor under every RSS figure."""
+
+    runtime: str
+    audio: str
+    peak_rss_mb: float | None = None
+    wall_s: float | None = None
+    import_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class BenchConfig:
+    models: list[str]
+    audios: list[str]
+    threads: list[int] = field(default_factory=lambda: list(DEFAULT_THREADS))
+    runtime: str = "whisper.cpp"
+    warmup: int = DEFAULT_WARMUP
+    runs: int = DEFAULT_RUNS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    omp_wait_policy: str | None = DEFAULT_OMP_WAIT_POLICY  # None: leave the inherited environment alone
+    order: str = "interleaved"
+    decode: dict = field(default_factory=dict)  # overrides of the runtime's decode settings
+
+
+@dataclass
+class CpuBenchResult:
+    kind: str
+    config: dict
+    runtime: dict  # name, decode settings, what it reported about itself
+    machine: dict
+    versions: dict
+    environment: dict  # every knob the children saw
+    harness: dict  # the parent's own RSS, how RSS and time were measured
+    baselines: list[Baseline]
+    cells: list[CellResult]
+    loadavg: dict  # at start and end, and the range over the runs
+    notes: list[str]
+    started: str
+    finished: str
+    elapsed_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class BenchConfigError(ValueError):
+    """The bench cannot start as asked (no such audio, bad thread list, unknown runtime); names the problem."""
+
+
+# ------------------------------------------------------------------------------------------------------ runtimes
+@dataclass(frozen=True)
+class Runtime:
+    """A runtime the CPU bench can drive: validate + describe a model file (in the harness), measure (in the child)."""
+
+    name: str
+    describe_model: Callable[[Path], ModelInfo]  # raises ValueError naming the problem
+    worker: str  # "module:function", called in the child with the run spec (dict); returns measurements (dict)
+    settings: dict  # decode settings passed to the runtime, recorded in the output
+    description: str = ""
+
+
+RUNTIMES: dict[str, Runtime] = {}
+# runtimes the issue asks for whose exporters have not landed yet: named so that --runtime says why, not "unknown"
+PLANNED_RUNTIMES = {
+    "qwen3-asr.cpp": "needs the qwen3-asr.cpp GGUF exporter and a built binary; register it when the export lands",
+    "crispasr": "needs the CrispASR GGUF exporter (PyPI crispasr wheel); register it when the export lands",
+}
+
+
+def register_runtime(runtime: Runtime) -> None:
+    RUNTIMES[runtime.name] = runtime
+
+
+def get_runtime(name: str) -> Runtime:
+    if name in RUNTIMES:
+        return RUNTIMES[name]
+    if name in PLANNED_RUNTIMES:
+        raise BenchConfigError(f"runtime {name!r} is not wired yet: {PLANNED_RUNTIMES[name]}")
+    raise BenchConfigError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
+
+
+# ---------------------------------------------------------------------------------------- whisper.cpp (pywhispercpp)
+# Reproducible greedy English decoding: no language detection, no temperature fallback (a fallback re-decodes the
+# window and would make latency depend on the weights' confidence, not only their speed). Everything else stays at
+# whisper.cpp's defaults (timestamps on, flash attention per its context defaults), as whisper-cli runs.
+WHISPER_CPP_DECODE = {"language": "en", "temperature": 0.0, "temperature_inc": 0.0, "print_progress": False,
+                      "print_realtime": False, "print_timestamps": False}
+# (n_audio_layer, n_audio_state) -> Whisper size
+_WHISPER_SIZES = {(4, 384): "tiny", (6, 512): "base", (12, 768): "small", (24, 1024): "medium", (32, 1280): "large"}
+_ENGLISH_ONLY_VOCAB = 51864
+
+
+def whisper_backbone(n_audio_layer: int, n_audio_state: int, n_text_layer: int, n_vocab: int, n_mels: int) -> str:
+    """Whisper's size name from a whisper.cpp header (tiny.en, base, large-v3, large-v3-turbo, ...)."""
+    size = _WHISPER_SIZES.get((n_audio_layer, n_audio_state), f"whisper-L{n_audio_layer}-d{n_audio_state}")
+    if size == "large":
+        size = "large-v3" if n_mels == 128 else "large"
+        if n_text_layer == 4:
+            size += "-turbo"
+    return size + (".en" if n_vocab == _ENGLISH_ONLY_VOCAB else "")
+
+
+def describe_whisper_cpp_file(path: Path) -> ModelInfo:
+    """Validate with our strict parser (raises GGMLFileError, a ValueError naming the problem)."""
+    from converters.ggml_blocks import GGML_TYPE_NAMES
+    from converters.ggml_file import read_whisper_cpp
+
+    h = read_whisper_cpp(path).hparams
+    backbone = whisper_backbone(h.n_audio_layer, h.n_audio_state, h.n_text_layer, h.n_vocab, h.n_mels)
+    return ModelInfo(backbone, GGML_TYPE_NAMES[h.weight_type], {"hparams": asdict(h)})
+
+
+def measure_whisper_cpp(spec: dict) -> dict:
+    """Child side: import pywhispercpp, read the audio, load the model, transcribe once. With no model: baseline."""
+    started = time.perf_counter()
+    import _pywhispercpp as pw
+    from pywhispercpp.model import Model
+
+    out: dict[str, Any] = {"import_s": time.perf_counter() - started}
+    audio = read_wav_float32(spec["audio"])
+    if spec.get("model") is None:
+        out["runtime_info"] = whisper_cpp_runtime_info()
+        return out
+    model_path = Path(spec["model"])
+    if not model_path.is_file():  # pywhispercpp would take the string as a model name and download it
+        raise FileNotFoundError(f"{model_path}: no such model file")
+    started = time.perf_counter()
+    model = Model(str(model_path), redirect_whispercpp_logs_to=None, n_threads=spec["threads"], **spec["settings"])
+    out["load_s"] = time.perf_counter() - started
+    out["rss_after_load_mb"] = proc_status_mb("VmRSS")
+    started = time.perf_counter()
+    segments = model.transcribe(audio)
+    out["transcribe_s"] = time.perf_counter() - started
+    # tokens of the output segments (text and timestamp tokens): the decoder steps that produced the transcript
+    out["tokens"] = sum(pw.whisper_full_n_tokens(model._ctx, i) for i in range(len(segments)))
+    out["text"] = " ".join(s.text.strip() for s in segments).strip()
+    return out
+
+
+def whisper_cpp_runtime_info() -> dict:
+    """Versions of the whisper.cpp and ggml libraries pywhispercpp actually loaded, and its build's CPU features."""
+    import _pywhispercpp as pw
+
+    info: dict[str, Any] = {"pywhispercpp": _dist_version("pywhispercpp"),
+                            "system_info": pw.whisper_print_system_info().strip()}
+    defaults = pw.whisper_context_default_params()
+    info["context_defaults"] = {"flash_attn": defaults.flash_attn, "use_gpu": defaults.use_gpu}
+    for library, symbols in (("libwhisper", ("whisper_version",)), ("libggml-base", ("ggml_version", "ggml_commit"))):
+        info.update(_loaded_library_strings(library, symbols))
+    return info
+
+
+def _loaded_library_strings(library: str, symbols: tuple[str, ...]) -> dict[str, str]:
+    """Call ``const char *f(void)`` symbols of a shared library this process has loaded (found in /proc/self/maps:
+    the wheel vendors its own copies under mangled names, and other packages may ship another libwhisper)."""
+    import ctypes
+
+    try:
+        maps = Path("/proc/self/maps").read_text().split("\n")
+    except OSError:
+        return {}
+    paths = sorted({line.split()[-1] for line in maps if f"/{library}" in line and ".so" in line})
+    found: dict[str, str] = {}
+    for path in paths:
+        lib = ctypes.CDLL(path)  # already loaded: this only returns its handle
+        for symbol in symbols:
+            fn = getattr(lib, symbol, None)
+            if fn is not None and symbol not in found:
+                fn.restype = ctypes.c_char_p
+                found[symbol] = fn().decode()
+        found.setdefault(f"{library}_path", path)
+    return found
+
+
+register_runtime(Runtime("whisper.cpp", describe_whisper_cpp_file, "bench.cpu:measure_whisper_cpp",
+                         WHISPER_CPP_DECODE, "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)"))
+
+
+# ---------------------------------------------------------------------------------------------------- child side
+def worker_main(argv: list[str]) -> int:
+    """Entry of the child: ``python -c '<_CHILD_CODE>' SPEC.json``; writes the measurements to spec["result"]."""
+    spec = json.loads(Path(argv[0]).read_text())
+    module_name, function_name = spec["worker"].split(":")
+    measure = getattr(importlib.import_module(module_name), function_name)
+    out = measure(spec)
+    out["peak_rss_mb"] = proc_status_mb("VmHWM")  # last, after everything the run allocated
+    result = Path(spec["result"])
+    tmp = result.with_name(result.name + ".part")
+    tmp.write_text(json.dumps(out))
+    os.replace(tmp, result)
+    return 0
+
+
+def read_wav_float32(path: str | os.PathLike) -> Any:
+    """16-bit PCM mono 16 kHz WAV -> float32 numpy array in [-1, 1) (what whisper.cpp's whisper_full takes)."""
+    import numpy as np
+
+    with wave.open(str(path), "rb") as wav:
+        frames = wav.readframes(wav.getnframes())
+    return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def proc_status_mb(key: str) -> float | None:
+    """A memory line of /proc/self/status (VmHWM = peak RSS, VmRSS = current) in MiB; None off Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+# --------------------------------------------------------------------------------------------------- parent side
+def check_audio(path: str) -> AudioInfo:
+    """16-bit PCM mono 16 kHz WAV, else BenchConfigError naming what is wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise BenchConfigError(f"{path}: no such audio file")
+    try:
+        with wave.open(str(p), "rb") as wav:
+            rate, channels, width, frames = wav.getframerate(), wav.getnchannels(), wav.getsampwidth(), wav.getnframes()
+    except (wave.Error, EOFError) as e:
+        raise BenchConfigError(f"{path}: not a PCM WAV file ({e})") from None
+    if (rate, channels, width) != (SAMPLE_RATE, 1, 2) or frames == 0:
+        raise BenchConfigError(f"{path}: {rate} Hz, {channels} channel(s), {8 * width}-bit, {frames} frames; the "
+                               f"bench takes 16 kHz mono 16-bit PCM WAV (convert it first, e.g. with ffmpeg/sox)")
+    return AudioInfo(str(p.resolve()), p.stem, frames / rate)
+
+
+def check_config(config: BenchConfig) -> None:
+    if not config.models:
+        raise BenchConfigError("no model files given")
+    if not config.audios:
+        raise BenchConfigError("no audio given")
+    if not config.threads or any(t < 1 for t in config.threads):
+        raise BenchConfigError(f"thread counts must be >= 1, got {config.threads}")
+    if config.runs < 1 or config.warmup < 0:
+        raise BenchConfigError(f"need runs >= 1 and warmup >= 0, got runs {config.runs}, warmup {config.warmup}")
+    if config.order not in ORDERS:
+        raise BenchConfigError(f"order must be one of {ORDERS}, got {config.order!r}")
+    get_runtime(config.runtime)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def child_environment(config: BenchConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    if config.omp_wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = config.omp_wait_policy
+    # the child imports bench.cpu from this checkout whatever its working directory
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def environment_knobs(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_KNOB_PREFIXES)}
+
+
+@dataclass
+class _ChildOutcome:
+    result: dict | None
+    wall_s: float
+    ru_maxrss_mb: float
+    error: str | None
+
+
+def spawn_worker(spec: dict, env: dict[str, str], timeout_s: float) -> _ChildOutcome:
+    """Run one child to completion; its rusage comes from wait4 (per child, unlike RUSAGE_CHILDREN)."""
+    with tempfile.TemporaryDirectory(prefix="tarq-bench-") as tmp:
+        work = Path(tmp)
+        spec = {**spec, "result": str(work / "result.json")}
+        (work / "spec.json").write_text(json.dumps(spec))
+        stderr_path = work / "stderr.txt"
+        started = time.perf_counter()
+        with open(stderr_path, "wb") as stderr:
+            proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(work / "spec.json")], cwd=work, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        watchdog = _Watchdog(proc.pid, timeout_s)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            watchdog.reaped()
+        wall_s = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: tell Popen
+        error = _child_error(proc.returncode, watchdog.killed, timeout_s, stderr_path)
+        result_path = Path(spec["result"])
+        result = json.loads(result_path.read_text()) if error is None and result_path.is_file() else None
+        if error is None and result is None:
+            error = "the worker exited without writing its result"
+        return _ChildOutcome(result, wall_s, usage.ru_maxrss / 1024, error)
+
+
+class _Watchdog:
+    """SIGKILLs the child after ``timeout_s`` unless it was reaped first. It signals by pid and never waits: a
+    Popen.kill() would poll, and a poll that reaps the child makes the main thread's wait4 fail."""
+
+    def __init__(self, pid: int, timeout_s: float) -> None:
+        self.pid, self.killed = pid, False
+        self._lock, self._done = threading.Lock(), False
+        self._timer = threading.Timer(timeout_s, self._kill)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _kill(self) -> None:
+        with self._lock:
+            if not self._done:
+                os.kill(self.pid, signal.SIGKILL)
+                self.killed = True
+
+    def reaped(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+
+def _child_error(returncode: int, timed_out: bool, timeout_s: float, stderr_path: Path) -> str | None:
+    if returncode == 0:
+        return None
+    if timed_out:
+        return f"timed out after {timeout_s:g} s (killed)"
+    tail = stderr_path.read_text(errors="replace").strip().splitlines()[-3:]
+    detail = f": {' | '.join(tail)}" if tail else ""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"worker crashed ({name}){detail}"
+    return f"worker exited with status {returncode}{detail}"
+
+
+def _run_spec(runtime: Runtime, config: BenchConfig, model: str | None, audio: str, threads: int) -> dict:
+    return {"worker": runtime.worker, "model": model, "audio": audio, "threads": threads,
+            "settings": {**runtime.settings, **config.decode}}
+
+
+def measure_baseline(runtime: Runtime, config: BenchConfig, audio: AudioInfo,
+                     env: dict[str, str]) -> tuple[Baseline, dict]:
+    """The baseline child, and what the runtime reported about itself (versions, build) from inside it."""
+    outcome = spawn_worker(_run_spec(runtime, config, None, audio.path, 1), env, config.timeout_s)
+    base = Baseline(runtime.name, audio.label, wall_s=outcome.wall_s, error=outcome.error)
+    result = outcome.result or {}
+    base.peak_rss_mb, base.import_s = result.get("peak_rss_mb"), result.get("import_s")
+    return base, result.get("runtime_info", {})
+
+
+@dataclass(frozen=True)
+class _CheckedModel:
+    path: str  # absolute when the file exists
+    label: str
+    size_mb: float | None
+    info: ModelInfo | None
+    error: str | None
+
+
+def check_model(runtime: Runtime, model: str) -> _CheckedModel:
+    """Validate a model file with the runtime's parser; a failure is recorded, not raised (it becomes error rows)."""
+    path = Path(model)
+    size = path.stat().st_size / _MB if path.is_file() else None
+    name = str(path.resolve()) if path.exists() else model
+    label = path.name.removesuffix(".bin")
+    try:
+        return _CheckedModel(name, label, size, runtime.describe_model(path), None)
+    except (ValueError, OSError) as e:  # the parser's GGMLFileError is a ValueError that names the problem
+        return _CheckedModel(name, label, size, None, f"invalid model file: {e}")
+
+
+def new_cell(runtime: Runtime, model: _CheckedModel, audio: AudioInfo, threads: int) -> CellResult:
+    """A cell; one whose model failed validation is an error from the start and is never run."""
+    info = model.info
+    return CellResult(runtime.name, model.path, model.label, model.size_mb, info and info.backbone,
+                      info and info.precision, audio.path, audio.label, audio.duration_s, threads,
+                      threads > usable_cores(), status="error" if model.error else "pending", error=model.error,
+                      model_details=info.details if info else {})
+
+
+def run_record(outcome: _ChildOutcome, index: int, warmup: bool, loadavg_1m: float, audio_s: float) -> RunRecord:
+    rec = RunRecord(index, warmup, loadavg_1m, wall_s=outcome.wall_s, ru_maxrss_mb=outcome.ru_maxrss_mb,
+                    error=outcome.error)
+    if outcome.result:
+        for key in ("import_s", "load_s", "transcribe_s", "peak_rss_mb", "rss_after_load_mb", "tokens", "text"):
+            setattr(rec, key, outcome.result.get(key))
+        if rec.transcribe_s is not None:
+            rec.rtf = rec.transcribe_s / audio_s
+    return rec
+
+
+def summarize_cell(cell: CellResult) -> None:
+    """Medians (min, max) over the timed runs only; the cell is an error if any run failed."""
+    timed = [r for r in cell.runs if not r.warmup]
+    failed = [r for r in cell.runs if r.error]
+    if failed:
+        cell.status = "error"
+        cell.error = f"run {failed[0].index} ({'warm-up' if failed[0].warmup else 'timed'}): {failed[0].error}"
+    elif cell.status != "error":
+        cell.status = "ok" if timed else "error"
+        cell.error = None if timed else "no timed run"
+    values: dict[str, list[float]] = {name: [] for name in SUMMARIZED_FIELDS}
+    for r in timed:
+        if r.error:
+            continue
+        for name in SUMMARIZED_FIELDS:
+            value = _model_rss(r, cell.baseline_rss_mb) if name == "model_rss_mb" else getattr(r, name)
+            if value is not None:
+                values[name].append(float(value))
+    cell.summary = {name: Stat.of(v) for name, v in values.items()}
+    cell.text = next((r.text for r in reversed(timed) if r.text is not None), None)
+
+
+def _model_rss(run: RunRecord, baseline_mb: float | None) -> float | None:
+    if run.peak_rss_mb is None or baseline_mb is None:
+        return None
+    return run.peak_rss_mb - baseline_mb
+
+
+def schedule(cells: list[CellResult], config: BenchConfig) -> list[tuple[CellResult, int]]:
+    """(cell, run index) pairs in execution order; error cells (invalid models) are never run."""
+    live = [c for c in cells if c.status != "error"]
+    n = config.warmup + config.runs
+    if config.order == "grouped":
+        return [(c, i) for c in live for i in range(n)]
+    return [(c, i) for i in range(n) for c in live]
+
+
+def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> CpuBenchResult:
+    """Validate, measure the baselines, run every cell's warm-ups and timed runs, summarize."""
+    check_config(config)
+    runtime = get_runtime(config.runtime)
+    audios = [check_audio(a) for a in config.audios]
+    env = child_environment(config)
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    load_start = os.getloadavg()
+    harness = harness_memory()
+    baselines = {a.path: measure_baseline(runtime, config, a, env) for a in audios}
+    models = [check_model(runtime, m) for m in config.models]
+    for model in models:
+        log(f"{model.label}: {model.error}" if model.error else
+            f"{model.label}: {model.info.backbone} {model.info.precision}, {model.size_mb:.1f} MB")
+    cells = [new_cell(runtime, m, a, t) for m in models for a in audios for t in config.threads]
+    for cell in cells:
+        cell.baseline_rss_mb = baselines[cell.audio][0].peak_rss_mb
+    plan = schedule(cells, config)
+    for step, (cell, index) in enumerate(plan, 1):
+        if any(r.error for r in cell.runs):
+            continue  # a crash repeats; do not spend minutes re-crashing
+        warmup = index < config.warmup
+        loadavg = os.getloadavg()[0]
+        outcome = spawn_worker(_run_spec(runtime, config, cell.model, cell.audio, cell.threads), env, config.timeout_s)
+        cell.runs.append(run_record(outcome, index, warmup, loadavg, cell.audio_s))
+        log(_progress_line(step, len(plan), cell, cell.runs[-1]))
+    for cell in cells:
+        summarize_cell(cell)
+    run_loads = [r.loadavg_1m for c in cells for r in c.runs]
+    loadavg = {"start": list(load_start), "end": list(os.getloadavg()),
+               "runs_1m_min": min(run_loads, default=None), "runs_1m_max": max(run_loads, default=None)}
+    runtime_info = next((info for _, info in baselines.values() if info), {})
+    return CpuBenchResult(
+        kind="cpu", config=asdict(config),
+        runtime={"name": runtime.name, "description": runtime.description,
+                 "settings": {**runtime.settings, **config.decode}, "info": runtime_info},
+        machine=machine_description(), versions=package_versions(runtime_info), environment=environment_knobs(env),
+        harness=harness, baselines=[b for b, _ in baselines.values()], cells=cells, loadavg=loadavg,
+        notes=bench_notes(config, cells), started=started, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        elapsed_s=time.perf_counter() - t0)
+
+
+def _progress_line(step: int, total: int, cell: CellResult, run: RunRecord) -> str:
+    what = "warm-up" if run.warmup else f"run {run.index}"
+    head = f"[{step}/{total}] {cell.model_label} {cell.audio_label} threads={cell.threads} {what}:"
+    if run.error:
+        return f"{head} ERROR {run.error}"
+    return (f"{head} transcribe {run.transcribe_s:.2f} s (RTF {run.rtf:.3f}), load {run.load_s:.2f} s, "
+            f"wall {run.wall_s:.2f} s, peak RSS {run.peak_rss_mb:.0f} MB, load avg {run.loadavg_1m:.1f}")
+
+
+# ------------------------------------------------------------------------------------------- machine and versions
+def machine_description() -> dict:
+    info: dict[str, Any] = {"cpu_model": _cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable_cores(),
+                            "platform": platform.platform(), "machine": platform.machine(),
+                            "python": platform.python_version()}
+    try:
+        import psutil
+
+        info["physical_cores"] = psutil.cpu_count(logical=False)
+        mem = psutil.virtual_memory()
+        info["memory_total_mb"], info["memory_available_mb"] = mem.total / _MB, mem.available / _MB
+    except ImportError:
+        info["memory_total_mb"] = _meminfo_mb("MemTotal")
+        info["memory_available_mb"] = _meminfo_mb("MemAvailable")
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _meminfo_mb(key: str) -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions(runtime_info: dict) -> dict:
+    """Installed versions, read from package metadata (importing torch would cost the harness ~300 MB and seconds)."""
+    versions = {name: _dist_version(name) for name in ("pywhispercpp", "torch", "transformers", "numpy", "gguf")}
+    versions["whisper.cpp"] = runtime_info.get("whisper_version")
+    versions["ggml"] = runtime_info.get("ggml_version")
+    versions["ggml_commit"] = runtime_info.get("ggml_commit")
+    versions["tarq-deploy"] = _dist_version("tarq-deploy")
+    return versions
+
+
+def harness_memory() -> dict:
+    return {"rss_mb": proc_status_mb("VmRSS"), "peak_rss_mb": proc_status_mb("VmHWM"),
+            "rss_method": "child's VmHWM from /proc/self/status read just before it exits (peak RSS of that process "
+                          "alone); ru_maxrss_mb from wait4 is kept for comparison but includes the harness's own peak "
+                          "at spawn time (Linux carries the pre-exec high-water mark across exec)",
+            "time_method": "wall_s: harness perf_counter from spawn to reap (interpreter start, imports, audio read, "
+                           "model load, transcription, exit); load_s and transcribe_s: perf_counter in the child "
+                           "around Model() and transcribe(audio array)",
+            "baseline": "a child that imports the runtime and reads the audio but loads no model"}
+
+
+def bench_notes(config: BenchConfig, cells: list[CellResult]) -> list[str]:
+    notes = []
+    cores = usable_cores()
+    over = sorted({c.threads for c in cells if c.oversubscribed})
+    if over:
+        notes.append(f"oversubscribed: threads {', '.join(map(str, over))} > {cores} usable cores on this machine")
+    if config.omp_wait_policy is None:
+        notes.append("OMP_WAIT_POLICY left as inherited (spinning OpenMP workers distort timings on a shared machine)")
+    load = max([os.getloadavg()[0], *(r.loadavg_1m for c in cells for r in c.runs)])
+    if load > 0.5 * cores:
+        notes.append(f"the machine was loaded (1-min load average up to {load:.1f} on {cores} cores during the "
+                     f"bench): other jobs shared the CPU, so absolute times are pessimistic; compare cells of one run")
+    return notes

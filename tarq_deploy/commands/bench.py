@@ -1,0 +1,142 @@
+"""`tarq-deploy bench`: latency, RTF and max-RSS of runtime model files on CPU; FP16 vs INT4 on a GPU.
+
+    tarq-deploy bench --model a-f16.bin --model a-q4_0.bin --audio jfk.wav --threads 4,8,16
+    tarq-deploy bench --model a-q4_0.bin --threads 1,2 --warmup 0 --runs 1 --out /tmp/quick
+    tarq-deploy bench --gpu --model packaged:tiny.en --checkpoint CKPT_DIR --audio jfk.wav
+    tarq-deploy bench --report-only results/bench/bench-cpu.json      # re-render table, CSV and plot
+
+Writes STEM.json / .csv / .md / .png under --out (default results/bench, STEM bench-cpu or bench-gpu) and prints the
+markdown table. Exit status: 0 when every row was measured (or the GPU bench found no CUDA and measured nothing),
+1 when some rows are errors (an invalid model file, a crashed or timed-out run: the other rows are still measured and
+reported), 2 when the bench cannot start (no such audio, bad thread list, unknown runtime).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
+                       ORDERS, PLANNED_RUNTIMES, RUNTIMES, BenchConfig, BenchConfigError, run_cpu_bench)
+
+HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
+EXIT_OK, EXIT_ROW_ERRORS, EXIT_ERROR = 0, 1, 2
+INHERIT = "inherit"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", action="append", default=[], metavar="FILE",
+                        help="model file to measure (repeat for each); with --gpu: the float model source "
+                             "(packaged:NAME, a CTranslate2 or transformers directory)")
+    parser.add_argument("--audio", action="append", default=[], metavar="WAV",
+                        help="16 kHz mono 16-bit WAV (repeatable; default: jfk.wav, 11 s)")
+    parser.add_argument("--threads", type=thread_list, default=list(DEFAULT_THREADS), metavar="N,N,...",
+                        help=f"thread ladder (default {','.join(map(str, DEFAULT_THREADS))}); more threads than "
+                             f"cores is measured and marked as oversubscribed")
+    runtimes = ", ".join([*RUNTIMES, *(f"{n} (not wired yet)" for n in PLANNED_RUNTIMES)])
+    parser.add_argument("--runtime", default="whisper.cpp", help=f"CPU runtime: {runtimes}")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="warm-up runs per cell (not reported "
+                                                                            "in the medians)")
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="timed runs per cell (median, min, max)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before a run is killed")
+    parser.add_argument("--omp-wait-policy", default=DEFAULT_OMP_WAIT_POLICY,
+                        help=f"OMP_WAIT_POLICY for the runs (default {DEFAULT_OMP_WAIT_POLICY}: spinning workers "
+                             f"distort timings on a shared machine); '{INHERIT}' leaves the environment alone")
+    parser.add_argument("--order", choices=ORDERS, default="interleaved",
+                        help="interleaved: run i of every cell before run i+1 of any (spreads load drift); grouped: "
+                             "all runs of one cell in a row")
+    parser.add_argument("--decode", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a runtime decode setting (value parsed as JSON, e.g. no_timestamps=true)")
+    parser.add_argument("--out", default="results/bench", help="output directory (default results/bench)")
+    parser.add_argument("--name", help="output file stem (default bench-cpu / bench-gpu)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--report-only", metavar="RESULT.json", help="re-render the reports of a saved result")
+    gpu = parser.add_argument_group("GPU (FP16 transformers vs the INT4 lattice)")
+    gpu.add_argument("--gpu", action="store_true", help="run the GPU bench instead (exits 0, measuring nothing, "
+                                                        "when no CUDA device is present)")
+    gpu.add_argument("--checkpoint", metavar="DIR", help="lattice checkpoint for the INT4 rows")
+    gpu.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k], default=["tinygemm", "marlin"],
+                     help="INT4 kernels: tinygemm (torch _weight_int4pack_mm), marlin (needs vLLM or GPTQModel)")
+    gpu.add_argument("--max-new-tokens", type=int, default=128, help="decoder token limit for the GPU runs")
+
+
+def thread_list(text: str) -> list[int]:
+    try:
+        threads = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not threads or min(threads) < 1:
+        raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {text!r}")
+    return threads
+
+
+def decode_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise BenchConfigError(f"--decode expects KEY=VALUE, got {pair!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value  # a bare string such as language=de
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.report import load_result, markdown_report, write_reports
+
+    try:
+        if args.report_only:
+            doc = load_result(args.report_only)
+        elif args.gpu:
+            doc = _run_gpu(args)
+        else:
+            doc = run_cpu_bench(_cpu_config(args), log=_log).to_dict()
+    except (BenchConfigError, ValueError, FileNotFoundError) as e:
+        print(f"tarq-deploy bench: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    written = write_reports(doc, args.out, args.name or f"bench-{doc['kind']}", plot=not args.no_plot)
+    print(markdown_report(doc))
+    print("wrote " + ", ".join(str(p) for p in written.values()))
+    return EXIT_ROW_ERRORS if any(c["status"] == "error" for c in doc["cells"]) else EXIT_OK
+
+
+def _cpu_config(args: argparse.Namespace) -> BenchConfig:
+    return BenchConfig(models=args.model, audios=args.audio or [_default_audio()], threads=args.threads,
+                       runtime=args.runtime, warmup=args.warmup, runs=args.runs, timeout_s=args.timeout,
+                       omp_wait_policy=None if args.omp_wait_policy == INHERIT else args.omp_wait_policy,
+                       order=args.order, decode=decode_overrides(args.decode))
+
+
+def _run_gpu(args: argparse.Namespace) -> dict:
+    from bench.gpu import GpuBenchConfig, run_gpu_bench
+
+    if len(args.model) != 1:
+        raise BenchConfigError("--gpu takes exactly one --model (the float model source, e.g. packaged:tiny.en)")
+    config = GpuBenchConfig(model=args.model[0], audios=args.audio or [_default_audio()], checkpoint=args.checkpoint,
+                            kernels=args.kernels, warmup=args.warmup, runs=args.runs,
+                            max_new_tokens=args.max_new_tokens)
+    return run_gpu_bench(config, log=_log).to_dict()
+
+
+def _default_audio() -> str:
+    from tarq_deploy.data.real_clips import jfk_wav_path
+
+    return str(jfk_wav_path())
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry until cli.py registers the subcommand: ``python -m tarq_deploy.commands.bench ...``."""
+    parser = argparse.ArgumentParser(prog="python -m tarq_deploy.commands.bench", description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
