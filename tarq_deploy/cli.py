@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "export": "export",
     "verify": "verify",
     "bench": "bench",
+    "eval": "eval",
+    "corpus": "corpus",
     "inspect": "inspect_checkpoint",
     "publish": "publish",
 }
