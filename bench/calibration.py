@@ -147,11 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     if {"gptq", "tarq"} <= by_method.keys():
         result["ratio_tarq_over_gptq"] = by_method["tarq"]["wall_s"] / by_method["gptq"]["wall_s"]
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(out.suffix + ".tmp")
-    tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-    tmp_out.replace(out)
+    from tarq_deploy.fileio import write_json_atomic
+
+    out = write_json_atomic(args.out, result)
     print(f"wrote {out}")
     return 0
 

@@ -34,6 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
+from tarq_deploy.fileio import replace_directory
 from tarq_deploy.quant.lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec
 
 log = logging.getLogger(__name__)
@@ -359,18 +360,10 @@ def write_hf_directory(out_dir: str | os.PathLike, tensors: dict[str, torch.Tens
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        _move_into_place(tmp, out)
+        replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _move_into_place(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from .fileio import replace_directory
 from .quant.lattice import LatticeSpec, QuantizedWeight, check_on_lattice
 
 FORMAT_NAME = "tarq-lattice"
@@ -141,15 +142,9 @@ def _payload_files(directory: Path) -> list[str]:
 
 def _replace_directory(tmp: Path, out: Path) -> None:
     """Move ``tmp`` to ``out``; an existing ``out`` is set aside first and removed only after the move."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    if not (out / MANIFEST).is_file():
+    if out.exists() and not (out / MANIFEST).is_file():
         raise CheckpointError(f"{out}: exists and is not a lattice checkpoint; refusing to overwrite it")
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_directory(tmp, out)
 
 
 def _sha256(path: Path) -> str:

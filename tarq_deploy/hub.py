@@ -64,6 +64,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from .errors import UserError
+from .fileio import replace_directory
 
 PIPELINE_TAG = "automatic-speech-recognition"
 TASK_NAME = "Automatic Speech Recognition"
@@ -724,7 +725,7 @@ def stage(out_dir: Path, card_text: str, files: list[RuntimeFile]) -> StagedFold
         (tmp / CARD_FILE).write_text(card_text, encoding="utf-8")
         for f in files:
             _place(f.source, tmp / f.name)
-        _replace_dir(tmp, out_dir)
+        replace_directory(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -770,11 +771,3 @@ def _link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
         shutil.copy2(source, target)
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 
 from ..checkpoint import save_checkpoint
+from ..fileio import write_json_atomic
 from ..data.corpus import POOLS, load_corpus
 from ..models.registry import load_backbone
 from ..quant.tarq import METHODS, SOURCES
@@ -69,10 +68,8 @@ def run(args: argparse.Namespace) -> int:
     checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
     save_checkpoint(checkpoint, out)
     log_path = out.with_name(out.name + ".log.json")
-    tmp = log_path.with_name(log_path.name + ".tmp")
-    tmp.write_text(json.dumps({"options": options.result_knobs(), "device": options.device, **timing,
-                               "layers_full": checkpoint.metadata["layers"]}, indent=1))
-    os.replace(tmp, log_path)
+    write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
+                                 "layers_full": checkpoint.metadata["layers"]}, indent=1)
     _remove_work_dir(work)
     print(f"wrote {out} ({len(checkpoint.quantized)} lattice matrices, {options.bits}-bit, group "
           f"{options.group_size}, method {options.method}); per-layer log {log_path}")

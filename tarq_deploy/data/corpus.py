@@ -21,13 +21,13 @@ import os
 import shutil
 import struct
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from tarq_deploy.fileio import write_text_atomic
 from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
 
 TARGET_SAMPLE_RATE = 16_000
@@ -324,11 +324,7 @@ def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike[str]
         except ValueError:
             audio_field = str(audio)
         lines.append(json.dumps({"id": utterance.id, "audio": audio_field, "text": utterance.text}, ensure_ascii=False))
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write("\n".join(lines) + ("\n" if lines else ""))
-    os.replace(tmp_name, target)
-    return target
+    return write_text_atomic(target, "\n".join(lines) + ("\n" if lines else ""))
 
 
 def load_librispeech_dir(

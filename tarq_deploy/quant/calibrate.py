@@ -20,17 +20,17 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..fileio import write_bytes_atomic, write_json_atomic
 from .lattice import LatticeSpec, QuantizedWeight
 from .stats import LayerStats
 from .tarq import LayerRecord, TarqConfig, reweighting_mask, solve_layer
@@ -121,7 +121,7 @@ class WorkDir:
             tensors[f"{name}.scales"] = q.scales.cpu().contiguous()
         _atomic_save_safetensors(tensors, self.path / f"block-{index:04d}.safetensors")
         progress = {"fingerprint": self.fingerprint, "finished_blocks": index + 1, "records": records}
-        _atomic_write_text(self.progress_file, json.dumps(progress, indent=1))
+        write_json_atomic(self.progress_file, progress, indent=1)
 
     def load_block(self, index: int, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
         raw = load_file(str(self.path / f"block-{index:04d}.safetensors"))
@@ -130,15 +130,7 @@ class WorkDir:
 
 
 def _atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, save(tensors))
 
 
 def fingerprint(*parts: Any) -> str:

@@ -97,9 +97,11 @@ def residual_direction(W: torch.Tensor, H_delta: torch.Tensor, metric: PreparedM
     """Eq. (7): D = W H_delta G with G = (H + delta I)^-1 (the damped inverse the sweep already holds).
 
     Also returns D H, needed by the closed-form alpha, without another m x n x n product: since G (H + delta I) = I,
-    D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them does not matter)."""
-    W_H_delta = W.float() @ H_delta.to(W.device, torch.float32)
-    D = W_H_delta @ metric.H_inv.to(W.device, torch.float32)
+    D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them does not matter).
+    Both are formed in float64: alpha's numerator <E, D>_H is a small difference of large terms, and float32
+    products moved alpha by 20% on a flat objective."""
+    W_H_delta = W.double() @ H_delta.to(W.device, torch.float64)
+    D = W_H_delta @ metric.H_inv.to(W.device, torch.float64)
     return D, W_H_delta - metric.damp * D
 
 
@@ -154,7 +156,7 @@ def _solve_with_data(
     E = W_hat0.dequantize() - W
     alpha = optimal_alpha(E, D, DH)
     record.alpha = alpha
-    W_tar = W + alpha * D
+    W_tar = W + alpha * D.float()
     return gptq_sweep(W_tar, metric, spec, config.blocksize)
 
 
