@@ -203,11 +203,6 @@ class Runtime:
 
 
 RUNTIMES: dict[str, Runtime] = {}
-# runtimes the issue asks for whose exporters have not landed yet: named so that --runtime says why, not "unknown"
-PLANNED_RUNTIMES = {
-    "qwen3-asr.cpp": "needs the qwen3-asr.cpp GGUF exporter and a built binary; register it when the export lands",
-    "crispasr": "needs the CrispASR GGUF exporter (PyPI crispasr wheel); register it when the export lands",
-}
 
 
 def register_runtime(runtime: Runtime) -> None:
@@ -217,8 +212,6 @@ def register_runtime(runtime: Runtime) -> None:
 def get_runtime(name: str) -> Runtime:
     if name in RUNTIMES:
         return RUNTIMES[name]
-    if name in PLANNED_RUNTIMES:
-        raise BenchConfigError(f"runtime {name!r} is not wired yet: {PLANNED_RUNTIMES[name]}")
     raise BenchConfigError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
 
 
@@ -700,3 +693,8 @@ def bench_notes(config: BenchConfig, cells: list[CellResult]) -> list[str]:
         notes.append(f"the machine was loaded (1-min load average up to {load:.1f} on {cores} cores during the "
                      f"bench): other jobs shared the CPU, so absolute times are pessimistic; compare cells of one run")
     return notes
+
+
+# The GGUF runtimes register themselves; imported last because they build on the definitions above.
+import bench.crispasr_runtime  # noqa: E402,F401
+import bench.qwen3_asr_cpp_runtime  # noqa: E402,F401

@@ -25,7 +25,7 @@ from .quant.tarq import TarqConfig
 
 # Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
-DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "gguf": 32, "gptq": 128, "compressed-tensors": 128, "marlin": 128}
+DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "gptq": 128, "compressed-tensors": 128, "marlin": 128}
 
 
 class Backbone(Protocol):

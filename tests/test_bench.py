@@ -201,10 +201,10 @@ def test_runs_are_interleaved_across_cells_by_default():
 def test_bad_input_stops_the_bench_before_anything_runs(tmp_path, model_files, capsys):
     missing_audio = parse(["--model", str(model_files["f16"]), "--audio", str(tmp_path / "none.wav")])
     assert bench_command.run(missing_audio) == 2
-    planned = parse(["--model", str(model_files["f16"]), "--audio", str(tmp_path / "none.wav"),
-                     "--runtime", "crispasr"])
-    assert bench_command.run(planned) == 2
-    assert "not wired yet" in capsys.readouterr().err
+    unknown = parse(["--model", str(model_files["f16"]), "--audio", str(tmp_path / "none.wav"),
+                     "--runtime", "sherpa-onnx"])
+    assert bench_command.run(unknown) == 2
+    assert "unknown runtime 'sherpa-onnx'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse(["--threads", "4,0"])
     stereo = tmp_path / "stereo.wav"

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
-                       ORDERS, PLANNED_RUNTIMES, RUNTIMES, BenchConfig, BenchConfigError, run_cpu_bench)
+                       ORDERS, RUNTIMES, BenchConfig, BenchConfigError, run_cpu_bench)
 
 HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_ERROR = 0, 1, 2
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=thread_list, default=list(DEFAULT_THREADS), metavar="N,N,...",
                         help=f"thread ladder (default {','.join(map(str, DEFAULT_THREADS))}); more threads than "
                              f"cores is measured and marked as oversubscribed")
-    runtimes = ", ".join([*RUNTIMES, *(f"{n} (not wired yet)" for n in PLANNED_RUNTIMES)])
+    runtimes = ", ".join(RUNTIMES)
     parser.add_argument("--runtime", default="whisper.cpp", help=f"CPU runtime: {runtimes}")
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="warm-up runs per cell (not reported "
                                                                             "in the medians)")

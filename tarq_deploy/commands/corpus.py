@@ -101,7 +101,8 @@ def run_real(args: argparse.Namespace) -> int:
 
 
 def _real_readme(clips, stats) -> str:
-    lines = ["# Real English clips", "", "Written by `tarq-deploy corpus real` (tarq_deploy/data/real_clips.py): 16 kHz "
+    lines = ["# Real English clips", "",
+             "Written by `tarq-deploy corpus real` (tarq_deploy/data/real_clips.py): 16 kHz "
              "mono WAV under `audio/`, transcripts in `eval.jsonl`.", "",
              f"{stats.utterances} clips, {stats.words} words, {stats.rare_words} rare (wordfreq Zipf < 3).", "",
              "| id | source | transcript |", "|---|---|---|"]

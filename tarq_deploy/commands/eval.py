@@ -7,8 +7,9 @@ datasets, through PyTorch and the real runtimes.
 
 ``--model [LABEL=]SOURCE``: a packaged name, a transformers / CTranslate2 directory or hub id, a lattice checkpoint
 directory, or a whisper.cpp model file. The backend is inferred from the source (a whisper.cpp file runs in
-whisper.cpp, anything else in PyTorch) unless ``--backend`` is given once (for every model) or once per model (in
-order). The same label through two backends is the same model; their texts are compared. Hypotheses are cached
+whisper.cpp, anything else in PyTorch) unless a ``--backend`` follows the ``--model`` (``--model RTN=rtn.bin
+--backend torch`` runs ggml's rounding in PyTorch); a ``--backend`` before every ``--model`` is the default for all.
+The same label through two backends is the same model; their texts are compared. Hypotheses are cached
 under OUT/hypotheses, so an interrupted run resumes where it stopped.
 """
 from __future__ import annotations
@@ -28,8 +29,8 @@ import numpy as np
 from ..data.corpus import Utterance, load_audio, load_corpus
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
-from ..evaluate.backends import (BACKENDS, DecodeOptions, ModelSpec, infer_backend, is_whisper_cpp_file,
-                                 open_transcriber)
+from ..evaluate.backends import (BACKENDS, BackendError, DecodeOptions, ModelSpec, infer_backend,
+                                 is_whisper_cpp_file, open_transcriber)
 from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DatasetRuns, ModelRun, ReportOptions,
                                build_report, render_markdown)
 from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
@@ -41,15 +42,19 @@ GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", required=True, metavar="[NAME=]MANIFEST",
                    help="evaluation corpus (JSONL manifest, LibriSpeech folder or saved datasets folder); repeatable")
-    p.add_argument("--model", action="append", required=True, metavar="[LABEL=]SOURCE",
+    p.add_argument("--model", action=_ModelAction, dest="models", required=True, metavar="[LABEL=]SOURCE",
                    help="model to score; repeatable (label defaults to the source's name)")
-    p.add_argument("--backend", action="append", choices=("auto", *BACKENDS),
-                   help="backend for every model (given once) or for each model in order; default: inferred")
+    p.add_argument("--backend", action=_BackendAction, dest="models", choices=("auto", *BACKENDS),
+                   help="after a --model: that model's backend; before every --model: the default for all; "
+                        "default: inferred from the source (a whisper.cpp file -> whisper.cpp, else torch)")
     p.add_argument("--tokenizer", metavar="SOURCE",
                    help="torch backend on a whisper.cpp file: model whose tokenizer and config to use (default: the "
                         "first non-whisper.cpp model given)")
     p.add_argument("--out", required=True, help="directory for report.md, report.json, utterances.jsonl")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per backend (fixed, for comparable runs)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="models transcribed at the same time (e.g. 2 on two cores: a whisper.cpp worker beside a "
+                        "PyTorch model); texts do not depend on it, decode times do")
     p.add_argument("--device", default="cpu", help="torch backend device")
     p.add_argument("--limit", type=int, help="only the first N utterances of each dataset")
     p.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD, help="rare: Zipf below k")
@@ -65,6 +70,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- argument parsing
+DEFAULT_ENTRY = ""  # the models list's entry for a --backend given before any --model
+
+
+class _ModelAction(argparse.Action):
+    """--model appends [source, backends given after it]."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        entries = list(getattr(namespace, self.dest, None) or [])
+        entries.append([values, []])
+        setattr(namespace, self.dest, entries)
+
+
+class _BackendAction(argparse.Action):
+    """--backend belongs to the --model before it; before any --model it sets the default for all."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        entries = list(getattr(namespace, self.dest, None) or [])
+        if not entries:
+            entries.append([DEFAULT_ENTRY, []])
+        entries[-1][1].append(values)
+        setattr(namespace, self.dest, entries)
+
+
 def _split_named(value: str) -> tuple[str | None, str]:
     """'NAME=SOURCE' -> (NAME, SOURCE); a bare source (which may itself contain '=' only if it exists) -> (None, it)."""
     if "=" in value and not Path(value).exists():
@@ -83,18 +111,21 @@ def default_label(source: str) -> str:
 
 
 def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
-    backends = args.backend or []
-    if len(backends) not in (0, 1, len(args.model)):
-        raise UserError(f"--backend given {len(backends)} times for {len(args.model)} models: give it once (for all) "
-                        f"or once per model, in order")
-    parsed = [_split_named(m) for m in args.model]
-    tokenizer = args.tokenizer or next((s for _, s in parsed if not is_whisper_cpp_file(s)), None)
+    entries = [(source, backends) for source, backends in args.models]
+    default = "auto"
+    if entries and entries[0][0] == DEFAULT_ENTRY:
+        default = entries.pop(0)[1][-1]
+    for source, backends in entries:
+        if len(backends) > 1:
+            raise UserError(f"--model {source}: --backend given {len(backends)} times ({', '.join(backends)})")
+    parsed = [(_split_named(source), backends) for source, backends in entries]
+    tokenizer = args.tokenizer or next((s for (_, s), _ in parsed if not is_whisper_cpp_file(s)), None)
     specs = []
-    for i, (label, source) in enumerate(parsed):
+    for (label, source), backends in parsed:
         if not source.startswith("packaged:") and ("/" in source or source.endswith(".bin")) and \
                 not Path(source).expanduser().exists():
-            raise UserError(f"--model {args.model[i]!r}: {source} does not exist")
-        chosen = backends[i] if len(backends) == len(parsed) else (backends[0] if backends else "auto")
+            raise UserError(f"--model {source}: no such file or directory")
+        chosen = backends[0] if backends else default
         backend = infer_backend(source) if chosen == "auto" else chosen
         specs.append(ModelSpec(label or default_label(source), source, backend, tokenizer))
     keys = [s.key for s in specs]
@@ -234,6 +265,24 @@ def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOp
     return results
 
 
+def transcribe_models(specs: list[ModelSpec], datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
+                      jobs: int, progress: bool) -> dict[str, dict[str, list[dict]]]:
+    """Every model's hypotheses, ``jobs`` models at a time (each model's decoding is independent of the others)."""
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1 (got {jobs})")
+    if jobs == 1:
+        return {spec.key: transcribe_model(spec, datasets, options, cache_dir, progress) for spec in specs}
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = {spec.key: pool.submit(transcribe_model, spec, datasets, options, cache_dir, progress)
+                   for spec in specs}
+        return {key: future.result() for key, future in futures.items()}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _transcribe_one(transcriber, utterance: Utterance, audio: np.ndarray, digest: str) -> dict:
     import time
 
@@ -257,8 +306,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     options = DecodeOptions(threads=args.threads, device=args.device)
     datasets = load_datasets(args.data, args.limit)
-    hypotheses = {spec.key: transcribe_model(spec, datasets, options, out / "hypotheses", not args.quiet)
-                  for spec in specs}
+    try:
+        hypotheses = transcribe_models(specs, datasets, options, out / "hypotheses", args.jobs, not args.quiet)
+    except BackendError as error:  # a runtime crash or timeout: the message names the model file and utterance
+        raise UserError(str(error)) from None
     dataset_runs, utterance_lines = [], []
     for d in datasets:
         runs = []

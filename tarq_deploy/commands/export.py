@@ -1,6 +1,7 @@
 """`tarq-deploy export --target TARGET`: the lattice checkpoint re-arranged, bit for bit, into a runtime's format.
 
-whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); the GPU targets write a transformers
+whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); qwen3-asr.cpp and CrispASR one
+Qwen3-ASR GGUF file each (converters/qwen3_asr_cpp.py, converters/crispasr.py); the GPU targets write a transformers
 checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
 to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
 """
@@ -11,14 +12,16 @@ import argparse
 
 from . import export_whispercpp
 
-HELP = "export a lattice checkpoint (or a float model) to whisper.cpp, GPTQ, compressed-tensors or Marlin, bit-exactly"
+HELP = ("export a lattice checkpoint (or a float model) to whisper.cpp, qwen3-asr.cpp, CrispASR, GPTQ, "
+        "compressed-tensors or Marlin, bit-exactly")
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
+GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     export_whispercpp.add_export_arguments(parser)
     target = next(a for a in parser._actions if a.dest == "target")
-    target.choices = (*export_whispercpp.TARGETS, *GPU_TARGETS)
+    target.choices = (*export_whispercpp.TARGETS, *GGUF_TARGETS, *GPU_TARGETS)
     parser.add_argument("--serve-dtype", choices=["float16", "bfloat16"],
                         help="GPU targets: the dtype the runtime will cast scales to (default: the model config's)")
     parser.add_argument("--overwrite", action="store_true", help="GPU targets: replace an existing output directory")
@@ -27,7 +30,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.target in GPU_TARGETS:
         return _export_gpu(args)
+    if args.target in GGUF_TARGETS:
+        return _export_gguf(args)
     return export_whispercpp.run_export(args)
+
+
+def _export_gguf(args: argparse.Namespace) -> int:
+    """Qwen3-ASR GGUF for qwen3-asr.cpp or CrispASR: a checkpoint (q4_0 / q8_0 by its lattice) or --model (f16)."""
+    from converters.ggml_blocks import LatticeNotRepresentable
+    from converters.gguf_common import GGUFExportError, export_qwen3_asr_gguf
+
+    from ..errors import UserError
+
+    if args.baseline:
+        raise UserError(f"--baseline is for whisper.cpp; --target {args.target} exports a lattice checkpoint or an "
+                        f"F16 float model (--model)")
+    try:
+        out, summary = export_qwen3_asr_gguf(args.target, args.checkpoint, args.model, args.weight_type, args.output)
+    except (GGUFExportError, LatticeNotRepresentable) as e:
+        raise UserError(str(e)) from None
+    print(f"wrote {out}: {summary}")
+    return 0
 
 
 def _export_gpu(args: argparse.Namespace) -> int:

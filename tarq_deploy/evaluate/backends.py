@@ -286,19 +286,21 @@ class WhisperCppTranscriber:
         self.replies.put(None)  # end of output: the worker exited
 
     def _expect(self, key: str, doing: str) -> dict:
-        try:
-            line = self.replies.get(timeout=self.options.timeout_s)
-        except queue.Empty:
-            self.close()
-            raise BackendError(f"{self.model_file}: whisper.cpp gave no answer within {self.options.timeout_s:.0f} s "
-                               f"while {doing}") from None
-        if line is None:
-            raise BackendError(f"{self.model_file}: the whisper.cpp worker died while {doing} (exit status "
-                               f"{self._exit_status()}); its log ends with:\n{self._log_tail()}")
-        reply = json.loads(line)
-        if key not in reply:
-            raise BackendError(f"{self.model_file}: unexpected reply from the whisper.cpp worker while {doing}: {line}")
-        return reply
+        deadline = time.monotonic() + self.options.timeout_s
+        while True:
+            try:
+                line = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                raise BackendError(f"{self.model_file}: whisper.cpp gave no answer within "
+                                   f"{self.options.timeout_s:.0f} s while {doing}") from None
+            if line is None:
+                raise BackendError(f"{self.model_file}: the whisper.cpp worker died while {doing} (exit status "
+                                   f"{self._exit_status()}); its log ends with:\n{self._log_tail()}")
+            if line.startswith("{"):  # anything else is a library printing to stdout
+                reply = json.loads(line)
+                if key in reply:
+                    return reply
 
     def transcribe(self, audio: np.ndarray, utterance_id: str) -> str:
         assert self.process is not None and self.process.stdin is not None
@@ -382,7 +384,8 @@ def _worker_main(model_file: str, threads: int) -> int:
     return 0
 
 
-def transcribe_all(transcriber: Transcriber, items: Sequence[tuple[str, np.ndarray]]) -> Iterator[tuple[str, str, float]]:
+def transcribe_all(transcriber: Transcriber,
+                   items: Sequence[tuple[str, np.ndarray]]) -> Iterator[tuple[str, str, float]]:
     """(utterance id, text, seconds) for each (id, audio), in order."""
     for utterance_id, audio in items:
         started = time.perf_counter()

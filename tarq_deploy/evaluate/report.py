@@ -91,7 +91,8 @@ def _model_row(run: ModelRun, counts: dict, indices) -> dict:
     }
 
 
-def comparison_pairs(runs: Sequence[ModelRun], extra: Sequence[tuple[str, str]] = ()) -> list[tuple[ModelRun, ModelRun]]:
+def comparison_pairs(runs: Sequence[ModelRun],
+                     extra: Sequence[tuple[str, str]] = ()) -> list[tuple[ModelRun, ModelRun]]:
     """Every model against the first model of its backend (the baseline), plus the requested label pairs within
     each backend, without repeats."""
     pairs: list[tuple[ModelRun, ModelRun]] = []
@@ -232,7 +233,8 @@ def render_dataset(d: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for m in d["models"]:
         lines.append(f"| {m['label']} | {m['backend']} | {_interval(m['wer'])} | {_interval(m['rare_wer'])} | "
-                     f"{_interval(m['common_wer'])} | {_interval(m['capped_wer'])} | {_interval(m['capped_rare_wer'])} | "
+                     f"{_interval(m['common_wer'])} | {_interval(m['capped_wer'])} | "
+                     f"{_interval(m['capped_rare_wer'])} | "
                      f"{m['loops']} | {m['substitutions']} / {m['deletions']} / {m['insertions']} |")
     if d["differences"]:
         lines += ["", "Paired differences (percentage points, same utterances; * = interval excludes 0):", "",
@@ -251,7 +253,8 @@ def render_dataset(d: dict) -> list[str]:
 def render_recovery(recovery: dict) -> list[str]:
     lines = ["### Rare-word recovery", "",
              f"{recovery['contested_words']} rare reference words (4+ letters) are kept by some models and dropped by "
-             "others.", "", "| model | kept | dropped | kept alone | kept while most dropped |", "|---|---|---|---|---|"]
+             "others.", "", "| model | kept | dropped | kept alone | kept while most dropped |",
+             "|---|---|---|---|---|"]
     for row in recovery["summary"]:
         lines.append(f"| {row['model']} | {row['kept']} | {row['dropped']} | {row['kept_alone']} | "
                      f"{row['kept_while_most_dropped']} |")

@@ -32,8 +32,12 @@ def load_backbone(source: str, device: str = "cpu", head_identity_weight: float 
         model = VoxtralForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
         processor = VoxtralProcessor.from_pretrained(source, mistral_format=False)
         return VoxtralBackbone(model, processor, device, quantize_audio_tower=quantize_audio_tower)
+    if kind == "qwen3_asr":
+        from .qwen3_asr import load_qwen3_asr_backbone
+
+        return load_qwen3_asr_backbone(source, device, head_identity_weight)
     if kind != "whisper":
-        raise ValueError(f"{source}: model type {kind!r} is not supported (whisper, voxtral)")
+        raise ValueError(f"{source}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
     from .whisper import WhisperBackbone
 
     model, processor, generation_config = load_whisper(source)

@@ -1,0 +1,128 @@
+"""Export Qwen3-ASR to CrispASR's GGUF (PyPI ``crispasr``, a ggml runtime; arch "qwen3asr"): a lattice checkpoint
+bit-exactly (Q4_0 / Q8_0 blocks), or a float model as F16.
+
+Layout (CrispASR's qwen3-asr backend; its models/convert-qwen3-asr-to-gguf.py writes the same):
+* audio tower under ``audio.``: ``conv.{1,2,3}.{weight,bias}`` (Conv2d kernels F16, biases F32), ``conv_out.weight``,
+  ``blk.{i}.{attn_q,attn_k,attn_v,attn_out,ffn_up,ffn_down}.{weight,bias}``, ``blk.{i}.{attn_norm,ffn_norm}.*``,
+  ``ln_post.*``, the projector as ``proj1.*`` / ``proj2.*``;
+* the front end the runtime computes mel spectrograms with: ``audio.mel_filters`` (F32, numpy [201, 128]: the
+  feature extractor's Slaney filters, frequency-major) and ``audio.mel_window`` (F32 [400]: the periodic Hann window
+  torch.stft uses), so CrispASR's features follow transformers' Qwen3ASRFeatureExtractor;
+* the Qwen3 decoder under llama.cpp names (``token_embd``, ``blk.{i}.*``, ``output_norm``, ``output`` -- written for a
+  tied model too, the same lattice as ``token_embd``);
+* metadata ``qwen3asr.{sample_rate, n_mels, n_fft, win_length, hop_length}``, ``qwen3asr.audio.{n_layers, d_model,
+  n_heads, head_dim, ff_dim, conv_channels, proj_dim, max_source_pos}``, ``qwen3asr.llm.{n_layers, d_model, n_heads,
+  n_kv_heads, head_dim, ff_dim, rope_theta, rms_norm_eps, vocab_size, max_pos}``, ``qwen3asr.{audio_start, audio_end,
+  audio_pad, eos, pad}_token_id``, and the tokenizer (``tokenizer.ggml.*``: CrispASR tokenizes its ChatML prompt with
+  the file's vocabulary and merges, so the special tokens must be there under their names).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tarq_deploy.checkpoint import LatticeCheckpoint
+
+from .ggml_blocks import GGML_TYPE_F32
+from .gguf_common import (CheckpointValues, AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN,
+                          GGUF_FLOAT32, GGUF_UINT32, KV, PAD_TOKEN, GGUFExportError, GGUFModel, GGUFVerifyError,
+                          PackedTensor, Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, as_checkpoint, as_source,
+                          check_metadata, check_nothing_left_over, checkpoint_source, compare_tensors, default_target,
+                          file_kv, gguf_vocab, max_abs_diff, pack_tensors, qwen3_asr_slots, read_gguf, vocab_kv,
+                          weight_type_of, write_gguf)
+
+ARCH = "qwen3asr"
+TARGET = "crispasr"
+MODEL_NAME = "Qwen3-ASR"
+NAMES = Qwen3ASRNames(conv="audio.conv.{i}", conv_out="audio.conv_out", audio_block="audio.blk.{i}",
+                      ln_post="audio.ln_post", proj="audio.proj{i}")
+MEL_FILTERS, MEL_WINDOW = "audio.mel_filters", "audio.mel_window"
+AUDIO_MAX_SOURCE_POSITIONS = 1500  # what CrispASR's converter writes (transformers' config has no such entry)
+NOT_FEATURE_EXTRACTOR_ARGUMENTS = ("feature_extractor_type", "processor_class")
+STRUCTURAL_KEYS = (
+    f"{ARCH}.n_mels", f"{ARCH}.n_fft", f"{ARCH}.hop_length", f"{ARCH}.audio.n_layers", f"{ARCH}.audio.d_model",
+    f"{ARCH}.audio.n_heads", f"{ARCH}.audio.ff_dim", f"{ARCH}.audio.conv_channels", f"{ARCH}.audio.proj_dim",
+    f"{ARCH}.llm.n_layers", f"{ARCH}.llm.d_model", f"{ARCH}.llm.n_heads", f"{ARCH}.llm.n_kv_heads",
+    f"{ARCH}.llm.head_dim", f"{ARCH}.llm.ff_dim", f"{ARCH}.llm.vocab_size", f"{ARCH}.audio_pad_token_id",
+    "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
+)
+
+
+def front_end(source: Qwen3ASRSource) -> dict[str, np.ndarray]:
+    """The mel filters [201, n_mels] and analysis window [n_fft] of the model's own feature extractor (float32)."""
+    from transformers import Qwen3ASRFeatureExtractor
+
+    kwargs = {k: v for k, v in source.feature_extractor.items() if k not in NOT_FEATURE_EXTRACTOR_ARGUMENTS}
+    extractor = Qwen3ASRFeatureExtractor(**kwargs)
+    filters = np.ascontiguousarray(extractor.mel_filters, dtype=np.float32)
+    window = torch.hann_window(extractor.n_fft).numpy().astype(np.float32)  # what torch.stft is given
+    if filters.shape != (extractor.n_fft // 2 + 1, source.hparams().n_mels):
+        raise GGUFExportError(f"{source.origin}: mel filters {filters.shape} do not fit {extractor.n_fft} FFT points "
+                              f"and {source.hparams().n_mels} mel bins")
+    return {MEL_FILTERS: filters, MEL_WINDOW: window}
+
+
+def model_metadata(h: Qwen3ASRHParams, source: Qwen3ASRSource) -> list[KV]:
+    """Every key but the file-type ones: front end, audio and LLM dimensions, token ids, the vocabulary."""
+    u32, f32 = GGUF_UINT32, GGUF_FLOAT32
+    fe = source.feature_extractor
+    values = [
+        ("sample_rate", fe.get("sampling_rate", 16000), u32), ("n_mels", h.n_mels, u32),
+        ("n_fft", fe.get("n_fft", 400), u32), ("win_length", fe.get("n_fft", 400), u32),
+        ("hop_length", fe.get("hop_length", 160), u32),
+        ("audio.n_layers", h.audio_layers, u32), ("audio.d_model", h.audio_d_model, u32),
+        ("audio.n_heads", h.audio_heads, u32), ("audio.head_dim", h.audio_d_model // h.audio_heads, u32),
+        ("audio.ff_dim", h.audio_ffn, u32), ("audio.conv_channels", h.conv_channels, u32),
+        ("audio.proj_dim", h.text_hidden, u32), ("audio.max_source_pos", AUDIO_MAX_SOURCE_POSITIONS, u32),
+        ("llm.n_layers", h.text_layers, u32), ("llm.d_model", h.text_hidden, u32), ("llm.n_heads", h.text_heads, u32),
+        ("llm.n_kv_heads", h.text_kv_heads, u32), ("llm.head_dim", h.head_dim, u32), ("llm.ff_dim", h.text_ffn, u32),
+        ("llm.rope_theta", h.rope_theta, f32), ("llm.rms_norm_eps", h.rms_norm_eps, f32),
+        ("llm.vocab_size", h.vocab_size, u32), ("llm.max_pos", h.text_positions, u32),
+        ("audio_start_token_id", source.token_id(AUDIO_START_TOKEN), u32),
+        ("audio_end_token_id", source.token_id(AUDIO_END_TOKEN), u32),
+        ("audio_pad_token_id", source.token_id(AUDIO_PAD_TOKEN), u32),
+        ("eos_token_id", source.token_id(EOS_TOKEN), u32), ("pad_token_id", source.token_id(PAD_TOKEN), u32),
+    ]
+    vocab = gguf_vocab(source.tokenizer, h.vocab_size, source.origin)
+    return ([KV(f"{ARCH}.{k}", v, t) for k, v, t in values]
+            + vocab_kv(vocab, source.token_id(EOS_TOKEN), source.token_id(PAD_TOKEN), source.chat_template))
+
+
+def build_crispasr(source: Any, target: str | None = None) -> GGUFModel:
+    """Pack every tensor for ``target`` (q4_0 | q8_0 | f16; default: the lattice's type, f16 for a float model)."""
+    source = as_source(source)
+    h = source.hparams()
+    weight_type = weight_type_of(target or default_target(source))
+    slots = qwen3_asr_slots(h, NAMES)
+    check_nothing_left_over(source, slots, TARGET)
+    tables = [PackedTensor(name, GGML_TYPE_F32, values.shape, values) for name, values in front_end(source).items()]
+    kv = file_kv(MODEL_NAME, weight_type) + model_metadata(h, source)
+    return GGUFModel(ARCH, kv, tables + pack_tensors(slots, source, weight_type))
+
+
+def export_crispasr(source: Any, out_path: str | os.PathLike, target: str | None = None) -> Path:
+    """Export a LatticeCheckpoint, a checkpoint directory or (model, processor) to ``out_path``; returns the path."""
+    return write_gguf(build_crispasr(source, target), out_path)
+
+
+def verify(model_file: str | os.PathLike, checkpoint: str | os.PathLike | LatticeCheckpoint) -> dict[str, float]:
+    """Decode every tensor of ``model_file`` with gguf-py and compare it with the checkpoint's exact values and the
+    feature extractor's mel filters and window; max |diff| per array, 0.0 everywhere for an exact export."""
+    model = read_gguf(model_file)
+    if model.arch != ARCH:
+        raise GGUFVerifyError(f"{model_file}: architecture {model.arch!r}, not a CrispASR Qwen3-ASR file ({ARCH!r})")
+    ckpt, origin = as_checkpoint(checkpoint)
+    source = checkpoint_source(ckpt, origin=origin)
+    h = source.hparams()
+    check_metadata(model, model_metadata(h, source), STRUCTURAL_KEYS, origin)
+    diffs = {}
+    for name, values in front_end(source).items():
+        if name not in model.tensors:
+            raise GGUFVerifyError(f"{model_file}: tensor {name} missing")
+        diffs[name] = max_abs_diff(model.dequantize(name), values)
+    diffs.update(compare_tensors(model, qwen3_asr_slots(h, NAMES), CheckpointValues(ckpt), origin))
+    return diffs
