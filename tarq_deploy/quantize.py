@@ -18,7 +18,7 @@ from . import __version__
 from .checkpoint import LatticeCheckpoint
 from .data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from .data.rarity import DEFAULT_ZIPF_THRESHOLD
-from .models.whisper import TextAudio
+from .models.common import TextAudio
 from .quant.calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
 from .quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
 from .quant.tarq import TarqConfig

@@ -16,7 +16,8 @@ from tarq_deploy.data.corpus import Utterance, load_audio, write_manifest
 from tarq_deploy.data.real_clips import all_real_clips
 from tarq_deploy.models.from_checkpoint import load_dequantized_whisper
 from tarq_deploy.models.loader import load_whisper
-from tarq_deploy.models.whisper import TextAudio, WhisperBackbone
+from tarq_deploy.models.common import TextAudio
+from tarq_deploy.models.whisper import WhisperBackbone
 from tarq_deploy.quant import calibrate
 from tarq_deploy.quant.gptq import weighted_loss
 from tarq_deploy.quantize import QuantizeOptions, quantize_backbone

@@ -25,7 +25,7 @@ from tarq_deploy.data.rarity import reference_words
 from tarq_deploy.data.real_clips import RealClipError
 from tarq_deploy.models.qwen3_asr import (Qwen3ASRBackbone, audio_token_count, load_dequantized_qwen3_asr,
                                           load_qwen3_asr_backbone)
-from tarq_deploy.models.whisper import TextAudio
+from tarq_deploy.models.common import TextAudio
 from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
 

@@ -48,7 +48,6 @@ tagged ``none``: audio-path Linears get the plain metric (TARQ falls back to GPT
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -62,7 +61,8 @@ from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
-from .whisper import GAP_SECONDS, TextAudio, pack_utterances
+from .common import (HeadStage, TextAudio, checkpoint_from_model, joined, load_lattice_weights, model_files_dir,
+                     pack_utterances, saved_files)
 
 SAMPLE_RATE = 16000
 CHUNK_MEL_FRAMES = 100  # 2 * n_window: the conv stack runs on 1 s chunks
@@ -75,7 +75,6 @@ PROJECTOR_GROUPS = [["linear_1"], ["linear_2"]]
 DECODER_GROUPS = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.o_proj"],
                   ["mlp.gate_proj", "mlp.up_proj"], ["mlp.down_proj"]]
 HEAD = "lm_head"
-TIED_ALIASES = {"model.language_model.embed_tokens.weight": "lm_head.weight"}
 # ChatML pieces of the transcription prompt (token strings of the Qwen tokenizer)
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 AUDIO_START, AUDIO_END, AUDIO_PAD = "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"
@@ -157,9 +156,7 @@ class Qwen3ASRBackbone:
         return [self._window(group, k) for group in pack_utterances(utterances, pack)]
 
     def _window(self, group: list[TextAudio], k: float) -> Window:
-        gap = np.zeros(int(GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
-        audio = np.concatenate([piece for u in group for piece in (u.audio, gap)][:-1])
-        text = " ".join(u.text.strip() for u in group)
+        audio, text = joined(group)
         features, mask = self.audio_features(audio)
         n_audio = audio_token_count(int(mask.sum()))
         tagged = rare_token_mask(self.tokenizer, self.prompt_ids(n_audio), decoder_transcript(text), k,
@@ -191,8 +188,7 @@ class Qwen3ASRBackbone:
                    for i, layer in enumerate(inner.language_model.layers)]
         stages.append(_DecoderStage(self, decoder))
         if self.quantize_head:
-            stages.append(_HeadStage([Block("", _Head(self.model.lm_head), [[HEAD]],
-                                            identity_weight=self.head_identity_weight)]))
+            stages.append(HeadStage(HEAD, self.model.lm_head, self.head_identity_weight))
         return stages
 
     def quantized_weight_names(self) -> list[str]:
@@ -387,68 +383,13 @@ class _DecoderStage:
             stream["decoder_out"] = self.backbone.model.model.language_model.norm(h)
 
 
-class _Head(nn.Module):
-    """Holds lm_head so the head is a block like any other (its input: the final decoder states)."""
-
-    def __init__(self, lm_head: nn.Linear) -> None:
-        super().__init__()
-        self.lm_head = lm_head
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)
-
-
-class _HeadStage:
-    name = "head"
-
-    def __init__(self, blocks: list[Block]) -> None:
-        self.blocks = blocks
-
-    def enter(self, window: Window, stream: dict) -> torch.Tensor:
-        return stream["decoder_out"]
-
-    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
-        module(h)
-        return h  # the logits are not needed downstream
-
-    def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
-        pass
-
-
 # ----------------------------------------------------------------------------------------------------- checkpoint
 def qwen3_asr_checkpoint(backbone: Qwen3ASRBackbone, lattice: dict[str, QuantizedWeight], spec: LatticeSpec,
                          metadata: dict) -> LatticeCheckpoint:
     """Lattice weights, every other tensor untouched (in its own dtype), the tied embedding as an alias of the
     lm_head lattice (or, with an untouched head, lm_head as an alias of the embedding), and the model files."""
-    state = backbone.model.state_dict()
-    aliases = _shared_storage_aliases(state, lattice)
-    tensors = {name: t.detach().cpu().clone() for name, t in state.items()
-               if name not in lattice and name not in aliases}
-    return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
-                             model_files(backbone))
-
-
-def _shared_storage_aliases(state: dict[str, torch.Tensor], lattice: dict[str, QuantizedWeight]) -> dict[str, str]:
-    """name -> the name it shares storage with: the lattice name when one of them is quantized, else the first."""
-    owner: dict[tuple, str] = {}
-    for name in sorted(state, key=lambda n: (n not in lattice, n)):  # lattice names claim their storage first
-        t = state[name]
-        owner.setdefault((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()), name)
-    aliases = {}
-    for name, t in state.items():
-        first = owner[(t.data_ptr(), t.dtype, tuple(t.shape), t.stride())]
-        if first != name:
-            aliases[name] = first
-    return aliases
-
-
-def model_files(backbone: Qwen3ASRBackbone) -> dict[str, bytes]:
-    """config, generation config, tokenizer and processor files as transformers writes them."""
-    with tempfile.TemporaryDirectory() as tmp:
-        backbone.model.config.save_pretrained(tmp)
-        backbone.model.generation_config.save_pretrained(tmp)
-        backbone.processor.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+    files = saved_files(backbone.model.config, backbone.model.generation_config, backbone.processor)
+    return checkpoint_from_model(backbone.model, lattice, spec, metadata, files)
 
 
 def is_qwen3_asr_directory(path: str | Path) -> bool:
@@ -492,19 +433,11 @@ def load_dequantized_qwen3_asr(checkpoint: str | Path | LatticeCheckpoint, dtype
     ckpt = checkpoint if isinstance(checkpoint, LatticeCheckpoint) else load_checkpoint(checkpoint)
     from transformers import GenerationConfig, Qwen3ASRConfig
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, data in ckpt.model_files.items():
-            (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / name).write_bytes(data)
+    with model_files_dir(ckpt) as tmp:
         config = Qwen3ASRConfig.from_pretrained(tmp)
         processor = Qwen3ASRProcessor.from_pretrained(tmp)
         generation_config = GenerationConfig.from_pretrained(tmp)
     model = Qwen3ASRForConditionalGeneration(config)
-    state = ckpt.dequantized_state_dict()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if m not in state]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not fit the Qwen3-ASR architecture: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+    load_lattice_weights(model, ckpt, "Qwen3-ASR")
     model.generation_config = generation_config
     return model.to(dtype).eval(), processor

@@ -46,7 +46,6 @@ the hub layout (``language_model.model.layers.N...``), which transformers 4.x lo
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +58,9 @@ from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
-from .whisper import ENCODER_FRAMES_PER_SECOND, GAP_SECONDS, TextAudio, pack_utterances
+from .common import (TextAudio, checkpoint_from_model, joined, load_lattice_weights, model_files_dir,
+                     pack_utterances, saved_files)
+from .whisper import ENCODER_FRAMES_PER_SECOND
 
 SAMPLE_RATE = 16000
 CHUNK_SECONDS = 30  # Voxtral's processor pads audio to a multiple of 30 s (480000 samples)
@@ -128,9 +129,7 @@ class VoxtralBackbone:
         return [self._window(group, k) for group in pack_utterances(utterances, pack)]
 
     def _window(self, group: list[TextAudio], k: float) -> Window:
-        gap = np.zeros(int(GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
-        audio = np.concatenate([piece for u in group for piece in (u.audio, gap)][:-1])
-        text = " ".join(u.text.strip() for u in group)
+        audio, text = joined(group)
         features = self.audio_features(audio)
         n_audio = self.audio_token_count(features.shape[0])
         tagged = rare_token_mask(self.tokenizer, self.prompt_ids(n_audio), decoder_transcript(text), k,
@@ -271,30 +270,9 @@ class _DecoderStage:
 # ----------------------------------------------------------------------------------------------------- checkpoint
 def voxtral_checkpoint(backbone: VoxtralBackbone, lattice: dict[str, QuantizedWeight], spec: LatticeSpec,
                        metadata: dict) -> LatticeCheckpoint:
-    """Assemble the checkpoint: lattice weights, every other tensor untouched (in its own dtype), tensors that share
-    storage (a tied lm_head) stored once with an alias, and the model files."""
-    state = backbone.model.state_dict()
-    tensors, aliases, seen = {}, {}, {}
-    for name, tensor in state.items():
-        if name in lattice:
-            continue
-        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-        if key in seen:
-            aliases[name] = seen[key]
-            continue
-        seen[key] = name
-        tensors[name] = tensor.detach().cpu().clone()
-    return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
-                             model_files(backbone))
-
-
-def model_files(backbone: VoxtralBackbone) -> dict[str, bytes]:
-    """config, generation config, tokenizer and processor files as transformers writes them."""
-    with tempfile.TemporaryDirectory() as tmp:
-        backbone.model.config.save_pretrained(tmp)
-        backbone.model.generation_config.save_pretrained(tmp)
-        backbone.processor.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+    """Lattice weights, every other tensor untouched (in its own dtype), shared storage stored once, model files."""
+    files = saved_files(backbone.model.config, backbone.model.generation_config, backbone.processor)
+    return checkpoint_from_model(backbone.model, lattice, spec, metadata, files)
 
 
 def load_dequantized_voxtral(checkpoint: str | Path | LatticeCheckpoint, dtype: torch.dtype = torch.float32,
@@ -303,18 +281,10 @@ def load_dequantized_voxtral(checkpoint: str | Path | LatticeCheckpoint, dtype: 
     """(model, processor) with every lattice weight replaced by its exact value s * q (cast to ``dtype``).
     ``mistral_format=False`` keeps a fast tokenizer even when mistral-common is installed (rare tags need it)."""
     ckpt = checkpoint if isinstance(checkpoint, LatticeCheckpoint) else load_checkpoint(checkpoint)
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, data in ckpt.model_files.items():
-            (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / name).write_bytes(data)
+    with model_files_dir(ckpt) as tmp:
         config = VoxtralConfig.from_pretrained(tmp)
         processor = VoxtralProcessor.from_pretrained(tmp, mistral_format=mistral_format)
         model = VoxtralForConditionalGeneration(config)
         model.generation_config = model.generation_config.from_pretrained(tmp)
-    state = ckpt.dequantized_state_dict()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if m not in state]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not fit the Voxtral architecture: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+    load_lattice_weights(model, ckpt, "Voxtral")
     return model.to(dtype).eval(), processor

@@ -26,10 +26,6 @@ During calibration the decoder input embedding stays full precision in both stre
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 import torch
 from torch import nn
@@ -38,10 +34,8 @@ from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
+from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
 
-SAMPLE_RATE = 16000
-WINDOW_SECONDS = 30.0
-GAP_SECONDS = 0.3
 ENCODER_FRAMES_PER_SECOND = 50
 MEDIAN_FILTER_WIDTH = 7
 ENCODER_GROUPS = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.out_proj"], ["fc1"], ["fc2"]]
@@ -51,27 +45,6 @@ DECODER_GROUPS = [
     ["fc1"], ["fc2"],
 ]
 CROSS_KV = {"encoder_attn.k_proj": "frames", "encoder_attn.v_proj": "frames"}
-TIED_ALIASES = {"model.decoder.embed_tokens.weight": "proj_out.weight"}
-
-
-@dataclass
-class TextAudio:
-    """An utterance ready for calibration: 16 kHz mono audio and its reference transcript."""
-
-    id: str
-    audio: np.ndarray
-    text: str
-
-
-class _Head(nn.Module):
-    """Holds proj_out so the head is a block like any other (its input: the final decoder states)."""
-
-    def __init__(self, proj_out: nn.Linear) -> None:
-        super().__init__()
-        self.proj_out = proj_out
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.proj_out(h)
 
 
 class WhisperBackbone:
@@ -99,10 +72,7 @@ class WhisperBackbone:
         return [self._window(group, k, encoder_tagging) for group in pack_utterances(utterances, pack)]
 
     def _window(self, group: list[TextAudio], k: float, encoder_tagging: str) -> Window:
-        gap = np.zeros(int(GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
-        pieces = [piece for u in group for piece in (u.audio, gap)][:-1]
-        audio = np.concatenate(pieces)
-        text = " ".join(u.text.strip() for u in group)
+        audio, text = joined(group)
         features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         tagged = rare_token_mask(self.processor.tokenizer, self.prompt_ids(), decoder_text(text), k,
                                  eos_token_id=self.generation_config.eos_token_id)
@@ -157,8 +127,8 @@ class WhisperBackbone:
                    for i, layer in enumerate(m.model.encoder.layers)]
         decoder = [Block(f"model.decoder.layers.{i}", layer, DECODER_GROUPS, domain_overrides=CROSS_KV)
                    for i, layer in enumerate(m.model.decoder.layers)]
-        head = [Block("", _Head(m.proj_out), [["proj_out"]], identity_weight=self.head_identity_weight)]
-        return [_EncoderStage(self, encoder), _DecoderStage(self, decoder), _HeadStage(head)]
+        return [_EncoderStage(self, encoder), _DecoderStage(self, decoder),
+                HeadStage("proj_out", m.proj_out, self.head_identity_weight)]
 
     def quantized_weight_names(self) -> list[str]:
         return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
@@ -167,19 +137,8 @@ class WhisperBackbone:
     # -- checkpoint ------------------------------------------------------------------------------------------------
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint:
         """Lattice weights, every other tensor untouched, the tied token embedding as an alias of proj_out."""
-        skip = set(lattice) | set(TIED_ALIASES)
-        tensors = {n: t.detach().cpu().clone() for n, t in self.model.state_dict().items() if n not in skip}
-        aliases = {alias: target for alias, target in TIED_ALIASES.items() if target in lattice}
-        return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
-                                 self.model_files())
-
-    def model_files(self) -> dict[str, bytes]:
-        """config, generation config, tokenizer and feature-extractor files as transformers writes them."""
-        with tempfile.TemporaryDirectory() as tmp:
-            self.model.config.save_pretrained(tmp)
-            self.generation_config.save_pretrained(tmp)
-            self.processor.save_pretrained(tmp)
-            return {p.name: p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+        files = saved_files(self.model.config, self.generation_config, self.processor)
+        return checkpoint_from_model(self.model, lattice, spec, metadata, files)
 
     # -- transcription -----------------------------------------------------------------------------------------------
     def transcribe(self, audio: np.ndarray, max_new_tokens: int = 200) -> str:
@@ -189,24 +148,6 @@ class WhisperBackbone:
             ids = self.model.generate(features.to(self.device), decoder_input_ids=prompt, max_new_tokens=max_new_tokens,
                                       do_sample=False, num_beams=1, generation_config=self.generation_config)
         return self.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
-
-
-def pack_utterances(utterances: list[TextAudio], pack: bool) -> list[list[TextAudio]]:
-    """Greedy packing, in the given order, into windows of at most 30 s (one utterance per window without packing;
-    a longer utterance is cut to 30 s by the feature extractor and its transcript kept whole, so avoid those)."""
-    if not pack:
-        return [[u] for u in utterances]
-    windows: list[list[TextAudio]] = []
-    length = 0.0
-    for u in utterances:
-        seconds = len(u.audio) / SAMPLE_RATE
-        if windows and length + GAP_SECONDS + seconds <= WINDOW_SECONDS:
-            windows[-1].append(u)
-            length += GAP_SECONDS + seconds
-        else:
-            windows.append([u])
-            length = seconds
-    return windows
 
 
 def token_start_frames(matrix: np.ndarray) -> list[int]:
@@ -306,23 +247,6 @@ class _DecoderStage:
     def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
         with torch.no_grad():
             stream["decoder_out"] = self.backbone.model.model.decoder.layer_norm(h)
-
-
-class _HeadStage:
-    name = "head"
-
-    def __init__(self, blocks: list[Block]) -> None:
-        self.blocks = blocks
-
-    def enter(self, window: Window, stream: dict) -> torch.Tensor:
-        return stream["decoder_out"]
-
-    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
-        module(h)
-        return h  # the head's logits are not needed downstream
-
-    def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
-        pass
 
 
 def _causal_mask(h: torch.Tensor) -> torch.Tensor:
