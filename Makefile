@@ -4,10 +4,15 @@ PIP := $(PYTHON) -m pip
 
 .PHONY: install system-packages demo test
 
-# Real human speech with transcripts (LibriVox clips) for tests and the demo.
+# Debian packages: real human speech with transcripts (LibriVox clips, pocketsphinx-testdata), and the offline
+# rare-word speech corpus: festival + the CMU ARCTIC SLT HTS voice, public-domain text (World English Bible, the
+# Devil's Dictionary) and WordNet example sentences.
+APT_PACKAGES := pocketsphinx-testdata festival festvox-us-slt-hts sword-text-web wordnet-base dict-devil
+
 system-packages:
-	@if [ ! -d /usr/share/pocketsphinx/test/data ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pocketsphinx-testdata; \
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
 # torch is pinned first so pip takes the CPU wheel that lies on these machines instead of a CUDA build.

@@ -71,6 +71,8 @@ def child(args: argparse.Namespace) -> None:
     """One calibration in this process; prints a JSON line with its figures."""
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from tarq_deploy.data.corpus import load_corpus
     from tarq_deploy.models.loader import load_whisper
     from tarq_deploy.models.whisper import WhisperBackbone
@@ -101,7 +103,8 @@ def _peak_rss_mb() -> float:
 
 def run_child(args: argparse.Namespace, method: str, manifest: Path) -> dict:
     cmd = [sys.executable, "-m", "bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
-           "--model", args.model, "--n", str(args.n), "--device", args.device, "--group-size", str(args.group_size)]
+           "--model", args.model, "--n", str(args.n), "--device", args.device, "--group-size", str(args.group_size),
+           "--threads", str(args.threads or 0)]
     if args.dims:
         cmd += ["--dims", args.dims]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--methods", default="gptq,tarq")
+    parser.add_argument("--calib", help="a calibration manifest to use instead of the cycled real clips")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in the children (0: default)")
     parser.add_argument("--out", default="bench/results/calibration.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -134,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             print("CUDA is not available on this machine: nothing measured.")
             return 0
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = cycled_corpus(args.n, Path(tmp))
+        manifest = Path(args.calib) if args.calib else cycled_corpus(args.n, Path(tmp))
         rows = []
         for method in args.methods.split(","):
             rows.append(run_child(args, method, manifest))
             print(json.dumps(rows[-1]), flush=True)
     by_method = {r["method"]: r for r in rows}
     result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,
+              "corpus": args.calib or "cycled real clips", "threads": args.threads or "default",
               "group_size": args.group_size, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                           "load_average": os.getloadavg()},
               "rows": rows}

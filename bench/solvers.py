@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="base,small,large-v3")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (1 gives steady figures on a shared machine: "
+                                                     "barrier-heavy factorizations stall when a worker is descheduled)")
     parser.add_argument("--out", default="bench/results/solvers.json")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("CUDA is not available on this machine: nothing measured.")
         return 0

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "corpus": "corpus",
     "inspect": "inspect_checkpoint",
     "publish": "publish",
+    "demo": "demo",
 }
 
 
