@@ -33,6 +33,7 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
+from .model_files import ModelFilesError, feature_extractor_config, json_file
 from .ggml_blocks import (GGML_BLOCK, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
                           LatticeNotRepresentable, pack_lattice, tensor_nbytes)
 
@@ -90,7 +91,7 @@ TEXT_LAYER_PARTS = {
 }
 
 
-class GGUFExportError(ValueError):
+class GGUFExportError(ModelFilesError):
     """The source cannot be exported as asked; the message says what and why."""
 
 
@@ -207,9 +208,9 @@ class Qwen3ASRSource:
 
 def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Qwen3ASRSource:
     files = ckpt.model_files
-    tokenizer_config = _json_file(files, "tokenizer_config.json", origin) if "tokenizer_config.json" in files else {}
-    return Qwen3ASRSource(_json_file(files, "config.json", origin), _json_file(files, "tokenizer.json", origin),
-                          _feature_extractor_of(files, origin), dict(ckpt.tensors), dict(ckpt.quantized),
+    tokenizer_config = json_file(files, "tokenizer_config.json", origin) if "tokenizer_config.json" in files else {}
+    return Qwen3ASRSource(json_file(files, "config.json", origin), json_file(files, "tokenizer.json", origin),
+                          feature_extractor_config(files, origin), dict(ckpt.tensors), dict(ckpt.quantized),
                           dict(ckpt.aliases), _chat_template(files, tokenizer_config), origin)
 
 
@@ -236,24 +237,6 @@ def as_source(source: Any) -> Qwen3ASRSource:
         return model_source(*source)
     raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "
                     f"(model, processor)")
-
-
-def _json_file(files: dict[str, bytes], name: str, origin: str) -> dict:
-    if name not in files:
-        raise GGUFExportError(f"{origin}: model file {name} missing")
-    try:
-        return json.loads(files[name])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GGUFExportError(f"{origin}: model file {name} is not valid JSON ({e})") from None
-
-
-def _feature_extractor_of(files: dict[str, bytes], origin: str) -> dict:
-    if "preprocessor_config.json" in files:
-        return _json_file(files, "preprocessor_config.json", origin)
-    nested = _json_file(files, "processor_config.json", origin).get("feature_extractor")
-    if not isinstance(nested, dict):
-        raise GGUFExportError(f"{origin}: no feature extractor config among the model files")
-    return nested
 
 
 def _chat_template(files: dict[str, bytes], tokenizer_config: dict) -> str | None:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
+from .model_files import ModelFilesError, feature_extractor_config, json_file
 from .ggml_blocks import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
                           LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0, pack_lattice)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, QUANTIZED_TYPES, TensorSlot, WhisperHParams, tensor_slots
@@ -47,7 +48,7 @@ OUTPUT_PROJECTION = "proj_out.weight"  # tied to the token embedding; whisper.cp
 NOT_FEATURE_EXTRACTOR_ARGUMENTS = ("feature_extractor_type", "processor_class")  # saved config entries, not kwargs
 
 
-class WhisperExportError(ValueError):
+class WhisperExportError(ModelFilesError):
     """The source cannot be exported as asked; the message says what and why."""
 
 
@@ -97,8 +98,8 @@ class WhisperSource:
 
 def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> WhisperSource:
     files = ckpt.model_files
-    config = _json_file(files, "config.json", origin)
-    source = WhisperSource(config, _tokenizer_of(files, origin), _feature_extractor_of(files, origin),
+    config = json_file(files, "config.json", origin)
+    source = WhisperSource(config, _tokenizer_of(files, origin), feature_extractor_config(files, origin),
                            dict(ckpt.tensors), dict(ckpt.quantized), dict(ckpt.aliases), origin)
     _tie_output_projection(source)
     return source
@@ -130,34 +131,14 @@ def as_source(source: Any) -> WhisperSource:
                     f"(model, processor)")
 
 
-def _json_file(files: dict[str, bytes], name: str, origin: str) -> dict:
-    if name not in files:
-        raise WhisperExportError(f"{origin}: model file {name} missing")
-    try:
-        return json.loads(files[name])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise WhisperExportError(f"{origin}: model file {name} is not valid JSON ({e})") from None
-
-
 def _tokenizer_of(files: dict[str, bytes], origin: str) -> dict:
     if "tokenizer.json" in files:
-        return _json_file(files, "tokenizer.json", origin)
+        return json_file(files, "tokenizer.json", origin)
     if "vocab.json" in files:  # a slow tokenizer's files
-        added = _json_file(files, "added_tokens.json", origin) if "added_tokens.json" in files else {}
-        return {"model": {"vocab": _json_file(files, "vocab.json", origin)},
+        added = json_file(files, "added_tokens.json", origin) if "added_tokens.json" in files else {}
+        return {"model": {"vocab": json_file(files, "vocab.json", origin)},
                 "added_tokens": [{"id": i, "content": t} for t, i in added.items()]}
     raise WhisperExportError(f"{origin}: no tokenizer.json or vocab.json among the model files")
-
-
-def _feature_extractor_of(files: dict[str, bytes], origin: str) -> dict:
-    if "preprocessor_config.json" in files:
-        return _json_file(files, "preprocessor_config.json", origin)
-    if "processor_config.json" in files:  # transformers 5 nests it in the processor's file
-        nested = _json_file(files, "processor_config.json", origin).get("feature_extractor")
-        if isinstance(nested, dict):
-            return nested
-    raise WhisperExportError(f"{origin}: no feature extractor config (preprocessor_config.json, or "
-                             f"processor_config.json with a 'feature_extractor' entry) among the model files")
 
 
 def _tie_output_projection(source: WhisperSource) -> None:

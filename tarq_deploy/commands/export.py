@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
 def _export_gguf(args: argparse.Namespace) -> int:
     """Qwen3-ASR GGUF for qwen3-asr.cpp or CrispASR: a checkpoint (q4_0 / q8_0 by its lattice) or --model (f16)."""
     from converters.ggml_blocks import LatticeNotRepresentable
-    from converters.gguf_common import GGUFExportError, export_qwen3_asr_gguf
+    from converters.gguf_common import export_qwen3_asr_gguf
+    from converters.model_files import ModelFilesError
 
     from ..errors import UserError
 
@@ -47,7 +48,7 @@ def _export_gguf(args: argparse.Namespace) -> int:
                         f"F16 float model (--model)")
     try:
         out, summary = export_qwen3_asr_gguf(args.target, args.checkpoint, args.model, args.weight_type, args.output)
-    except (GGUFExportError, LatticeNotRepresentable) as e:
+    except (ModelFilesError, LatticeNotRepresentable) as e:  # GGUFExportError is a ModelFilesError
         raise UserError(str(e)) from None
     print(f"wrote {out}: {summary}")
     return 0

@@ -16,6 +16,7 @@ import sys
 import time
 
 from converters.ggml_blocks import LatticeNotRepresentable
+from converters.model_files import ModelFilesError
 from converters.ggml_file import GGMLFileError, VerifyError, read_whisper_cpp, verify
 from converters.whisper_cpp import (BASELINES, TARGET_TYPES, WhisperExportError, as_source, build_whisper_cpp,
                                     default_target, model_source, write_whisper_cpp)
@@ -26,7 +27,7 @@ EXPORT_HELP = "export a lattice checkpoint (or a float model) to a runtime's mod
 VERIFY_HELP = "decode every tensor of a whisper.cpp model file and compare it with a lattice checkpoint's exact values"
 TARGETS = ("whisper.cpp",)
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
-_INPUT_ERRORS = (WhisperExportError, LatticeNotRepresentable, GGMLFileError, VerifyError, CheckpointError,
+_INPUT_ERRORS = (ModelFilesError, LatticeNotRepresentable, GGMLFileError, VerifyError, CheckpointError,
                  FileNotFoundError)
 
 
