@@ -393,5 +393,8 @@ def transcribe_all(transcriber: Transcriber,
         yield utterance_id, text, time.perf_counter() - started
 
 
+# The Qwen3-ASR runtimes register themselves; imported last because they build on the definitions above.
+from . import crispasr_backend, qwen3_asr_backend  # noqa: E402,F401
+
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
     sys.exit(_worker_main(sys.argv[2], int(sys.argv[3])))
