@@ -100,9 +100,10 @@ def test_streaming_stats_equal_one_shot_sums() -> None:
     for chunk in range(0, 300, 70):
         stream.add(X[chunk:chunk + 70], tail[chunk:chunk + 70], Y[chunk:chunk + 70])
     Xd, Yd = X.double(), Y.double()
-    assert torch.allclose(stream.H_tail, Xd[tail].T @ Xd[tail])
-    assert torch.allclose(stream.H_common, Xd[~tail].T @ Xd[~tail])
-    assert torch.allclose(stream.H_delta, (Yd - Xd).T @ Xd)
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-4)  # noqa: E731  float32 products of 70 rows
+    assert close(stream.H_tail, Xd[tail].T @ Xd[tail])
+    assert close(stream.H_common, Xd[~tail].T @ Xd[~tail])
+    assert close(stream.H_delta, (Yd - Xd).T @ Xd)
     assert (stream.n_tail, stream.n_common, stream.n_delta) == (int(tail.sum()), int((~tail).sum()), 300)
     restored = LayerStats.from_state_dict(stream.state_dict())
     assert torch.equal(restored.H_delta, stream.H_delta) and restored.n_tail == stream.n_tail

@@ -1,7 +1,8 @@
 """The sequential calibration driver: block by block, paired full-precision and quantized streams.
 
 For every block, in the backbone's calibration order:
-  1. the full-precision copy of the block runs on the fp stream; the inputs of its Linears (x_fp) are kept;
+  1. the full-precision copy of the block runs on the fp stream; the inputs of its Linears (x_fp) are kept (only for
+     methods with the residual step: the others need no fp stream and run the quantized stream alone, like GPTQ);
   2. for each group of Linears in true-sequential order (attention inputs, output projection, MLP, ...), the partly
      quantized block runs on the quantized stream up to that group; hooks fold x_q (with its tail tags) and the
      matching x_fp into H_common / H_tail / H_delta; each Linear of the group is solved and its weight replaced by
@@ -159,6 +160,7 @@ class SequentialCalibrator:
         self.log = log
         self.generator = torch.Generator().manual_seed(config.seed)
         self.masks = [self._reweighting_masks(w) for w in windows]
+        self.paired = config.solver.uses_residual
 
     def _reweighting_masks(self, window: Window) -> dict[str, torch.Tensor]:
         return {domain: reweighting_mask(mask, self.config.solver.source, self.generator)
@@ -168,13 +170,17 @@ class SequentialCalibrator:
         start = time.perf_counter()
         finished, records = self.work_dir.load() if self.work_dir else (0, [])
         lattice: dict[str, QuantizedWeight] = {}
-        streams = {"fp": [dict() for _ in self.windows], "q": [dict() for _ in self.windows]}
+        # The full-precision stream only feeds H_delta: methods without the residual step run the quantized stream
+        # alone, as GPTQ itself does.
+        kinds = ("fp", "q") if self.paired else ("q",)
+        streams = {kind: [dict() for _ in self.windows] for kind in kinds}
         block_index = 0
         blocks_total = sum(len(s.blocks) for s in self.stages)
         progress = tqdm(total=blocks_total, desc="calibrating", unit="block", initial=finished)
         if finished:
             self.log(f"resuming after {finished} finished blocks")
         for stage in self.stages:
+            self.constant_stats = {}  # statistics of stream tensors (e.g. the encoder output) for this stage
             h = {kind: [stage.enter(w, s) for w, s in zip(self.windows, streams[kind])] for kind in streams}
             for block in stage.blocks:
                 if block_index < finished:
@@ -198,31 +204,34 @@ class SequentialCalibrator:
     # -- one block -------------------------------------------------------------------------------------------------
     def _calibrate_block(self, stage: Stage, block: Block, h: dict[str, list[torch.Tensor]],
                          streams: dict[str, list[dict]]) -> tuple[dict[str, QuantizedWeight], list[dict], dict]:
-        fp_module = copy.deepcopy(block.module)
-        all_linears = [rel for group in block.groups for rel in group]
-        x_fp, h_fp_next = self._capture_fp_inputs(stage, block, fp_module, all_linears, h["fp"], streams["fp"])
+        x_fp, h_fp_next = None, None
+        if self.paired:
+            fp_module = copy.deepcopy(block.module)
+            all_linears = [rel for group in block.groups for rel in group]
+            x_fp, h_fp_next = self._capture_fp_inputs(stage, block, fp_module, all_linears, h["fp"], streams["fp"])
+            del fp_module
         lattice: dict[str, QuantizedWeight] = {}
         records: list[dict] = []
         for group in block.groups:
-            stats = self._group_stats(stage, block, group, x_fp, h["q"], streams["q"])
+            stats = self._group_stats(stage, block, group, x_fp, h["q"], streams)
             for rel in group:
                 q, record = self._solve(block, rel, stats[rel])
                 lattice[f"{block.full_name(rel)}.weight"] = q
                 records.append(record.to_json())
         del x_fp
         h_q_next = [self._forward(stage, block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])]
-        del fp_module
-        return lattice, records, {"fp": h_fp_next, "q": h_q_next}
+        return lattice, records, {"fp": h_fp_next, "q": h_q_next} if self.paired else {"q": h_q_next}
 
     def _replay_block(self, stage: Stage, block: Block, restored: dict[str, QuantizedWeight],
                       h: dict[str, list[torch.Tensor]], streams: dict[str, list[dict]]) -> dict:
         """Advance both streams through a block finished in an earlier run (fp first, then with its lattice)."""
-        h_fp_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])]
+        h_fp_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])] \
+            if self.paired else None
         for name, q in restored.items():
             rel = next(r for g in block.groups for r in g if f"{block.full_name(r)}.weight" == name)
             _assign(block.linear(rel), q)
         h_q_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["q"], self.windows, streams["q"])]
-        return {"fp": h_fp_next, "q": h_q_next}
+        return {"fp": h_fp_next, "q": h_q_next} if self.paired else {"q": h_q_next}
 
     def _forward(self, stage: Stage, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
         with torch.no_grad():
@@ -240,16 +249,33 @@ class SequentialCalibrator:
             captured.append(inputs)
         return captured, outputs
 
-    def _group_stats(self, stage: Stage, block: Block, group: list[str], x_fp: list[dict],
-                     h_q: list[torch.Tensor], streams: list[dict]) -> dict[str, LayerStats]:
-        """Run the partly quantized block up to ``group`` on every window and fold the group's inputs into stats."""
+    def _group_stats(self, stage: Stage, block: Block, group: list[str], x_fp: list[dict] | None,
+                     h_q: list[torch.Tensor], streams: dict[str, list[dict]]) -> dict[str, LayerStats]:
+        """Run the partly quantized block up to ``group`` on every window and fold the group's inputs into stats.
+
+        Two shortcuts, both exact: Linears fed the very same tensor (q/k/v of an attention, k/v of cross-attention)
+        share one LayerStats; and a Linear fed a stream tensor that is fixed for the whole stage (the decoder's
+        cross-attention k/v read the encoder output in every block) reuses the statistics the first block gathered."""
         stats = {rel: LayerStats(block.linear(rel).in_features, device=self.device) for rel in group}
-        for w_index, (hidden, window, stream) in enumerate(zip(h_q, self.windows, streams)):
+        shares: dict[str, str] = {}  # rel -> the rel whose statistics it shares, fixed on the first window
+        sources: dict[str, tuple | None] = {}  # rel -> (stream key, domain) when its input is a stage constant
+        for w_index, (hidden, window, stream) in enumerate(zip(h_q, self.windows, streams["q"])):
             pending = set(group)
+            seen: list[tuple[str, torch.Tensor]] = []  # held, so no address is reused within this forward
 
             def fold(rel: str, x_q: torch.Tensor) -> None:
-                mask = self.masks[w_index][block.domain_of(rel)]
-                stats[rel].add(x_q, mask, x_fp[w_index][rel])
+                twin = next((r for r, x in seen if _same_tensor(x, x_q)
+                             and block.domain_of(r) == block.domain_of(rel)), None)
+                source = self._stream_source(rel, block, x_q, x_fp, w_index, streams)
+                if w_index == 0:
+                    shares.update({rel: twin} if twin is not None else {})
+                    sources[rel] = source
+                if shares.get(rel) != twin or sources[rel] != source:
+                    raise RuntimeError(f"{block.full_name(rel)}: window {w_index} feeds it differently from the first")
+                if twin is None and source not in self.constant_stats:
+                    mask = self.masks[w_index][block.domain_of(rel)]
+                    stats[rel].add(x_q, mask, x_fp[w_index][rel] if x_fp is not None else None)
+                seen.append((rel, x_q))
                 pending.discard(rel)
                 if not pending:
                     raise _StopForward
@@ -259,18 +285,39 @@ class SequentialCalibrator:
                     self._forward(stage, block.module, hidden, window, stream)
                 except _StopForward:
                     pass
+        for rel, source in sources.items():
+            if source is not None:
+                stats[rel] = self.constant_stats.setdefault(source, stats[rel])
+        for rel, owner in shares.items():
+            stats[rel] = stats[owner]
         return stats
+
+    def _stream_source(self, rel: str, block: Block, x_q: torch.Tensor, x_fp: list[dict] | None, w_index: int,
+                       streams: dict[str, list[dict]]) -> tuple | None:
+        """(stream key, domain) when x_q is a tensor of the window's quantized stream (and x_fp the same key of its
+        fp stream): such an input is the same in every block of the stage."""
+        for key, value in streams["q"][w_index].items():
+            if torch.is_tensor(value) and value.dim() > 0 and _same_tensor(value.reshape(-1, value.shape[-1]), x_q):
+                if x_fp is None or _same_tensor(streams["fp"][w_index][key].reshape(-1, value.shape[-1]),
+                                                x_fp[w_index][rel]):
+                    return key, block.domain_of(rel)
+        return None
 
     def _solve(self, block: Block, rel: str, stats: LayerStats) -> tuple[QuantizedWeight, LayerRecord]:
         linear = block.linear(rel)
-        if block.identity_weight > 0:
+        if block.identity_weight > 0:  # on a copy: the statistics may be shared with another Linear
             n = stats.n
-            stats.H_common += block.identity_weight * torch.trace(stats.H_common) / n * torch.eye(
+            stats = copy.copy(stats)
+            stats.H_common = stats.H_common + block.identity_weight * torch.trace(stats.H_common) / n * torch.eye(
                 n, dtype=stats.H_common.dtype, device=stats.H_common.device)
         W = linear.weight.detach().to(self.device, torch.float32)
         q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec, self.config.solver)
         _assign(linear, q)
         return q.to("cpu"), record
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
 def _assign(linear: nn.Linear, q: QuantizedWeight) -> None:
