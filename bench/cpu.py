@@ -36,6 +36,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -571,7 +572,7 @@ def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> Cp
     audios = [check_audio(a) for a in config.audios]
     env = child_environment(config)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
-    load_start = os.getloadavg()
+    load_start, cpu_start = os.getloadavg(), cpu_seconds()
     harness = harness_memory()
     baselines = {a.path: measure_baseline(runtime, config, a, env) for a in audios}
     models = [check_model(runtime, m) for m in config.models]
@@ -594,7 +595,8 @@ def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> Cp
         summarize_cell(cell)
     run_loads = [r.loadavg_1m for c in cells for r in c.runs]
     loadavg = {"start": list(load_start), "end": list(os.getloadavg()),
-               "runs_1m_min": min(run_loads, default=None), "runs_1m_max": max(run_loads, default=None)}
+               "runs_1m_min": min(run_loads, default=None), "runs_1m_max": max(run_loads, default=None),
+               "other_processes_cpu_share": foreign_cpu_share(cpu_start, cpu_seconds(), time.perf_counter() - t0)}
     runtime_info = next((info for _, info in baselines.values() if info), {})
     return CpuBenchResult(
         kind="cpu", config=asdict(config),
@@ -602,7 +604,7 @@ def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> Cp
                  "settings": {**runtime.settings, **config.decode}, "info": runtime_info},
         machine=machine_description(), versions=package_versions(runtime_info), environment=environment_knobs(env),
         harness=harness, baselines=[b for b, _ in baselines.values()], cells=cells, loadavg=loadavg,
-        notes=bench_notes(config, cells), started=started, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        notes=bench_notes(config, cells, loadavg["other_processes_cpu_share"]), started=started, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         elapsed_s=time.perf_counter() - t0)
 
 
@@ -680,7 +682,31 @@ def harness_memory() -> dict:
             "baseline": "a child that imports the runtime and reads the audio but loads no model"}
 
 
-def bench_notes(config: BenchConfig, cells: list[CellResult]) -> list[str]:
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine has been busy, CPU seconds of this process and its finished children), from
+    /proc/stat and getrusage; None where /proc/stat is unreadable."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    jiffies = [int(v) for v in fields[:8]]
+    busy = sum(jiffies) - jiffies[3] - jiffies[4]  # all but idle and iowait
+    ours = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+    return busy / os.sysconf("SC_CLK_TCK"), ours
+
+
+def foreign_cpu_share(start: tuple[float, float] | None, end: tuple[float, float] | None,
+                      wall_s: float) -> float | None:
+    """Share of the usable cores that other processes kept busy during the bench. The load average cannot tell:
+    the bench's own oversubscribed runs raise it too."""
+    if start is None or end is None or wall_s <= 0:
+        return None
+    other = (end[0] - start[0]) - (end[1] - start[1])
+    return max(other, 0.0) / (wall_s * usable_cores())
+
+
+def bench_notes(config: BenchConfig, cells: list[CellResult], foreign_share: float | None = None) -> list[str]:
     notes = []
     cores = usable_cores()
     over = sorted({c.threads for c in cells if c.oversubscribed})
@@ -688,10 +714,12 @@ def bench_notes(config: BenchConfig, cells: list[CellResult]) -> list[str]:
         notes.append(f"oversubscribed: threads {', '.join(map(str, over))} > {cores} usable cores on this machine")
     if config.omp_wait_policy is None:
         notes.append("OMP_WAIT_POLICY left as inherited (spinning OpenMP workers distort timings on a shared machine)")
-    load = max([os.getloadavg()[0], *(r.loadavg_1m for c in cells for r in c.runs)])
-    if load > 0.5 * cores:
-        notes.append(f"the machine was loaded (1-min load average up to {load:.1f} on {cores} cores during the "
-                     f"bench): other jobs shared the CPU, so absolute times are pessimistic; compare cells of one run")
+    if foreign_share is not None and foreign_share > 0.1:
+        notes.append(f"the machine was shared: other processes kept {100 * foreign_share:.0f}% of the {cores} usable "
+                     "cores busy during the bench, so absolute times are pessimistic; compare cells of one run")
+    elif foreign_share is not None:
+        notes.append(f"other processes used {100 * foreign_share:.0f}% of the {cores} usable cores during the bench "
+                     "(the load average also counts the bench's own oversubscribed runs)")
     return notes
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
@@ -30,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model file to measure (repeat for each); with --gpu: the float model source "
                              "(packaged:NAME, a CTranslate2 or transformers directory)")
     parser.add_argument("--audio", action="append", default=[], metavar="WAV",
-                        help="16 kHz mono 16-bit WAV (repeatable; default: jfk.wav, 11 s)")
+                        help="16 kHz mono 16-bit WAV, or a built-in clip: 'jfk' (11 s) or 'lecture-30s' (30 s of a "
+                             "real lecture) (repeatable; default: jfk)")
     parser.add_argument("--threads", type=thread_list, default=list(DEFAULT_THREADS), metavar="N,N,...",
                         help=f"thread ladder (default {','.join(map(str, DEFAULT_THREADS))}); more threads than "
                              f"cores is measured and marked as oversubscribed")
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cpu_config(args: argparse.Namespace) -> BenchConfig:
-    return BenchConfig(models=args.model, audios=args.audio or [_default_audio()], threads=args.threads,
+    return BenchConfig(models=args.model, audios=_audio_paths(args.audio), threads=args.threads,
                        runtime=args.runtime, warmup=args.warmup, runs=args.runs, timeout_s=args.timeout,
                        omp_wait_policy=None if args.omp_wait_policy == INHERIT else args.omp_wait_policy,
                        order=args.order, decode=decode_overrides(args.decode))
@@ -115,16 +117,18 @@ def _run_gpu(args: argparse.Namespace) -> dict:
 
     if len(args.model) != 1:
         raise BenchConfigError("--gpu takes exactly one --model (the float model source, e.g. packaged:tiny.en)")
-    config = GpuBenchConfig(model=args.model[0], audios=args.audio or [_default_audio()], checkpoint=args.checkpoint,
+    config = GpuBenchConfig(model=args.model[0], audios=_audio_paths(args.audio), checkpoint=args.checkpoint,
                             kernels=args.kernels, warmup=args.warmup, runs=args.runs,
                             max_new_tokens=args.max_new_tokens)
     return run_gpu_bench(config, log=_log).to_dict()
 
 
-def _default_audio() -> str:
-    from tarq_deploy.data.real_clips import jfk_wav_path
+def _audio_paths(given: list[str]) -> list[str]:
+    """Paths of the --audio arguments, with the built-in clip names resolved (fetched into the clips cache)."""
+    from tarq_deploy.data.real_clips import jfk_wav_path, lecture_wav_path
 
-    return str(jfk_wav_path())
+    builtin = {"jfk": jfk_wav_path, "lecture-30s": lecture_wav_path}
+    return [str(builtin[a]()) if a in builtin and not Path(a).exists() else a for a in given or ["jfk"]]
 
 
 def _log(line: str) -> None:

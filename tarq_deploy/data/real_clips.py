@@ -46,6 +46,8 @@ JFK_TEXT = (
 )
 PYWHISPERCPP_SDIST = "pywhispercpp-1.5.1.tar.gz"
 JFK_MEMBER = "pywhispercpp-1.5.1/whisper.cpp/samples/jfk.wav"
+SILERO_SDIST = "silero_vad-6.2.3.tar.gz"
+LECTURE_MEMBER = "silero_vad-6.2.3/tests/data/test.wav"  # a 60 s English lecture, 16 kHz mono, no transcript
 
 POCKETSPHINX_SDIST = "pocketsphinx-5.1.1.tar.gz"
 POCKETSPHINX_SDIST_DATA = "pocketsphinx-5.1.1/test/data"
@@ -350,6 +352,38 @@ def jfk_wav_path(download: bool = True) -> Path:
 
 def jfk_clip(download: bool = True) -> Clip:
     return Clip("jfk", str(jfk_wav_path(download)), JFK_TEXT, "pywhispercpp-1.5.1 sdist: whisper.cpp/samples")
+
+
+# ---------------------------------------------------------------------------------- 30 s lecture (benchmarks)
+
+
+def lecture_wav_path(seconds: int = 30, download: bool = True) -> Path:
+    """The first ``seconds`` of the silero-vad 6.2.3 sdist's lecture recording as a 16 kHz mono 16-bit WAV in the
+    clips cache: real continuous speech of a full Whisper window, for latency benchmarks (it has no transcript)."""
+    target = clips_cache_dir() / f"lecture-{seconds}s.wav"
+    if not target.is_file():
+        full = clips_cache_dir() / "lecture.wav"
+        if not full.is_file():
+            if not download:
+                raise RealClipError(f"{target} is missing and downloading is disabled; place {SILERO_SDIST} "
+                                    f"(member {LECTURE_MEMBER}) into {clips_cache_dir()}")
+            sdist = download_distribution("silero-vad", SILERO_SDIST, clips_cache_dir())
+            extract_member(sdist, LECTURE_MEMBER, full)
+            sdist.unlink()
+        _check_wav(full, "the silero-vad lecture recording")
+        with wave.open(str(full), "rb") as wav:
+            if wav.getsampwidth() != 2 or wav.getnframes() < seconds * SAMPLE_RATE:
+                raise RealClipError(f"{full} is not 16-bit audio of at least {seconds} s")
+            frames = wav.readframes(seconds * SAMPLE_RATE)
+        buffer = io.BytesIO()
+        with wave.open(buffer, "wb") as out:
+            out.setnchannels(1)
+            out.setsampwidth(2)
+            out.setframerate(SAMPLE_RATE)
+            out.writeframes(frames)
+        _write_atomically(target, buffer.getvalue())
+    _check_wav(target, f"lecture-{seconds}s.wav")
+    return target
 
 
 # ------------------------------------------------------------------------------------ pocketsphinx test data
