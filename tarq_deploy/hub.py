@@ -20,7 +20,8 @@ Lattice checkpoint (``LatticeCheckpoint.metadata``): "method" {name, zipf_thresh
 generation_config.json (language: ``is_multilingual`` / ``lang_to_id``) and, when the source had one, README.md
 (license in its YAML header).
 
-Eval JSON (``--eval``), version 1 of the shape this module reads (one adapter: ``eval_datasets``)::
+Eval JSON (``--eval``): the report.json of ``tarq-deploy eval`` (converted by ``card_shape_of_eval_report``), or
+version 1 of the shape this module reads (one adapter: ``eval_datasets``)::
 
     {"kind": "eval",
      "ci_level": 0.95,                               # optional, confidence level of every *_ci (default 0.95)
@@ -327,11 +328,31 @@ def eval_datasets(doc: Any, origin: str, published_names: set[str], eval_model: 
     """Read an eval JSON document (shape in the module docstring); raises UserError naming the file and field."""
     if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), list):
         raise UserError(f"{origin}: not an eval result (expected an object with a 'datasets' list)")
+    if isinstance(doc.get("settings"), dict):
+        doc = card_shape_of_eval_report(doc)
     ci_level = doc.get("ci_level") or DEFAULT_CI_LEVEL
     if not _is_number(ci_level) or not 0 < ci_level < 1:
         raise UserError(f"{origin}: 'ci_level' must be a fraction such as 0.95, got {ci_level!r}")
     return [_eval_dataset(d, f"{origin}: datasets[{i}]", ci_level, published_names, eval_model)
             for i, d in enumerate(doc["datasets"])]
+
+
+def card_shape_of_eval_report(report: dict) -> dict:
+    """The report.json that ``tarq-deploy eval`` writes, in the shape above. A label run through several backends
+    has one row per backend, so rows are named by their key ("TARQ [whisper.cpp]") where a label repeats."""
+    settings = report["settings"]
+    datasets = []
+    for d in report["datasets"]:
+        if not isinstance(d, dict) or not isinstance(d.get("models"), list):
+            datasets.append(d)  # left for the reader to reject with its message
+            continue
+        counts = Counter(m.get("label") for m in d["models"] if isinstance(m, dict))
+        rows = [{**m, "label": m.get("key") if counts[m.get("label")] > 1 else m.get("label"),
+                 "model": m.get("source"), "n_words": d.get("words"), "n_rare_words": d.get("rare_words")}
+                for m in d["models"] if isinstance(m, dict)]
+        datasets.append({"name": d.get("name"), "n_utterances": d.get("utterances"),
+                         "zipf_threshold": settings.get("zipf_threshold"), "models": rows})
+    return {"kind": "eval", "ci_level": settings.get("confidence_level"), "datasets": datasets}
 
 
 def _eval_dataset(d: Any, where: str, ci_level: float, published_names: set[str],

@@ -524,3 +524,30 @@ def test_no_token_and_no_endpoint_give_clear_errors(inputs, tmp_path, hub_env, m
     assert cli.main(publish_argv(inputs, tmp_path / "b", f"{USER}/model", measured=False)) == 1
     err = capsys.readouterr().err
     assert "network failure talking to http://127.0.0.1:9" in err and "Nothing was created or uploaded" in err
+
+
+def test_the_eval_commands_own_report_feeds_the_card(inputs, tmp_path):
+    """`tarq-deploy eval`'s report.json (built here by the real report code) is read directly; a label run through
+    two backends becomes one row per backend, named by its key."""
+    from tarq_deploy.evaluate.report import DatasetRuns, ModelRun, ReportOptions, build_report
+    from tarq_deploy.evaluate.wer import score_utterance
+    from tarq_deploy.hub import eval_datasets
+
+    pairs = [("the abbot of dunfermline spoke", "the abbot of dunfermline spoke"),
+             ("seventeen hogsheads of claret", "seventeen hogs heads of claret")]
+
+    def run(label: str, backend: str, source: str, hypotheses: list[str]) -> ModelRun:
+        scores = [score_utterance(f"u{i}", ref, hyp) for i, ((ref, _), hyp) in enumerate(zip(pairs, hypotheses))]
+        return ModelRun(f"{label} [{backend}]", label, backend, source, scores, 1.0, 6.0)
+
+    runs = [run("F16", "torch", "packaged:tiny.en", [h for _, h in pairs]),
+            run("F16", "whisper.cpp", "out/tiny.en-f16.bin", [h for _, h in pairs]),
+            run("TARQ", "whisper.cpp", "out/model-q4_0.bin", ["the abbot of dunfermline spoke", "claret"])]
+    report = build_report([DatasetRuns("synth", "eval.jsonl", runs)], ReportOptions(n_resamples=50),
+                          {"zipf_threshold": 3.0})
+    (dataset,) = eval_datasets(json.loads(json.dumps(report)), "report.json", {"model-q4_0.bin"}, None)
+    assert [r.label for r in dataset.rows] == ["F16 [torch]", "F16 [whisper.cpp]", "TARQ"]
+    assert dataset.n_utterances == 2 and dataset.published == "TARQ" and dataset.zipf_threshold == 3.0
+    tarq = dataset.rows[2]
+    assert tarq.wer.value == pytest.approx(report["datasets"][0]["models"][2]["wer"]["value"]) and tarq.wer.value > 0
+    assert tarq.n_words == report["datasets"][0]["words"]

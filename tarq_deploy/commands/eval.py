@@ -29,11 +29,11 @@ import numpy as np
 from ..data.corpus import Utterance, load_audio, load_corpus
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
-from ..evaluate.backends import (BACKENDS, BackendError, DecodeOptions, ModelSpec, infer_backend,
-                                 is_whisper_cpp_file, open_transcriber)
-from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DatasetRuns, ModelRun, ReportOptions,
-                               build_report, render_markdown)
-from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
+from ..evaluate.backends import (BACKENDS, WHISPER_CPP_PARAMS, BackendError, DecodeOptions, ModelSpec,
+                                 infer_backend, is_whisper_cpp_file, open_transcriber)
+from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DEFAULT_NEAR_TIE_MARGIN, DatasetRuns,
+                               ModelRun, ReportOptions, build_report, render_markdown)
+from ..evaluate.wer import DEFAULT_RESAMPLES, normalized_words, normalizer_description, score_utterance
 
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
 GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--focus", metavar="LABEL", help="recovery examples: words this label keeps and others drop")
     p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, help="recovery examples per dataset")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT_WORDS, help="words of context each side")
+    p.add_argument("--near-tie-margin", type=float, default=DEFAULT_NEAR_TIE_MARGIN,
+                   help="nats: a backend disagreement whose two first differing tokens the PyTorch model scores "
+                        "within this margin of each other counts as a near-tie")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -183,11 +186,15 @@ def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
 
 # --------------------------------------------------------------------------------------------- hypothesis cache
 def source_fingerprint(source: str) -> str:
-    """Identifies a model's bytes cheaply: file size and mtime (checkpoint: its manifest), or the name itself."""
+    """Identifies a model's bytes: a file's sha256 (so re-exporting identical bytes keeps the cache, and changed bytes
+    never reuse it), a checkpoint's manifest (it holds the sha256 of every file), or the name itself."""
     path = Path(source).expanduser()
     if path.is_file():
-        stat = path.stat()
-        return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                digest.update(chunk)
+        return f"sha256:{digest.hexdigest()}"
     manifest = path / "manifest.json"
     if manifest.is_file():
         return f"{path.resolve()}:{hashlib.sha256(manifest.read_bytes()).hexdigest()}"
@@ -206,7 +213,8 @@ class HypothesisCache:
         self.path = directory / f"{slug}.jsonl"
         self.identity = {"model": source_fingerprint(spec.source), "backend": spec.backend,
                          "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
-                         "threads": options.threads, "max_new_tokens": options.max_new_tokens}
+                         "threads": options.threads, "max_new_tokens": options.max_new_tokens,
+                         "whisper_cpp": WHISPER_CPP_PARAMS if spec.backend == "whisper.cpp" else None}
         self.entries = self._read()
 
     def _read(self) -> dict[tuple[str, str], dict]:
@@ -254,8 +262,8 @@ def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOp
                 for u, audio, digest in zip(d.utterances, d.audio, digests[d.name]):
                     record = caches[d.name].get(u.id, digest)
                     if record is None:
-                        record = _transcribe_one(transcriber, u, audio, digest)
-                        caches[d.name].add({**record, "info": info})
+                        record = {**_transcribe_one(transcriber, u, audio, digest), "info": info}
+                        caches[d.name].add(record)
                         bar.update()
                     rows.append(record)
                 results[d.name] = rows
@@ -283,6 +291,69 @@ def transcribe_models(specs: list[ModelSpec], datasets: list[Dataset], options: 
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def near_tie_margins(specs: list[ModelSpec], datasets: list[Dataset], hypotheses: dict, options: DecodeOptions,
+                     cache_dir: Path) -> dict[str, dict[str, dict[str, float | None]]]:
+    """{run key: {dataset: {utterance id: margin}}} for every non-PyTorch run of a label that also has a PyTorch run,
+    over the utterances whose normalised texts differ; the PyTorch model is loaded only when a margin is missing
+    from the cache (keyed by the PyTorch model, the audio and the other run's text)."""
+    torch_runs = {s.label: s for s in specs if s.backend == "torch"}
+    margins: dict[str, dict[str, dict[str, float | None]]] = {}
+    for spec in specs:
+        reference = torch_runs.get(spec.label)
+        if spec.backend == "torch" or reference is None:
+            continue
+        cache = MarginCache(cache_dir, reference, spec)
+        todo = []
+        margins[spec.key] = {d.name: {} for d in datasets}
+        for d in datasets:
+            for i, u in enumerate(d.utterances):
+                other = hypotheses[spec.key][d.name][i]
+                if normalized_words(hypotheses[reference.key][d.name][i]["text"]) == normalized_words(other["text"]):
+                    continue
+                key = cache.key(d.name, u.id, other["audio"], other["text"])
+                if key in cache.entries:
+                    margins[spec.key][d.name][u.id] = cache.entries[key]
+                else:
+                    todo.append((d, i, key))
+        if todo and not _score_margins(reference, options, todo, hypotheses[spec.key], margins[spec.key], cache):
+            del margins[spec.key]
+    return margins
+
+
+def _score_margins(reference: ModelSpec, options: DecodeOptions, todo: list, other_rows: dict, into: dict,
+                   cache: "MarginCache") -> bool:
+    transcriber = open_transcriber(reference, options)
+    try:
+        if not hasattr(transcriber, "continuation_margin"):  # a runtime that cannot score a given continuation
+            return False
+        for d, i, key in todo:
+            margin = transcriber.continuation_margin(d.audio[i], other_rows[d.name][i]["text"])
+            into[d.name][d.utterances[i].id] = cache.entries[key] = margin
+        cache.save()
+        return True
+    finally:
+        transcriber.close()
+
+
+class MarginCache:
+    """{dataset/id/audio digest/text hash: margin} of one (PyTorch model, other run) pair, as one JSON file."""
+
+    def __init__(self, directory: Path, reference: ModelSpec, other: ModelSpec) -> None:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"margins__{other.label}__{other.backend}")
+        self.path = directory / f"{slug}.json"
+        self.identity = source_fingerprint(reference.source)
+        stored = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.entries: dict[str, float | None] = stored.get("entries", {}) if stored.get("model") == self.identity \
+            else {}
+
+    @staticmethod
+    def key(dataset: str, utterance_id: str, audio: str, text: str) -> str:
+        return f"{dataset}/{utterance_id}/{audio}/{hashlib.sha1(text.encode()).hexdigest()}"
+
+    def save(self) -> None:
+        _write_atomically(self.path, json.dumps({"model": self.identity, "entries": self.entries}) + "\n")
+
+
 def _transcribe_one(transcriber, utterance: Utterance, audio: np.ndarray, digest: str) -> dict:
     import time
 
@@ -308,6 +379,7 @@ def run(args: argparse.Namespace) -> int:
     datasets = load_datasets(args.data, args.limit)
     try:
         hypotheses = transcribe_models(specs, datasets, options, out / "hypotheses", args.jobs, not args.quiet)
+        margins = near_tie_margins(specs, datasets, hypotheses, options, out / "hypotheses")
     except BackendError as error:  # a runtime crash or timeout: the message names the model file and utterance
         raise UserError(str(error)) from None
     dataset_runs, utterance_lines = [], []
@@ -322,12 +394,14 @@ def run(args: argparse.Namespace) -> int:
                                  sum(row["seconds"] for row in rows), d.audio_seconds, info))
             utterance_lines += [json.dumps({"dataset": d.name, "model": spec.key, **s.record()}, ensure_ascii=False)
                                 for s in scores]
-        dataset_runs.append(DatasetRuns(d.name, d.manifest, runs))
+        dataset_runs.append(DatasetRuns(d.name, d.manifest, runs,
+                                        {key: by_dataset[d.name] for key, by_dataset in margins.items()}))
     settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
                 "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": "greedy",
+                "near_tie_margin": args.near_tie_margin,
                 "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
-                                                      args.context), settings)
+                                                      args.context, near_tie_margin=args.near_tie_margin), settings)
     markdown = render_markdown(report)
     _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     _write_atomically(out / "report.md", markdown)

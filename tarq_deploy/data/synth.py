@@ -164,7 +164,7 @@ DEFAULT_SOURCES = ("web", "devil", "wordnet")
 
 
 # ============================================================================================ sentence filtering
-_SENTENCE_END = re.compile(r'(?<=[.!?])["\u201d\u2019]?\s+(?=["\u201c\u2018]?[A-Z])')
+_SENTENCE_END = re.compile(r'(?:(?<=[.!?])|(?<=[.!?]["\u201d\u2019]))\s+(?=["\u201c\u2018]?[A-Z])')
 _ALLOWED = re.compile(r"^[A-Za-z ,.;:!?'\"\u2018\u2019\u201c\u201d\-]+$")
 _BRACKETS = set("()[]{}<>")
 _ABBREVIATION_END = re.compile(r"\b(?:Mr|Mrs|Dr|St|vs|etc|i\.e|e\.g|cf|viz|n|v|adj|adv)\.$")
@@ -421,10 +421,19 @@ class Planned:
         return f"audio/{self.voice}-{digest[:16]}.wav"
 
 
-def plan_corpus(options: SynthOptions, sentences: Sequence[Sentence]) -> list[Planned]:
+def check_options(options: SynthOptions) -> None:
+    """Refuse unknown voices and sources before any slow work."""
     unknown = [v for v in options.voices if v not in VOICES]
     if unknown or not options.voices:
         raise SynthError(f"unknown voice(s) {', '.join(unknown) or '(none given)'} (available: {', '.join(VOICES)})")
+    unknown = [s for s in options.sources if s not in TEXT_SOURCES]
+    if unknown or not options.sources:
+        raise SynthError(f"unknown text source(s) {', '.join(unknown) or '(none given)'} "
+                         f"(available: {', '.join(TEXT_SOURCES)})")
+
+
+def plan_corpus(options: SynthOptions, sentences: Sequence[Sentence]) -> list[Planned]:
+    check_options(options)
     eval_split, calib_split = deal_splits(sentences, options.n_eval, options.n_calib, options.seed)
     planned = []
     for split, group in (("eval", eval_split), ("calib", calib_split)):
@@ -444,6 +453,7 @@ class SynthResult:
 def build_synthetic_corpus(out_dir: str | os.PathLike, options: SynthOptions = SynthOptions(),
                            progress: Callable[[str], None] = print) -> SynthResult:
     """Select sentences, synthesise every missing audio file, write eval.jsonl, calib.jsonl, README.md, corpus.json."""
+    check_options(options)
     out = Path(out_dir)
     sentences, filter_counts = candidate_sentences(options.sources, options.zipf_threshold, options.min_rare)
     progress(f"{len(sentences)} candidate sentences from {', '.join(options.sources)}")

@@ -10,9 +10,11 @@ Backends (a registry: a GGUF runtime plugs in with :func:`register_backend`):
   models need the language and task tokens or they loop), no sampling, one beam, no temperature fallback.
 * ``whisper.cpp`` -- a whisper.cpp model file through pywhispercpp in a worker subprocess: language "en",
   temperature 0 with no fallback (temperature_inc 0), no timestamps, no context carried between utterances, fixed
-  threads. The file is parsed by our strict reader first (a file whisper.cpp fails to load makes pywhispercpp
-  segfault on the first transcribe rather than raise), and a crash of the worker is reported with the model file
-  and the utterance instead of killing the evaluation.
+  threads, and non-speech tokens suppressed (``suppress_nst``: the symbols OpenAI's ``suppress_tokens="-1"`` list
+  names, which transformers' generation config suppresses too; without it whisper.cpp emits quote marks where the
+  PyTorch decoder cannot, and the two greedy paths part). The file is parsed by our strict reader first (a file
+  whisper.cpp fails to load makes pywhispercpp segfault on the first transcribe rather than raise), and a crash of
+  the worker is reported with the model file and the utterance instead of killing the evaluation.
 
 Audio is decoded once by :func:`tarq_deploy.data.corpus.load_audio` in the parent process and handed to every
 backend as the same float32 16 kHz array (the whisper.cpp worker receives the raw samples).
@@ -41,6 +43,9 @@ GGML_MAGIC = b"lmgg"  # 0x67676d6c little-endian: the legacy whisper.cpp file
 GGUF_MAGIC = b"GGUF"
 CHECKPOINT_MARKERS = ("manifest.json", "lattice.safetensors")
 WORKER_FLAG = "--whisper-cpp-worker"
+# Decoding settings of every whisper.cpp run (pywhispercpp names); they are part of a cached hypothesis's identity.
+WHISPER_CPP_PARAMS = {"language": "en", "translate": False, "temperature": 0.0, "temperature_inc": 0.0,
+                      "no_timestamps": True, "no_context": True, "suppress_nst": True}
 
 
 class BackendError(RuntimeError):
@@ -160,12 +165,42 @@ class TorchTranscriber:
     def transcribe(self, audio: np.ndarray, utterance_id: str) -> str:
         import torch
 
+        with torch.inference_mode():
+            ids = self.backbone.model.generate(self._features(audio), decoder_input_ids=self.prompt,
+                                               generation_config=self.generation_config)
+        return self.backbone.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+
+    def continuation_margin(self, audio: np.ndarray, other_text: str) -> float | None:
+        """How close a disagreement is to a tie for this model: at the first token where its own greedy transcript
+        and ``other_text`` part, log p(own token) - log p(other's token) given the shared prefix (teacher forcing,
+        raw log-probabilities). A margin near zero is a near-tie that tiny numerical differences between runtimes can
+        flip; None when the token sequences do not differ."""
+        import torch
+
+        features = self._features(audio)
+        with torch.inference_mode():
+            generated = self.backbone.model.generate(features, decoder_input_ids=self.prompt,
+                                                     generation_config=self.generation_config)[0].tolist()
+            prompt, eos = self.prompt[0].tolist(), self.backbone.generation_config.eos_token_id
+            if generated[: len(prompt)] == prompt:  # transformers returns the new tokens only, older versions all
+                generated = generated[len(prompt):]
+            own = [t for t in generated if t != eos]
+            other = self.backbone.processor.tokenizer.encode(" " + other_text.strip(), add_special_tokens=False)
+            split = next((i for i, (x, y) in enumerate(zip(own, other)) if x != y), min(len(own), len(other)))
+            if split == len(own) == len(other):
+                return None
+            prefix = torch.cat([self.prompt, torch.tensor([own[:split]], dtype=self.prompt.dtype,
+                                                          device=self.prompt.device)], dim=1)
+            logits = self.backbone.model(input_features=features, decoder_input_ids=prefix).logits[0, -1]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        own_next = own[split] if split < len(own) else eos
+        other_next = other[split] if split < len(other) else eos
+        return float(log_probs[own_next] - log_probs[other_next])
+
+    def _features(self, audio: np.ndarray):
         processor = self.backbone.processor
         features = processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        with torch.inference_mode():
-            ids = self.backbone.model.generate(features.to(self.backbone.device), decoder_input_ids=self.prompt,
-                                               generation_config=self.generation_config)
-        return processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+        return features.to(self.backbone.device)
 
     def describe(self) -> dict:
         return self.origin
@@ -316,8 +351,7 @@ class WhisperCppTranscriber:
         import importlib.metadata
 
         return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
-                + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads, "language": "en",
-                "temperature": 0.0, "temperature_inc": 0.0, "no_timestamps": True, "no_context": True}
+                + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads, **WHISPER_CPP_PARAMS}
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -370,9 +404,8 @@ def _worker_main(model_file: str, threads: int) -> int:
     """Runs in the subprocess: load once, then one JSON line in (samples), one JSON line out (text) per utterance."""
     from pywhispercpp.model import Model
 
-    model = Model(model_file, redirect_whispercpp_logs_to=None, n_threads=threads, language="en", translate=False,
-                  temperature=0.0, temperature_inc=0.0, no_timestamps=True, no_context=True,
-                  print_progress=False, print_realtime=False, print_timestamps=False)
+    model = Model(model_file, redirect_whispercpp_logs_to=None, n_threads=threads, print_progress=False,
+                  print_realtime=False, print_timestamps=False, **WHISPER_CPP_PARAMS)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)

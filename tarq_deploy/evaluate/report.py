@@ -16,6 +16,7 @@ from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK
 
 DIFFERENCE_METRICS = ("wer", "rare_wer", "capped_wer")
 DEFAULT_EXAMPLES = 8
+DEFAULT_NEAR_TIE_MARGIN = 0.5  # nats: the PyTorch model prefers its own token by a factor below e^0.5 = 1.65
 DEFAULT_CONTEXT_WORDS = 5
 MIN_EXAMPLE_CHARS = 4  # the paper's qualitative examples: rare words of at least four characters
 
@@ -36,9 +37,13 @@ class ModelRun:
 
 @dataclass(frozen=True)
 class DatasetRuns:
+    """A dataset's runs; ``margins[key]`` = {utterance id: continuation margin} of the run ``key`` against the same
+    label's PyTorch run, for the utterances whose texts differ (see TorchTranscriber.continuation_margin)."""
+
     name: str
     manifest: str
     runs: Sequence[ModelRun]
+    margins: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class ReportOptions:
     examples: int = DEFAULT_EXAMPLES
     context_words: int = DEFAULT_CONTEXT_WORDS
     min_example_chars: int = MIN_EXAMPLE_CHARS
+    near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
 
 
 # ------------------------------------------------------------------------------------------------------ building
@@ -74,7 +80,7 @@ def dataset_report(dataset: DatasetRuns, options: ReportOptions) -> dict:
         "rare_words": first.rare_words, "rare_share": first.rare_words / first.words if first.words else math.nan,
         "models": [_model_row(run, counts[run.key], indices) for run in runs],
         "differences": [_difference_row(a, b, counts, indices) for a, b in comparison_pairs(runs, options.comparisons)],
-        "backend_agreement": backend_agreement(runs),
+        "backend_agreement": backend_agreement(runs, dataset.margins, options.near_tie_margin),
         "recovery": recovery_section(runs, options),
     }
 
@@ -116,8 +122,12 @@ def _difference_row(a: ModelRun, b: ModelRun, counts: dict, indices) -> dict:
                for metric in DIFFERENCE_METRICS}}
 
 
-def backend_agreement(runs: Sequence[ModelRun]) -> list[dict]:
-    """For a label run through several backends: on how many utterances the normalised texts are identical."""
+def backend_agreement(runs: Sequence[ModelRun], margins: dict[str, dict[str, float | None]] | None = None,
+                      near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN) -> list[dict]:
+    """For a label run through several backends: on how many utterances the normalised texts are identical, and how
+    many of the differences start at a near-tie of the PyTorch model (|margin| <= near_tie_margin: it scores the two
+    runtimes' first differing tokens within that many nats of each other)."""
+    margins = margins or {}
     rows = []
     by_label: dict[str, list[ModelRun]] = {}
     for run in runs:
@@ -126,10 +136,17 @@ def backend_agreement(runs: Sequence[ModelRun]) -> list[dict]:
         for a, b in itertools.combinations(group, 2):
             same = sum(x.hypothesis_words == y.hypothesis_words for x, y in zip(a.scores, b.scores))
             n = len(a.scores)
+            differing = [x.id for x, y in zip(a.scores, b.scores) if x.hypothesis_words != y.hypothesis_words]
+            margin_key = b.key if a.backend == "torch" else a.key if b.backend == "torch" else None
+            scored = margin_key in margins  # margins were computed for this pair (possibly none differ)
+            pair_margins = margins.get(margin_key, {}) if scored else {}
+            near = [i for i in differing
+                    if pair_margins.get(i) is not None and abs(pair_margins[i]) <= near_tie_margin]
             rows.append({"label": label, "backends": [a.backend, b.backend], "identical": same, "utterances": n,
-                         "share": same / n if n else math.nan,
-                         "differing_ids": [x.id for x, y in zip(a.scores, b.scores)
-                                           if x.hypothesis_words != y.hypothesis_words]})
+                         "share": same / n if n else math.nan, "differing_ids": differing,
+                         "margins": {i: pair_margins.get(i) for i in differing} if scored else {},
+                         "near_ties": len(near) if scored else None,
+                         "share_near_ties_aside": same / (n - len(near)) if scored and n > len(near) else None})
     return rows
 
 
@@ -219,7 +236,8 @@ def render_markdown(report: dict) -> str:
              f"{int(100 * settings['confidence_level'])}% bootstrap intervals over utterances "
              f"({settings['bootstrap_resamples']} resamples, seed {settings['bootstrap_seed']}). Insertions are "
              "charged to an adjacent rare reference word when there is one. Capped: each utterance's errors capped at "
-             "its reference length. Loops: hypotheses with an n-gram repeated 4+ times back to back.", ""]
+             "its reference length. Loops: hypotheses with an n-gram repeated 4+ times back to back. Near-tie margin: "
+             f"{settings.get('near_tie_margin', DEFAULT_NEAR_TIE_MARGIN)} nats.", ""]
     for dataset in report["datasets"]:
         lines += render_dataset(dataset)
     return "\n".join(lines) + "\n"
@@ -243,10 +261,16 @@ def render_dataset(d: dict) -> list[str]:
             lines.append(f"| {row['model']} | {row['versus']} | {_signed(row['wer'])} | {_signed(row['rare_wer'])} | "
                          f"{_signed(row['capped_wer'])} |")
     if d["backend_agreement"]:
-        lines += ["", "Same model, different backends: utterances with identical normalised text:", ""]
+        lines += ["", "Same model, different backends: utterances with identical normalised text (near-tie: the "
+                      "PyTorch model scores the two runtimes' first differing tokens within the near-tie margin):",
+                  ""]
         for row in d["backend_agreement"]:
-            lines.append(f"- {row['label']}: {' vs '.join(row['backends'])}: {row['identical']} / {row['utterances']} "
-                         f"({_pct(row['share'])}%)")
+            line = (f"- {row['label']}: {' vs '.join(row['backends'])}: {row['identical']} / {row['utterances']} "
+                    f"({_pct(row['share'])}%)")
+            if row.get("near_ties") is not None:
+                line += (f"; {row['near_ties']} of {row['utterances'] - row['identical']} differences start at a "
+                         f"near-tie; {_pct(row['share_near_ties_aside'])}% identical near-ties aside")
+            lines.append(line)
     return lines + [""] + render_recovery(d["recovery"]) + [""]
 
 
