@@ -96,14 +96,17 @@ def final_table(out: Path, files: dict[str, Path], seconds: float) -> str:
     """WER / rare-WER per model and dataset from the eval report, file sizes, and where everything is."""
     report = json.loads((out / "eval" / "report.json").read_text())
     lines = ["", "=" * 100, f"tarq-deploy demo: Whisper tiny.en, whisper.cpp runtime, finished in {seconds / 60:.1f} min",
-             "", f"{'model':<10} {'file MB':>8}  " + "  ".join(f"{d['name'] + ' WER':>10} {'rare-WER':>9}"
-                                                            for d in report["datasets"])]
+             "", f"{'model':<10} {'file MiB':>8}  " + "  ".join(
+                 f"{d['name'] + ' WER':>10} {'rare-WER':>9} {'capped':>7} {'loops':>5}" for d in report["datasets"])]
     for label, path in files.items():
         cells = []
         for dataset in report["datasets"]:
             row = next((m for m in dataset["models"] if m["label"] == label), None)
-            cells.append(f"{_pct(row, 'wer'):>10} {_pct(row, 'rare_wer'):>9}")
-        lines.append(f"{label:<10} {path.stat().st_size / 1e6:>8.1f}  " + "  ".join(cells))
+            loops = "-" if row is None else str(row["loops"])
+            cells.append(f"{_pct(row, 'wer'):>10} {_pct(row, 'rare_wer'):>9} {_pct(row, 'capped_wer'):>7} {loops:>5}")
+        lines.append(f"{label:<10} {path.stat().st_size / 2**20:>8.1f}  " + "  ".join(cells))
+    lines += ["", "capped: each utterance's errors capped at its reference length, so one repetition loop cannot "
+                  "dominate; loops: hypotheses that repeat an n-gram 4+ times"]
     lines += ["", "artifacts:", f"  checkpoints      {out}/ckpt-{{rtn,gptq,tarq}}",
               f"  whisper.cpp      {out}/tiny.en-*.bin", f"  eval report      {out}/eval/report.md",
               f"  bench report     {out}/bench/bench.md", f"  publish staging  {out}/publish/README.md", "=" * 100]
