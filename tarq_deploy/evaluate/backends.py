@@ -119,6 +119,34 @@ def is_gguf_file(source: str) -> bool:
     return file_magic(source) == GGUF_MAGIC
 
 
+def is_gguf_of_arch(source: str, arch: str) -> bool:
+    """A GGUF file whose general.architecture is ``arch`` (a file our reader rejects is not claimed)."""
+    if not is_gguf_file(source):
+        return False
+    from converters.gguf_common import GGUFFileError, read_gguf
+
+    try:
+        return read_gguf(Path(source).expanduser()).arch == arch
+    except GGUFFileError:
+        return False
+
+
+def checked_gguf(spec: "ModelSpec", arch: str, runtime: str, export_target: str) -> Path:
+    """The resolved path of ``spec``'s GGUF once our strict reader accepts it and its architecture is ``arch``; a
+    UserError naming the model and file otherwise (a runtime must never see a file our parser rejects)."""
+    from converters.gguf_common import GGUFFileError, read_gguf
+
+    path = Path(spec.source).expanduser()
+    try:
+        found = read_gguf(path).arch
+    except GGUFFileError as error:
+        raise UserError(f"model {spec.label!r}: {error}") from None
+    if found != arch:
+        raise UserError(f"model {spec.label!r}: {path} is a {found!r} GGUF; {runtime} runs architecture {arch!r} "
+                        f"(tarq-deploy export --target {export_target})")
+    return path.resolve()
+
+
 def is_lattice_checkpoint(source: str) -> bool:
     path = Path(source).expanduser()
     return path.is_dir() and all((path / marker).is_file() for marker in CHECKPOINT_MARKERS)
@@ -290,25 +318,28 @@ register_backend(Backend("torch", "transformers Whisper (float model, lattice ch
                                   "dequantized)", lambda source: True, open_torch))
 
 
-# ---------------------------------------------------------------------------------------------- whisper.cpp backend
+# ------------------------------------------------------------------------------------------- worker subprocesses
 @dataclass
-class WhisperCppTranscriber:
-    """A pywhispercpp worker process holding one model; utterances go in as raw samples, text comes back."""
+class WorkerTranscriber:
+    """A runtime in a worker subprocess that loads one model and answers one JSON line per utterance (see
+    :func:`serve_worker`), so a crash or a hang is reported with the model file and the utterance instead of killing
+    the evaluation. ``command`` runs the worker; ``runtime`` names it in messages."""
 
     model_file: Path
     options: DecodeOptions
+    runtime: str
+    command: list[str]
     process: subprocess.Popen | None = None
     replies: "queue.Queue[str | None]" = field(default_factory=queue.Queue)
     stderr_path: Path | None = None
 
-    def start(self) -> "WhisperCppTranscriber":
-        log = tempfile.NamedTemporaryFile(prefix="whisper-cpp-worker-", suffix=".log", delete=False)
+    def start(self) -> "WorkerTranscriber":
+        slug = "".join(c if c.isalnum() else "-" for c in self.runtime.lower())
+        log = tempfile.NamedTemporaryFile(prefix=f"{slug}-worker-", suffix=".log", delete=False)
         self.stderr_path = Path(log.name)
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": _package_root_path()}
-        command = [sys.executable, "-m", "tarq_deploy.evaluate.backends", WORKER_FLAG, str(self.model_file),
-                   str(self.options.threads)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                        text=True, env=env)
+        self.process = subprocess.Popen([sys.executable, *self.command], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         log.close()
         threading.Thread(target=self._read_replies, daemon=True).start()
         self._expect("ready", "loading the model")
@@ -327,15 +358,18 @@ class WhisperCppTranscriber:
                 line = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 self.close()
-                raise BackendError(f"{self.model_file}: whisper.cpp gave no answer within "
+                raise BackendError(f"{self.model_file}: {self.runtime} gave no answer within "
                                    f"{self.options.timeout_s:.0f} s while {doing}") from None
             if line is None:
-                raise BackendError(f"{self.model_file}: the whisper.cpp worker died while {doing} (exit status "
+                raise BackendError(f"{self.model_file}: the {self.runtime} worker died while {doing} (exit status "
                                    f"{self._exit_status()}); its log ends with:\n{self._log_tail()}")
-            if line.startswith("{"):  # anything else is a library printing to stdout
-                reply = json.loads(line)
-                if key in reply:
-                    return reply
+            if not line.startswith("{"):  # a library printing to stdout
+                continue
+            reply = json.loads(line)
+            if key not in reply:
+                raise BackendError(f"{self.model_file}: unexpected reply from the {self.runtime} worker while "
+                                   f"{doing}: {line}")
+            return reply
 
     def transcribe(self, audio: np.ndarray, utterance_id: str) -> str:
         assert self.process is not None and self.process.stdin is not None
@@ -346,12 +380,6 @@ class WhisperCppTranscriber:
         except BrokenPipeError:
             pass  # the reply reader reports the dead worker with its log
         return self._expect("text", f"transcribing utterance {utterance_id!r}")["text"]
-
-    def describe(self) -> dict:
-        import importlib.metadata
-
-        return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
-                + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads, **WHISPER_CPP_PARAMS}
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -377,11 +405,39 @@ class WhisperCppTranscriber:
         return self.stderr_path.read_text(errors="replace")[-chars:]
 
 
+def serve_worker(transcribe: Callable[[np.ndarray], str]) -> int:
+    """The worker side of :class:`WorkerTranscriber`, run once the model is loaded: say ready, then per stdin line
+    {id, samples (base64 little-endian float32)} answer one stdout line {id, text, seconds}."""
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        audio = np.frombuffer(base64.b64decode(request["samples"]), dtype="<f4").astype(np.float32)
+        started = time.perf_counter()
+        text = transcribe(audio)
+        print(json.dumps({"id": request["id"], "text": text, "seconds": time.perf_counter() - started}), flush=True)
+    return 0
+
+
 def _package_root_path() -> str:
     """PYTHONPATH for the worker: this very tarq_deploy (and converters) first, whatever is installed."""
     root = str(Path(__file__).resolve().parents[2])
     existing = os.environ.get("PYTHONPATH")
     return root + (os.pathsep + existing if existing else "")
+
+
+# ---------------------------------------------------------------------------------------------- whisper.cpp backend
+class WhisperCppTranscriber(WorkerTranscriber):
+    """A pywhispercpp worker process holding one model; utterances go in as raw samples, text comes back."""
+
+    def __init__(self, model_file: Path, options: DecodeOptions) -> None:
+        super().__init__(model_file, options, "whisper.cpp",
+                         ["-m", "tarq_deploy.evaluate.backends", WORKER_FLAG, str(model_file), str(options.threads)])
+
+    def describe(self) -> dict:
+        import importlib.metadata
+
+        return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
+                + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads, **WHISPER_CPP_PARAMS}
 
 
 def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
@@ -401,20 +457,12 @@ register_backend(Backend("whisper.cpp", "whisper.cpp model file through pywhispe
 
 # -------------------------------------------------------------------------------------------------- worker process
 def _worker_main(model_file: str, threads: int) -> int:
-    """Runs in the subprocess: load once, then one JSON line in (samples), one JSON line out (text) per utterance."""
+    """Runs in the subprocess: load once, then serve utterances (:func:`serve_worker`)."""
     from pywhispercpp.model import Model
 
     model = Model(model_file, redirect_whispercpp_logs_to=None, n_threads=threads, print_progress=False,
                   print_realtime=False, print_timestamps=False, **WHISPER_CPP_PARAMS)
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        audio = np.frombuffer(base64.b64decode(request["samples"]), dtype="<f4").astype(np.float32)
-        started = time.perf_counter()
-        segments = model.transcribe(audio)
-        text = " ".join(s.text.strip() for s in segments).strip()
-        print(json.dumps({"id": request["id"], "text": text, "seconds": time.perf_counter() - started}), flush=True)
-    return 0
+    return serve_worker(lambda audio: " ".join(s.text.strip() for s in model.transcribe(audio)).strip())
 
 
 def transcribe_all(transcriber: Transcriber,

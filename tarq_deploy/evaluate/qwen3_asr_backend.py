@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .backends import Backend, BackendError, DecodeOptions, ModelSpec, is_gguf_file, register_backend
+from .backends import (Backend, BackendError, DecodeOptions, ModelSpec, checked_gguf, is_gguf_of_arch,
+                       register_backend)
 
 TORCH_NAME = "qwen3-asr-torch"
 CPP_NAME = "qwen3-asr.cpp"
@@ -79,14 +80,7 @@ def open_torch_qwen3_asr(spec: ModelSpec, options: DecodeOptions) -> Qwen3ASRTor
 
 # ---------------------------------------------------------------------------------------------- qwen3-asr.cpp backend
 def is_qwen3_asr_cpp_file(source: str) -> bool:
-    if not is_gguf_file(source):
-        return False
-    from converters.gguf_common import GGUFFileError, read_gguf
-
-    try:
-        return read_gguf(Path(source).expanduser()).arch == CPP_ARCH
-    except GGUFFileError:
-        return False
+    return is_gguf_of_arch(source, CPP_ARCH)
 
 
 def qwen3_asr_cpp_binary() -> Path:
@@ -153,17 +147,8 @@ class Qwen3ASRCppTranscriber:
 
 
 def open_qwen3_asr_cpp(spec: ModelSpec, options: DecodeOptions) -> Qwen3ASRCppTranscriber:
-    from converters.gguf_common import GGUFFileError, read_gguf
-
-    path = Path(spec.source).expanduser()
-    try:
-        arch = read_gguf(path).arch
-    except GGUFFileError as error:
-        raise UserError(f"model {spec.label!r}: {error}") from None
-    if arch != CPP_ARCH:
-        raise UserError(f"model {spec.label!r}: {path} is a {arch!r} GGUF; qwen3-asr.cpp runs architecture "
-                        f"{CPP_ARCH!r} (tarq-deploy export --target qwen3-asr.cpp)")
-    return Qwen3ASRCppTranscriber(qwen3_asr_cpp_binary(), path.resolve(), options)
+    path = checked_gguf(spec, CPP_ARCH, "qwen3-asr.cpp", "qwen3-asr.cpp")
+    return Qwen3ASRCppTranscriber(qwen3_asr_cpp_binary(), path, options)
 
 
 register_backend(Backend(TORCH_NAME, "transformers Qwen3-ASR (float directory or lattice checkpoint dequantized)",
