@@ -87,6 +87,46 @@ class HeadStage:
         pass
 
 
+class SplicedDecoderStage:
+    """The text decoder of an audio LLM (Qwen3-ASR, Voxtral): token embeddings with the window's audio embeddings
+    scattered into the audio placeholder positions (the models' own forward), then decoder layers that all read the
+    rotary tables and causal mask kept in the stream. Subclasses say where the audio embeddings come from
+    (``_audio``) and what the stage leaves behind (``leave``)."""
+
+    name = "language_model"
+
+    def __init__(self, backbone, blocks: list[Block]) -> None:
+        self.backbone, self.blocks = backbone, blocks
+
+    def _audio(self, window: Window, stream: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def enter(self, window: Window, stream: dict) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        inner = self.backbone.model.model
+        lm = inner.language_model
+        ids = window.inputs["input_ids"].to(self.backbone.device)
+        with torch.no_grad():
+            embeds = inner.get_input_embeddings()(ids)
+            audio = self._audio(window, stream)
+            placeholders = inner.get_placeholder_mask(ids, inputs_embeds=embeds, audio_features=audio)
+            h = embeds.masked_scatter(placeholders, audio.to(embeds.dtype))
+            positions = torch.arange(ids.shape[1], device=ids.device)[None]
+            stream["position_ids"] = positions
+            stream["position_embeddings"] = lm.rotary_emb(h, position_ids=positions)
+            stream["causal_mask"] = create_causal_mask(config=lm.config, inputs_embeds=h, attention_mask=None,
+                                                       past_key_values=None, position_ids=positions)
+        return h
+
+    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
+        return module(h, attention_mask=stream["causal_mask"], position_ids=stream["position_ids"],
+                      position_embeddings=stream["position_embeddings"], use_cache=False)
+
+    def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
+        pass
+
+
 def checkpoint_from_model(model: nn.Module, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict,
                           model_files: dict[str, bytes]) -> LatticeCheckpoint:
     """Lattice weights, every other tensor untouched (in its own dtype), and tensors that share storage (tied

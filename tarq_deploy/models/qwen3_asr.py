@@ -55,14 +55,13 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor
-from transformers.masking_utils import create_causal_mask
 
 from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
-from .common import (HeadStage, TextAudio, checkpoint_from_model, joined, load_lattice_weights, model_files_dir,
-                     pack_utterances, saved_files)
+from .common import (HeadStage, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined, load_lattice_weights,
+                     model_files_dir, pack_utterances, saved_files)
 
 SAMPLE_RATE = 16000
 CHUNK_MEL_FRAMES = 100  # 2 * n_window: the conv stack runs on 1 s chunks
@@ -336,11 +335,9 @@ class _ProjectorStage:
         stream["audio_embeds"] = h
 
 
-class _DecoderStage:
-    name = "language_model"
-
+class _DecoderStage(SplicedDecoderStage):
     def __init__(self, backbone: Qwen3ASRBackbone, blocks: list[Block]) -> None:
-        self.backbone, self.blocks = backbone, blocks
+        super().__init__(backbone, blocks)
         # Audio embeddings of windows whose audio path this run does not quantize (one encoding per window).
         self._fixed_audio: dict[int, torch.Tensor] = {}
 
@@ -355,28 +352,6 @@ class _DecoderStage:
             self._fixed_audio[key] = self.backbone.audio_embeddings(window.inputs["input_features"],
                                                                     window.inputs["input_features_mask"])
         return self._fixed_audio[key]
-
-    def enter(self, window: Window, stream: dict) -> torch.Tensor:
-        """Token embeddings with the audio embeddings scattered into the <|audio_pad|> positions
-        (Qwen3ASRModel.forward); the rotary tables and the causal mask every layer needs are kept in ``stream``."""
-        inner = self.backbone.model.model
-        lm = inner.language_model
-        ids = window.inputs["input_ids"].to(self.backbone.device)
-        with torch.no_grad():
-            embeds = inner.get_input_embeddings()(ids)
-            audio = self._audio(window, stream)
-            placeholders = inner.get_placeholder_mask(ids, inputs_embeds=embeds, audio_features=audio)
-            h = embeds.masked_scatter(placeholders, audio.to(embeds.dtype))
-            positions = torch.arange(ids.shape[1], device=ids.device)[None]
-            stream["position_ids"] = positions
-            stream["position_embeddings"] = lm.rotary_emb(h, position_ids=positions)
-            stream["causal_mask"] = create_causal_mask(config=lm.config, inputs_embeds=h, attention_mask=None,
-                                                       past_key_values=None, position_ids=positions)
-        return h
-
-    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
-        return module(h, attention_mask=stream["causal_mask"], position_ids=stream["position_ids"],
-                      position_embeddings=stream["position_embeddings"], use_cache=False)
 
     def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
         with torch.no_grad():
