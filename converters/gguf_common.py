@@ -33,7 +33,8 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
-from .model_files import ModelFilesError, feature_extractor_config, json_file
+from .model_files import ModelFilesError, ModelTensors, feature_extractor_config, json_file
+from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_BLOCK, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
                           LatticeNotRepresentable, pack_lattice, tensor_nbytes)
 
@@ -162,7 +163,7 @@ class Qwen3ASRHParams:
 
 # ------------------------------------------------------------------------------------------------------ sources
 @dataclass
-class Qwen3ASRSource:
+class Qwen3ASRSource(ModelTensors):
     """A Qwen3-ASR model as the exporters see it, whatever it was read from."""
 
     config: dict
@@ -173,27 +174,12 @@ class Qwen3ASRSource:
     aliases: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None
     origin: str = "model"
-
-    def resolve(self, name: str) -> str:
-        return self.aliases.get(name, name)
+    error = GGUFExportError
 
     def hparams(self) -> Qwen3ASRHParams:
         if self.config.get("model_type") not in (None, "qwen3_asr"):
             raise GGUFExportError(f"{self.origin}: model_type {self.config.get('model_type')!r} is not 'qwen3_asr'")
         return Qwen3ASRHParams.from_config(self.config, self.origin)
-
-    def has(self, name: str) -> bool:
-        key = self.resolve(name)
-        return key in self.lattice or key in self.floats
-
-    def float_value(self, name: str) -> torch.Tensor:
-        """The float tensor behind ``name``: stored as is, or s * q of a lattice weight (exact in float32)."""
-        key = self.resolve(name)
-        if key in self.lattice:
-            return self.lattice[key].dequantize()
-        if key in self.floats:
-            return self.floats[key]
-        raise GGUFExportError(f"{self.origin}: tensor {name} missing")
 
     @functools.cached_property
     def token_ids(self) -> dict[str, int]:
@@ -463,27 +449,6 @@ def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
         raise GGUFExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, the runtime expects "
                               f"{list(slot.shape)} for {slot.name}")
     return t.detach().cpu().float()
-
-
-class F16Rounding:
-    """Counts values an F16 tensor cannot hold exactly: such a file is close to its source, not identical (verify
-    reports it); q4_0 / q8_0 store a lattice exactly."""
-
-    def __init__(self) -> None:
-        self.rounded: dict[str, int] = {}
-        self.total = 0
-
-    def count(self, name: str, exact: torch.Tensor, stored: torch.Tensor) -> None:
-        changed = int((stored.float() != exact).sum())
-        if changed:
-            self.rounded[name] = changed
-        self.total += stored.numel()
-
-    def report(self, origin: str) -> None:
-        if self.rounded:
-            names = ", ".join(list(self.rounded)[:3]) + (" ..." if len(self.rounded) > 3 else "")
-            log.warning("%s: F16 cannot hold every value exactly: %d of %d values in %d tensors (%s) were rounded to "
-                        "the nearest fp16", origin, sum(self.rounded.values()), self.total, len(self.rounded), names)
 
 
 def vocab_kv(vocab: GGUFVocab, eos_id: int, pad_id: int, chat_template: str | None) -> list[KV]:

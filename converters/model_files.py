@@ -1,13 +1,42 @@
-"""Reading a checkpoint's model files (config, tokenizer, feature extractor) for the converters: one place for the
-JSON parsing and the transformers-version differences, with errors that name the file."""
+"""What every converter reads from a model: its files (config, tokenizer, feature extractor; one place for the
+JSON parsing and the transformers-version differences, with errors that name the file) and its tensors
+(``ModelTensors``)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 
 class ModelFilesError(ValueError):
     """A model file is missing or unreadable; the message names it and the checkpoint."""
+
+
+class ModelTensors:
+    """The tensor lookups of an exporter's source (a dataclass that holds the attributes annotated here; this class
+    is not a dataclass, so they add no fields). A missing tensor raises the source's ``error`` class."""
+
+    floats: dict[str, Any]  # name -> torch.Tensor
+    lattice: dict[str, Any]  # name -> QuantizedWeight
+    aliases: dict[str, str]  # name -> the name whose tensor it shares
+    origin: str
+    error: type[ModelFilesError] = ModelFilesError
+
+    def resolve(self, name: str) -> str:
+        return self.aliases.get(name, name)
+
+    def has(self, name: str) -> bool:
+        key = self.resolve(name)
+        return key in self.lattice or key in self.floats
+
+    def float_value(self, name: str) -> Any:
+        """The float tensor behind ``name``: stored as is, or s * q of a lattice weight (exact in float32)."""
+        key = self.resolve(name)
+        if key in self.lattice:
+            return self.lattice[key].dequantize()
+        if key in self.floats:
+            return self.floats[key]
+        raise self.error(f"{self.origin}: tensor {name} missing")
 
 
 def json_file(files: dict[str, bytes], name: str, origin: str) -> dict:

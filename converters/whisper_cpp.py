@@ -31,7 +31,8 @@ from tqdm import tqdm
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
-from .model_files import ModelFilesError, feature_extractor_config, json_file
+from .model_files import ModelFilesError, ModelTensors, feature_extractor_config, json_file
+from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
                           LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0, pack_lattice)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, QUANTIZED_TYPES, TensorSlot, WhisperHParams, tensor_slots
@@ -54,7 +55,7 @@ class WhisperExportError(ModelFilesError):
 
 # ---------------------------------------------------------------------------------------------------- sources
 @dataclass
-class WhisperSource:
+class WhisperSource(ModelTensors):
     """A Whisper model as the exporter sees it, whatever it was read from."""
 
     config: dict
@@ -64,9 +65,7 @@ class WhisperSource:
     lattice: dict[str, QuantizedWeight] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)  # name -> the name whose tensor it shares
     origin: str = "model"
-
-    def resolve(self, name: str) -> str:
-        return self.aliases.get(name, name)
+    error = WhisperExportError
 
     def hparams(self, weight_type: int) -> WhisperHParams:
         _check_whisper_cpp_config(self.config, self.origin)
@@ -85,15 +84,6 @@ class WhisperSource:
             raise WhisperExportError(f"{self.origin}: mel filters {filters.shape}, expected "
                                      f"({self.config['num_mel_bins']}, {N_FFT_BINS})")
         return np.ascontiguousarray(filters)
-
-    def float_value(self, name: str) -> torch.Tensor:
-        """The float tensor behind ``name``: stored as is, or s * q of a lattice weight (exact in float32)."""
-        key = self.resolve(name)
-        if key in self.lattice:
-            return self.lattice[key].dequantize()
-        if key in self.floats:
-            return self.floats[key]
-        raise WhisperExportError(f"{self.origin}: tensor {name} missing")
 
 
 def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> WhisperSource:
@@ -234,7 +224,7 @@ def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None =
     hparams = source.hparams(weight_type)
     slots = tensor_slots(hparams)
     _check_nothing_left_over(source, slots)
-    rounding = _F16Rounding()
+    rounding = F16Rounding()
     with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
         tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
     rounding.report(source.origin)
@@ -266,7 +256,7 @@ def _check_nothing_left_over(source: WhisperSource, slots: list[TensorSlot]) -> 
 
 
 def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseline: str | None,
-               rounding: "_F16Rounding") -> PackedTensor:
+               rounding: "F16Rounding") -> PackedTensor:
     ggml_type = slot.ggml_type(weight_type)
     if ggml_type in QUANTIZED_TYPES:
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
@@ -311,28 +301,6 @@ def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
         raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, whisper.cpp expects "
                                  f"{list(slot.shape)} for {slot.name}")
     return t.detach().cpu().float().reshape(slot.shape)
-
-
-class _F16Rounding:
-    """Counts values that an F16 tensor cannot hold exactly (lattice values s * q, fp32 conv weights): such a file is
-    close to its source, not identical, and verify will say so."""
-
-    def __init__(self) -> None:
-        self.rounded: dict[str, int] = {}
-        self.total = 0
-
-    def count(self, name: str, exact: torch.Tensor, stored: torch.Tensor) -> None:
-        changed = int((stored.float() != exact).sum())
-        if changed:
-            self.rounded[name] = changed
-        self.total += stored.numel()
-
-    def report(self, origin: str) -> None:
-        if self.rounded:
-            names = ", ".join(list(self.rounded)[:3]) + (" ..." if len(self.rounded) > 3 else "")
-            log.warning("%s: F16 cannot hold every value exactly: %d of %d values in %d tensors (%s) were rounded "
-                        "to the nearest fp16; the file is close to the source, not identical (q4_0 / q8_0 store a "
-                        "lattice exactly)", origin, sum(self.rounded.values()), self.total, len(self.rounded), names)
 
 
 # ------------------------------------------------------------------------------------------------------ writing
