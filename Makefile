@@ -1,13 +1,15 @@
-# Two entry points: `make demo` and `make test`. Each installs what it needs first.
-PYTHON ?= python3
+# Two entry points: `make demo` and `make test`. Each installs what it needs first, into the project's own virtual
+# environment (.venv), from this repository's files alone: nothing installed by hand elsewhere on the machine is seen.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 
-.PHONY: install system-packages demo test
+.PHONY: install system-packages venv demo test clean-venv
 
 # Debian packages: real human speech with transcripts (LibriVox clips, pocketsphinx-testdata), and the offline
-# rare-word speech corpus: festival + the CMU ARCTIC SLT HTS voice, public-domain text (World English Bible, the
-# Devil's Dictionary) and WordNet example sentences.
-APT_PACKAGES := pocketsphinx-testdata festival festvox-us-slt-hts sword-text-web wordnet-base dict-devil
+# rare-word speech corpus: festival + the CMU ARCTIC SLT HTS voice (calibration, dev) and the KAL diphone voice
+# (held-out test voice), public-domain text (World English Bible, the Devil's Dictionary) and WordNet examples.
+APT_PACKAGES := pocketsphinx-testdata festival festvox-us-slt-hts festvox-kallpc16k sword-text-web wordnet-base dict-devil
 
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -15,8 +17,14 @@ system-packages:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# A plain venv (no system site-packages): the test run proves that the project's own files install everything.
+$(PYTHON):
+	python3 -m venv $(VENV)
+
+venv: $(PYTHON)
+
 # torch is pinned first so pip takes the CPU wheel that lies on these machines instead of a CUDA build.
-install: system-packages
+install: system-packages venv
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev,models]'
 
@@ -25,3 +33,6 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

@@ -18,14 +18,12 @@ from . import __version__
 from .checkpoint import LatticeCheckpoint
 from .data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from .data.rarity import DEFAULT_ZIPF_THRESHOLD
+from .errors import require_finite
 from .models.common import TextAudio
+from .quant.choices import DEFAULT_GROUP_SIZE  # noqa: F401  (re-exported)
 from .quant.calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
 from .quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
 from .quant.tarq import TarqConfig
-
-# Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
-# nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
-DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "gptq": 128, "compressed-tensors": 128, "marlin": 128}
 
 
 class Backbone(Protocol):
@@ -54,10 +52,13 @@ class QuantizeOptions:
     pack: bool = True
     head_identity_weight: float = 1.0
     percdamp: float = 0.01
+    scale_rule: str = "max"
+    act_order: bool = False
     device: str = "cpu"
 
     def solver(self) -> TarqConfig:
-        return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp)
+        return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
+                          scale_rule=self.scale_rule, act_order=self.act_order)
 
     def spec(self) -> LatticeSpec:
         return LatticeSpec(self.bits, self.group_size)
@@ -128,6 +129,7 @@ def _round_to_nearest(backbone: Backbone, spec: LatticeSpec) -> dict[str, Quanti
             for group in block.groups:
                 for rel in group:
                     linear = block.linear(rel)
+                    require_finite(f"{block.full_name(rel)}.weight", linear.weight, "; refusing to quantize it")
                     q = quantize_rtn(linear.weight.detach().float().cpu(), spec)
                     with torch.no_grad():
                         linear.weight.copy_(q.dequantize().to(linear.weight.device))

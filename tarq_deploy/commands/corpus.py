@@ -24,7 +24,8 @@ HELP = "write a corpus manifest: the real clips (real) or an offline TTS rare-wo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..data.synth import DEFAULT_MIN_RARE, DEFAULT_N_CALIB, DEFAULT_N_EVAL, DEFAULT_SOURCES, DEFAULT_VOICES
+    from ..data.synth import (DEFAULT_MIN_RARE, DEFAULT_N_CALIB, DEFAULT_N_EVAL, DEFAULT_SOURCES,
+                              DEFAULT_TEST_VOICES, DEFAULT_VOICES)
 
     sub = p.add_subparsers(dest="kind", metavar="KIND", required=True)
     real = sub.add_parser("real", help="the real English clips with transcripts (12 clips)")
@@ -33,7 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     synth.add_argument("--out", required=True, help="directory for eval.jsonl, calib.jsonl, audio/ and README.md")
     synth.add_argument("--n", type=int, default=DEFAULT_N_EVAL, help="evaluation utterances")
     synth.add_argument("--n-calib", type=int, default=DEFAULT_N_CALIB, help="calibration utterances (disjoint)")
-    synth.add_argument("--voices", default=",".join(DEFAULT_VOICES), help="comma-separated voices (slt, joe)")
+    synth.add_argument("--voices", default=",".join(DEFAULT_VOICES),
+                       help="comma-separated voices of the eval and calib splits (slt, joe, kal)")
+    synth.add_argument("--n-test", type=int, default=0,
+                       help="held-out test utterances (test.jsonl): sentences of neither other split")
+    synth.add_argument("--test-voices", default=",".join(DEFAULT_TEST_VOICES),
+                       help="comma-separated voices of the test split (by default one the other splits never hear)")
     synth.add_argument("--sources", default=",".join(DEFAULT_SOURCES), help="comma-separated text sources "
                                                                            "(web, devil, wordnet)")
     synth.add_argument("--seed", type=int, default=0)
@@ -52,9 +58,11 @@ def _names(value: str) -> tuple[str, ...]:
 def run_synth(args: argparse.Namespace) -> int:
     from ..data.synth import SynthError, SynthOptions, build_synthetic_corpus
 
-    if args.n < 1 or args.n_calib < 0:
-        raise UserError(f"--n must be positive and --n-calib not negative (got {args.n}, {args.n_calib})")
-    options = SynthOptions(n_eval=args.n, n_calib=args.n_calib, voices=_names(args.voices),
+    if args.n < 1 or args.n_calib < 0 or args.n_test < 0:
+        raise UserError(f"--n must be positive, --n-calib and --n-test not negative "
+                        f"(got {args.n}, {args.n_calib}, {args.n_test})")
+    options = SynthOptions(n_eval=args.n, n_calib=args.n_calib, voices=_names(args.voices), n_test=args.n_test,
+                           test_voices=_names(args.test_voices),
                            sources=_names(args.sources), seed=args.seed, zipf_threshold=args.zipf_threshold,
                            min_rare=args.min_rare)
     try:

@@ -69,6 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--near-tie-margin", type=float, default=DEFAULT_NEAR_TIE_MARGIN,
                    help="nats: a backend disagreement whose two first differing tokens the PyTorch model scores "
                         "within this margin of each other counts as a near-tie")
+    p.add_argument("--reference", metavar="LABEL",
+                   help="the full-precision model's label: adds rare-word retention against it (and, with "
+                        "--teacher-forced, KLD / delta-NLL / top-1 figures)")
+    p.add_argument("--teacher-forced", action="store_true",
+                   help="score every label teacher-forced against --reference on the reference transcripts (PyTorch, "
+                        "no decoding): KLD, delta-NLL and top-1 agreement on rare and common token positions")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -243,6 +249,83 @@ class HypothesisCache:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+# ------------------------------------------------------------------------------------------ teacher-forced figures
+def teacher_forced_specs(specs: list[ModelSpec], reference: str) -> tuple[ModelSpec, list[ModelSpec]]:
+    """One spec per label, loaded in PyTorch (a label's backends share its weights): the reference and the rest."""
+    by_label: dict[str, ModelSpec] = {}
+    for spec in specs:
+        if spec.label not in by_label or spec.backend == "torch":
+            by_label[spec.label] = spec
+    if reference not in by_label:
+        raise UserError(f"--reference {reference}: no model has that label ({', '.join(by_label)})")
+    torch_specs = {label: ModelSpec(s.label, s.source, "torch", s.tokenizer) for label, s in by_label.items()}
+    return torch_specs.pop(reference), list(torch_specs.values())
+
+
+def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], reference_label: str, k: float,
+                           device: str, cache_dir: Path, progress: bool) -> dict[str, dict[str, list]]:
+    """{dataset: {label: [UtteranceFigures]}}; cached per (reference, model, utterance), models loaded only when
+    something is missing."""
+    from tqdm.auto import tqdm
+
+    from ..evaluate.backends import load_torch_bundle
+    from ..evaluate.teacher_forced import TeacherForcedScorer, UtteranceFigures, score_utterances
+
+    reference, models = teacher_forced_specs(specs, reference_label)
+    identity = {spec.label: {"reference": source_fingerprint(reference.source), "model": source_fingerprint(spec.source),
+                             "tokenizer": spec.tokenizer, "zipf_threshold": k} for spec in models}
+    caches = {spec.label: _FigureCache(cache_dir, spec.label, identity[spec.label]) for spec in models}
+    missing = [(d, i) for d in datasets for i, u in enumerate(d.utterances)
+               if any(c.get(d.name, u.id, audio_digest(d.audio[i]), u.text) is None for c in caches.values())]
+    if missing:
+        scorers = {spec.label: TeacherForcedScorer(load_torch_bundle(spec)[0], device, k) for spec in models}
+        ref_scorer = TeacherForcedScorer(load_torch_bundle(reference)[0], device, k)
+        bar = tqdm(total=len(missing), desc="teacher-forced", unit="utt", disable=not progress)
+        for d, i in missing:
+            u = d.utterances[i]
+            scored = score_utterances(ref_scorer, scorers, [(u.id, d.audio[i], u.text)])
+            for label, rows in scored.items():
+                caches[label].add(d.name, u.id, audio_digest(d.audio[i]), u.text, rows[0].record())
+            bar.update(1)
+        bar.close()
+    return {d.name: {label: [UtteranceFigures.from_record(cache.get(d.name, u.id, audio_digest(a), u.text))
+                             for u, a in zip(d.utterances, d.audio)]
+                     for label, cache in caches.items()} for d in datasets}
+
+
+class _FigureCache:
+    """JSONL of teacher-forced figures per (reference, model), keyed by dataset, utterance, audio and text."""
+
+    def __init__(self, directory: Path, label: str, identity: dict) -> None:
+        self.path = directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}.jsonl"
+        self.identity = identity
+        self.entries: dict[str, dict] = {}
+        if self.path.is_file():
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            try:
+                if lines and json.loads(lines[0]) == identity:
+                    self.entries = {r["key"]: r["figures"] for r in map(json.loads, lines[1:]) if r}
+            except json.JSONDecodeError:
+                self.entries = {}  # a torn last line: score this model again
+
+    @staticmethod
+    def key(dataset: str, utterance_id: str, digest: str, text: str) -> str:
+        return hashlib.sha256(json.dumps([dataset, utterance_id, digest, text]).encode()).hexdigest()
+
+    def get(self, dataset: str, utterance_id: str, digest: str, text: str) -> dict | None:
+        return self.entries.get(self.key(dataset, utterance_id, digest, text))
+
+    def add(self, dataset: str, utterance_id: str, digest: str, text: str, figures: dict) -> None:
+        new_file = not self.path.is_file() or not self.entries
+        key = self.key(dataset, utterance_id, digest, text)
+        self.entries[key] = figures
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "w" if new_file else "a", encoding="utf-8") as f:
+            if new_file:
+                f.write(json.dumps(self.identity) + "\n")
+            f.write(json.dumps({"key": key, "figures": figures}) + "\n")
+
+
 # ---------------------------------------------------------------------------------------------------------- run
 def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
                      progress: bool) -> dict[str, list[dict]]:
@@ -376,12 +459,18 @@ def run(args: argparse.Namespace) -> int:
     pairs = comparisons(args.compare)
     out = Path(args.out)
     options = DecodeOptions(threads=args.threads, device=args.device)
+    if args.teacher_forced and not args.reference:
+        raise UserError("--teacher-forced needs --reference LABEL (the full-precision model)")
+    if args.reference and args.reference not in {s.label for s in specs}:
+        raise UserError(f"--reference {args.reference}: no model has that label")
     datasets = load_datasets(args.data, args.limit)
     try:
         hypotheses = transcribe_models(specs, datasets, options, out / "hypotheses", args.jobs, not args.quiet)
         margins = near_tie_margins(specs, datasets, hypotheses, options, out / "hypotheses")
     except BackendError as error:  # a runtime crash or timeout: the message names the model file and utterance
         raise UserError(str(error)) from None
+    figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
+                                     out / "teacher-forced", not args.quiet) if args.teacher_forced else {}
     dataset_runs, utterance_lines = [], []
     for d in datasets:
         runs = []
@@ -395,13 +484,15 @@ def run(args: argparse.Namespace) -> int:
             utterance_lines += [json.dumps({"dataset": d.name, "model": spec.key, **s.record()}, ensure_ascii=False)
                                 for s in scores]
         dataset_runs.append(DatasetRuns(d.name, d.manifest, runs,
-                                        {key: by_dataset[d.name] for key, by_dataset in margins.items()}))
+                                        {key: by_dataset[d.name] for key, by_dataset in margins.items()},
+                                        figures.get(d.name, {})))
     settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
                 "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": "greedy",
                 "near_tie_margin": args.near_tie_margin,
                 "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
-                                                      args.context, near_tie_margin=args.near_tie_margin), settings)
+                                                      args.context, near_tie_margin=args.near_tie_margin,
+                                                      reference=args.reference), settings)
     markdown = render_markdown(report)
     _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     _write_atomically(out / "report.md", markdown)

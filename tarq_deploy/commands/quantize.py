@@ -5,75 +5,183 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..checkpoint import save_checkpoint
-from ..fileio import write_json_atomic
-from ..data.corpus import POOLS, load_corpus
-from ..models.registry import load_backbone
-from ..quant.tarq import METHODS, SOURCES
-from ..quantize import DEFAULT_GROUP_SIZE, QuantizeOptions, quantize_backbone
+from ..data.corpus import POOLS
+from ..errors import UserError
+from ..quant.choices import DEFAULT_GROUP_SIZE, METHODS, SCALE_RULES, SOURCES
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
+SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help="packaged:tiny.en | packaged:base | a transformers or CTranslate2 directory | a hub id "
-                        "(e.g. openai/whisper-base), or a transformers Voxtral directory")
+                        "(e.g. openai/whisper-base), or a transformers Voxtral or Qwen3-ASR directory")
     p.add_argument("--calib", help="calibration corpus: JSONL manifest, LibriSpeech-layout or saved datasets "
-                                   "directory (not needed for rtn)")
-    p.add_argument("--method", choices=METHODS, default="tarq")
+                                   "directory (needed by every method but rtn)")
+    p.add_argument("--method", choices=METHODS, default="tarq",
+                   help="solver: rtn (ggml's rounding, no data), gptq, rarebal (metric only), residual (solver only), "
+                        "tarq (both), imatrix (ggml's importance-weighted Q4_0 rounding)")
     p.add_argument("--target", choices=sorted(DEFAULT_GROUP_SIZE), default="whisper.cpp",
                    help="where the checkpoint will be exported; sets the default group size")
-    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--bits", type=int, default=4, help="bits per weight code (2 to 8)")
     p.add_argument("--group-size", type=int, help="input columns per scale (32, 64, 128, or -1 per channel); "
                                                   "default 32 for ggml targets, 128 for GPU formats")
     p.add_argument("--zipf-threshold", type=float, default=3.0, help="a word is rare if its Zipf score is below k")
     p.add_argument("--cost-ratio", type=float, default=1.0, help="c in lam = c tr(H_common) / tr(H_tail)")
     p.add_argument("--reweight-source", choices=SOURCES, default="rare", help="positions re-weighted as the tail")
-    p.add_argument("--n-calib", type=int, default=128, help="calibration utterances")
+    p.add_argument("--n-calib", type=int, default=128, help="calibration utterances (at most; fewer if the corpus "
+                                                            "holds fewer)")
     p.add_argument("--pool", choices=POOLS, default="random", help="how calibration utterances are chosen")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the utterance selection and random reweighting")
     p.add_argument("--encoder-tagging", choices=["align", "none"], default="align",
                    help="tag rare words' encoder frames through the alignment heads, or tag no frames")
     p.add_argument("--no-pack", action="store_true", help="one utterance per 30 s window instead of packing")
     p.add_argument("--head-identity-weight", type=float, default=1.0,
                    help="mu: weight of the token-lookup role in the tied head's metric")
+    p.add_argument("--scale-rule", choices=SCALE_RULES, default="max",
+                   help="group scales: max (ggml's rule, all 2^b levels) or search (candidate scales scored by the "
+                        "metric-diagonal-weighted error)")
+    p.add_argument("--act-order", action="store_true",
+                   help="sweep columns by decreasing H diagonal (group scales fixed up front, groups stay contiguous)")
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
+    p.add_argument("--out", required=True, help="checkpoint directory to write (a new path, or an earlier checkpoint "
+                                                "to replace); OUT.partial/ holds resumable work, OUT.log.json the log")
 
 
-def options_from(args: argparse.Namespace) -> QuantizeOptions:
+def options_from(args: argparse.Namespace):
+    from ..quantize import QuantizeOptions
+
     group = args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE[args.target]
     return QuantizeOptions(
         method=args.method, bits=args.bits, group_size=group, zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
-        head_identity_weight=args.head_identity_weight, device=args.device,
+        head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
+        device=args.device,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
+    from ..checkpoint import save_checkpoint
+    from ..data.corpus import load_corpus
+    from ..fileio import write_json_atomic
+    from ..quantize import quantize_backbone
 
-    options = options_from(args)
-    options.spec()  # reject a bad lattice before loading anything
-    if options.method != "rtn" and not args.calib:
-        raise UserError(f"--calib is required for method {options.method!r}")
-    utterances = load_corpus(args.calib) if options.method != "rtn" else []
-    backbone = load_backbone(args.model, options.device, options.head_identity_weight, args.quantize_audio_tower)
-    out = Path(args.out)
-    work = out.with_name(out.name + ".partial")
+    # Everything the user gave is checked before the model is loaded or any calibration starts.
+    options = checked_options(args)
+    out, work, log_path = checked_outputs(args.out)
+    check_model_source(args.model)
+    utterances = []
+    if options.method != "rtn":
+        utterances = load_corpus(args.calib)
+        if not utterances:
+            raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot calibrate "
+                            f"from nothing (use --method rtn for data-free rounding)")
+    backbone = load_checked_backbone(args, options)
     checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
     save_checkpoint(checkpoint, out)
-    log_path = out.with_name(out.name + ".log.json")
     write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
                                  "layers_full": checkpoint.metadata["layers"]}, indent=1)
     _remove_work_dir(work)
     print(f"wrote {out} ({len(checkpoint.quantized)} lattice matrices, {options.bits}-bit, group "
           f"{options.group_size}, method {options.method}); per-layer log {log_path}")
     return 0
+
+
+def checked_options(args: argparse.Namespace):
+    """The options, with every value checked that can be checked without the model."""
+    from ..checks import check_device
+    from ..quant.lattice import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
+
+    options = options_from(args)
+    if options.bits not in SUPPORTED_BITS:
+        raise UserError(f"--bits {options.bits}: must be one of {', '.join(map(str, SUPPORTED_BITS))}")
+    if options.group_size not in SUPPORTED_GROUP_SIZES:
+        raise UserError(f"--group-size {options.group_size}: must be one of "
+                        f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))} (-1: one scale per row)")
+    if not options.cost_ratio > 0:
+        raise UserError(f"--cost-ratio {options.cost_ratio}: must be positive")
+    if options.method != "rtn":
+        if not args.calib:
+            raise UserError(f"--calib is required for method {options.method!r}")
+        if options.n_calib < 1:
+            raise UserError(f"--n-calib {options.n_calib}: method {options.method!r} needs at least 1 calibration "
+                            f"utterance (use --method rtn for data-free rounding)")
+    if options.head_identity_weight < 0:
+        raise UserError(f"--head-identity-weight {options.head_identity_weight}: must not be negative")
+    check_device(options.device)
+    return options
+
+
+def checked_outputs(out_arg: str) -> tuple[Path, Path, Path]:
+    """OUT (a new path, an empty directory or an earlier checkpoint), OUT.partial and OUT.log.json, all writable."""
+    from ..checkpoint import MANIFEST
+    from ..checks import check_output_dir, check_output_file
+
+    out = check_output_dir("--out", out_arg, replaceable=MANIFEST)
+    work = out.with_name(out.name + ".partial")
+    if work.exists() and not work.is_dir():
+        raise UserError(f"--out {out}: its work path {work} exists and is not a directory")
+    log_path = check_output_file("--out", out.with_name(out.name + ".log.json"))
+    return out, work, log_path
+
+
+def check_model_source(source: str) -> None:
+    """A packaged name that exists, a local path that exists and holds a supported model type, or a hub id."""
+    from ..models.loader import LOCAL_PATH_PREFIXES
+    from ..models.packaged import PACKAGED_MODELS, PACKAGED_PREFIX
+
+    if source.startswith(PACKAGED_PREFIX):
+        if source.removeprefix(PACKAGED_PREFIX) not in PACKAGED_MODELS:
+            known = ", ".join(PACKAGED_PREFIX + name for name in PACKAGED_MODELS)
+            raise UserError(f"--model {source}: unknown packaged model; available: {known}")
+        return
+    path = Path(source).expanduser()
+    if source.startswith(LOCAL_PATH_PREFIXES) or path.exists():
+        if not path.exists():
+            raise UserError(f"--model {source}: no such file or directory")
+        from ..models.registry import model_type
+
+        try:
+            kind = model_type(source)
+        except ValueError as e:
+            raise UserError(f"--model {e}") from None
+        if kind not in SUPPORTED_MODEL_TYPES:
+            raise UserError(f"--model {source}: model type {kind!r} is not supported "
+                            f"({', '.join(SUPPORTED_MODEL_TYPES)})")
+
+
+def load_checked_backbone(args: argparse.Namespace, options):
+    """The backbone adapter, refused with the tensor's name when a weight is not finite or a Linear's width does not
+    fit the group size."""
+    from ..errors import nonfinite_problem
+    from ..models.packaged import PackagedModelError
+    from ..models.registry import load_backbone
+
+    try:
+        backbone = load_backbone(args.model, options.device, options.head_identity_weight, args.quantize_audio_tower)
+    except (ValueError, OSError, PackagedModelError) as e:
+        raise UserError(f"--model {args.model}: cannot load it ({e})") from None
+    for name, tensor in backbone.model.state_dict().items():
+        problem = nonfinite_problem(tensor)
+        if problem is not None:
+            raise UserError(f"--model {args.model}: tensor {name} holds {problem}; refusing to quantize non-finite "
+                            f"weights")
+    spec = options.spec()
+    for stage in backbone.stages():
+        for block in stage.blocks:
+            for group in block.groups:
+                for rel in group:
+                    columns = block.linear(rel).in_features
+                    try:
+                        spec.check_columns(columns)
+                    except ValueError:
+                        raise UserError(f"--group-size {spec.group_size}: {block.full_name(rel)} has {columns} input "
+                                        f"columns, not a multiple of it (try 32 or -1)") from None
+    return backbone
 
 
 def _remove_work_dir(work: Path) -> None:

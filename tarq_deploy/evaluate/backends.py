@@ -251,20 +251,26 @@ def _quiet_transformers() -> None:
 
 
 def open_torch(spec: ModelSpec, options: DecodeOptions) -> TorchTranscriber:
+    bundle, loaded_as = load_torch_bundle(spec)
+    origin = {"loaded_as": loaded_as, **({"tokenizer": spec.tokenizer} if is_whisper_cpp_file(spec.source) else {})}
+    return TorchTranscriber(bundle, options, origin)
+
+
+def load_torch_bundle(spec: ModelSpec) -> tuple[tuple, str]:
+    """(model, processor, generation_config) of any source the torch backend takes, and how it was loaded: a
+    lattice checkpoint (s * q exactly), a whisper.cpp file (dequantized by gguf-py) or a float model."""
     _quiet_transformers()
     source = spec.source
     try:
         if is_lattice_checkpoint(source):
             from ..models.from_checkpoint import load_dequantized_whisper
 
-            return TorchTranscriber(load_dequantized_whisper(source), options,
-                                    {"loaded_as": "lattice checkpoint, dequantized (s * q)"})
+            return load_dequantized_whisper(source), "lattice checkpoint, dequantized (s * q)"
         if is_whisper_cpp_file(source):
-            return TorchTranscriber(load_whisper_cpp_in_torch(source, spec.tokenizer), options,
-                                    {"loaded_as": "whisper.cpp file, dequantized", "tokenizer": spec.tokenizer})
+            return load_whisper_cpp_in_torch(source, spec.tokenizer), "whisper.cpp file, dequantized"
         from ..models.loader import load_whisper
 
-        return TorchTranscriber(load_whisper(source), options, {"loaded_as": "float model"})
+        return load_whisper(source), "float model"
     except (ValueError, OSError) as error:
         raise UserError(f"model {spec.label!r} ({source}): cannot load it for the torch backend: {error}") from None
 

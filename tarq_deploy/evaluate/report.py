@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import itertools
 import math
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .teacher_forced import TF_METRICS, UtteranceFigures, figure_counts, retention_counts
 from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK, UtteranceScore,
                   bootstrap_indices, bootstrap_interval, check_same_references, metric_counts, paired_difference,
                   totals)
@@ -44,6 +47,7 @@ class DatasetRuns:
     manifest: str
     runs: Sequence[ModelRun]
     margins: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    teacher_forced: dict[str, Sequence[UtteranceFigures]] = field(default_factory=dict)  # label -> figures
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class ReportOptions:
     context_words: int = DEFAULT_CONTEXT_WORDS
     min_example_chars: int = MIN_EXAMPLE_CHARS
     near_tie_margin: float = DEFAULT_NEAR_TIE_MARGIN
+    reference: str | None = None  # label of the full-precision model: retention and teacher-forced figures
 
 
 # ------------------------------------------------------------------------------------------------------ building
@@ -82,6 +87,9 @@ def dataset_report(dataset: DatasetRuns, options: ReportOptions) -> dict:
         "differences": [_difference_row(a, b, counts, indices) for a, b in comparison_pairs(runs, options.comparisons)],
         "backend_agreement": backend_agreement(runs, dataset.margins, options.near_tie_margin),
         "recovery": recovery_section(runs, options),
+        **({"retention": retention_section(runs, options, indices)} if options.reference else {}),
+        **({"teacher_forced": teacher_forced_section(dataset.teacher_forced, options, indices)}
+           if dataset.teacher_forced else {}),
     }
 
 
@@ -148,6 +156,51 @@ def backend_agreement(runs: Sequence[ModelRun], margins: dict[str, dict[str, flo
                          "near_ties": len(near) if scored else None,
                          "share_near_ties_aside": same / (n - len(near)) if scored and n > len(near) else None})
     return rows
+
+
+# --------------------------------------------------------------------------------- retention, teacher forcing
+def _label_pairs(labels: Sequence[str], options: ReportOptions) -> list[tuple[str, str]]:
+    """The requested label pairs whose labels are both present (the reference is not a model to compare here)."""
+    return [(a, b) for a, b in options.comparisons if a in labels and b in labels and options.reference not in (a, b)]
+
+
+def retention_section(runs: Sequence[ModelRun], options: ReportOptions, indices) -> dict:
+    """Rare-word retention of every run against the reference label's run on the same backend (or its first run)."""
+    references = {run.backend: run for run in runs if run.label == options.reference}
+    if not references:
+        return {"reference": options.reference, "models": [], "differences": [], "missing": True}
+    counts, rows = {}, []
+    for run in runs:
+        if run.label == options.reference:
+            continue
+        reference = references.get(run.backend, next(iter(references.values())))
+        counts[run.key] = retention_counts(reference.scores, run.scores)
+        rows.append({"model": run.key, "versus": reference.key, "kept": int(counts[run.key][0].sum()),
+                     "known": int(counts[run.key][1].sum()),
+                     "retention": bootstrap_interval(*counts[run.key], indices).as_dict()})
+    by_label = {(run.label, run.backend): run.key for run in runs}
+    differences = []
+    for a, b in _label_pairs([run.label for run in runs], options):
+        for backend in dict.fromkeys(run.backend for run in runs):
+            key_a, key_b = by_label.get((a, backend)), by_label.get((b, backend))
+            if key_a in counts and key_b in counts and np.array_equal(counts[key_a][1], counts[key_b][1]):
+                differences.append({"model": key_a, "versus": key_b,
+                                    "retention": paired_difference(counts[key_a], counts[key_b], indices).as_dict()})
+    return {"reference": options.reference, "models": rows, "differences": differences}
+
+
+def teacher_forced_section(figures: dict[str, Sequence[UtteranceFigures]], options: ReportOptions, indices) -> dict:
+    """KLD, delta-NLL and top-1 agreement against the reference, rare and common positions, with paired
+    differences for the requested label pairs."""
+    counts = {label: figure_counts(rows) for label, rows in figures.items()}
+    models = [{"label": label, "positions": {"rare": int(c["kld_rare"][1].sum()), "common": int(c["kld_common"][1].sum())},
+               **{metric: bootstrap_interval(*c[metric], indices).as_dict() for metric in TF_METRICS}}
+              for label, c in counts.items()]
+    differences = [{"model": a, "versus": b,
+                    **{metric: paired_difference(counts[a][metric], counts[b][metric], indices).as_dict()
+                       for metric in TF_METRICS}}
+                   for a, b in _label_pairs(list(counts), options)]
+    return {"reference": options.reference, "models": models, "differences": differences}
 
 
 # ------------------------------------------------------------------------------------------- rare-word recovery
@@ -271,7 +324,49 @@ def render_dataset(d: dict) -> list[str]:
                 line += (f"; {row['near_ties']} of {row['utterances'] - row['identical']} differences start at a "
                          f"near-tie; {_pct(row['share_near_ties_aside'])}% identical near-ties aside")
             lines.append(line)
+    lines += render_teacher_forced(d["teacher_forced"]) if "teacher_forced" in d else []
+    lines += render_retention(d["retention"]) if "retention" in d else []
     return lines + [""] + render_recovery(d["recovery"]) + [""]
+
+
+def _nats(cell: dict, signed: bool = False) -> str:
+    fmt = "{:+.4f}" if signed else "{:.4f}"
+    star = " *" if cell.get("significant") else ""
+    return f"{fmt.format(cell['value'])} [{fmt.format(cell['low'])}, {fmt.format(cell['high'])}]{star}"
+
+
+def render_teacher_forced(section: dict) -> list[str]:
+    lines = ["", f"### Teacher-forced figures against {section['reference']}", "",
+             "On the reference transcript, per predicted token: KL(P_ref || Q) and the rise in the reference token's "
+             "negative log-likelihood (nats, lower is better), top-1 agreement with the reference (%, higher is "
+             "better); rare = positions predicting a token of a rare word.", "",
+             "| model | KLD rare | KLD common | ΔNLL rare | ΔNLL common | top-1 rare | top-1 common |",
+             "|---|---|---|---|---|---|---|"]
+    for m in section["models"]:
+        lines.append(f"| {m['label']} | {_nats(m['kld_rare'])} | {_nats(m['kld_common'])} | {_nats(m['dnll_rare'])} | "
+                     f"{_nats(m['dnll_common'])} | {_interval(m['top1_rare'])} | {_interval(m['top1_common'])} |")
+    if section["differences"]:
+        lines += ["", "| model | versus | Δ KLD rare | Δ KLD common | Δ ΔNLL rare | Δ top-1 rare (pp) |",
+                  "|---|---|---|---|---|---|"]
+        for row in section["differences"]:
+            lines.append(f"| {row['model']} | {row['versus']} | {_nats(row['kld_rare'], True)} | "
+                         f"{_nats(row['kld_common'], True)} | {_nats(row['dnll_rare'], True)} | "
+                         f"{_signed(row['top1_rare'])} |")
+    return lines
+
+
+def render_retention(section: dict) -> list[str]:
+    lines = ["", f"### Rare-word retention against {section['reference']}", "",
+             "Of the rare reference words the reference model transcribes correctly, the share each model also gets "
+             "right (%).", "", "| model | versus | kept / known | retention |", "|---|---|---|---|"]
+    for row in section["models"]:
+        lines.append(f"| {row['model']} | {row['versus']} | {row['kept']} / {row['known']} | "
+                     f"{_interval(row['retention'])} |")
+    if section["differences"]:
+        lines += ["", "| model | versus | Δ retention (pp) |", "|---|---|---|"]
+        for row in section["differences"]:
+            lines.append(f"| {row['model']} | {row['versus']} | {_signed(row['retention'])} |")
+    return lines
 
 
 def render_recovery(recovery: dict) -> list[str]:

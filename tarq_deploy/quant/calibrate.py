@@ -10,7 +10,9 @@ For every block, in the backbone's calibration order:
   3. both streams advance through their block.
 After each block the lattice of its Linears and the per-layer records are saved to a work directory, so an interrupted
 run resumes from the last finished block: the streams are recomputed through the finished blocks (the same
-arithmetic as the uninterrupted run), which gives the same final bytes.
+arithmetic as the uninterrupted run), which gives the same final bytes. A block file that does not read back as
+what was saved (its sha256 is kept in progress.json) is named in a warning, discarded and recomputed, together with
+every block after it.
 
 The backbone supplies stages (e.g. Whisper: encoder, decoder, output head) with their blocks and the code that moves
 a window's hidden states into, through and out of them; see ``Stage``.
@@ -27,12 +29,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
-from safetensors.torch import load_file, save
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..fileio import write_bytes_atomic, write_json_atomic
-from .lattice import LatticeSpec, QuantizedWeight
+from .lattice import LatticeSpec, QuantizedWeight, check_on_lattice
 from .stats import LayerStats
 from .tarq import LayerRecord, TarqConfig, reweighting_mask, solve_layer
 
@@ -55,7 +58,7 @@ class Block:
     groups: list[list[str]]  # Linear names relative to ``module``, in true-sequential order
     domain: str = "tokens"  # position domain of the block's activations
     domain_overrides: dict[str, str] = field(default_factory=dict)  # e.g. cross-attention k/v read encoder frames
-    identity_weight: float = 0.0  # mu: adds mu * tr(H_common)/n * I to H_common (see Whisper's tied head)
+    identity_weight: float = 0.0  # mu: adds mu * tr(H_common)/n * I to the metric (see Whisper's tied head)
 
     def full_name(self, rel: str) -> str:
         """State-dict name of a Linear of this block (without the ".weight")."""
@@ -97,22 +100,38 @@ class _StopForward(Exception):
 
 
 # --------------------------------------------------------------------------------------------------------- work dir
+class WorkDirError(ValueError):
+    """A file of the work directory does not read back as what was saved; the message names it."""
+
+
 class WorkDir:
-    """Resumable state: one safetensors file per finished block, plus the records so far."""
+    """Resumable state: one safetensors file per finished block, plus the records so far and each file's sha256."""
 
     def __init__(self, path: Path, fingerprint: str) -> None:
         self.path = path
         self.fingerprint = fingerprint
         self.progress_file = path / "progress.json"
+        self.block_sha256: list[str] = []
+
+    def block_file(self, index: int) -> Path:
+        return self.path / f"block-{index:04d}.safetensors"
 
     def load(self) -> tuple[int, list[dict]]:
-        """Number of finished blocks and their records; (0, []) for a fresh run or a different configuration."""
+        """Number of finished blocks and their records; (0, []) for a fresh run or a different configuration.
+        WorkDirError when progress.json is unreadable."""
+        self.block_sha256 = []
         if not self.progress_file.is_file():
             return 0, []
-        progress = json.loads(self.progress_file.read_text())
-        if progress.get("fingerprint") != self.fingerprint:
-            return 0, []
-        return int(progress["finished_blocks"]), progress["records"]
+        try:
+            progress = json.loads(self.progress_file.read_text())
+            if progress.get("fingerprint") != self.fingerprint:
+                return 0, []
+            finished, records = int(progress["finished_blocks"]), list(progress["records"])
+            hashes = [str(h) for h in progress.get("block_sha256", [])]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise WorkDirError(f"{self.progress_file}: unreadable ({e})") from None
+        self.block_sha256 = hashes
+        return finished, records
 
     def save_block(self, index: int, lattice: dict[str, QuantizedWeight], records: list[dict]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -120,18 +139,53 @@ class WorkDir:
         for name, q in lattice.items():
             tensors[f"{name}.codes"] = q.codes.cpu().contiguous()
             tensors[f"{name}.scales"] = q.scales.cpu().contiguous()
-        _atomic_save_safetensors(tensors, self.path / f"block-{index:04d}.safetensors")
-        progress = {"fingerprint": self.fingerprint, "finished_blocks": index + 1, "records": records}
+        data = save(tensors)
+        write_bytes_atomic(self.block_file(index), data)
+        earlier = self.block_sha256[:index]
+        self.block_sha256 = [*earlier, *[""] * (index - len(earlier)), hashlib.sha256(data).hexdigest()]
+        progress = {"fingerprint": self.fingerprint, "finished_blocks": index + 1, "records": records,
+                    "block_sha256": self.block_sha256}
         write_json_atomic(self.progress_file, progress, indent=1)
 
-    def load_block(self, index: int, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
-        raw = load_file(str(self.path / f"block-{index:04d}.safetensors"))
+    def load_block(self, index: int, spec: LatticeSpec, block: "Block | None" = None) -> dict[str, QuantizedWeight]:
+        """The lattice saved for block ``index``; WorkDirError naming the file when it is missing, does not match
+        its recorded sha256, or does not hold the block's Linears on the lattice."""
+        path = self.block_file(index)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise WorkDirError(f"{path}: unreadable ({e.strerror or e})") from None
+        recorded = self.block_sha256[index] if index < len(self.block_sha256) else ""  # "": saved without one
+        if recorded and hashlib.sha256(data).hexdigest() != recorded:
+            raise WorkDirError(f"{path}: content does not match its sha256 in {self.progress_file.name} (corrupted)")
+        try:
+            raw = load(data)
+        except (SafetensorError, ValueError) as e:
+            raise WorkDirError(f"{path}: not a readable safetensors file ({e})") from None
         names = sorted({k.rsplit(".", 1)[0] for k in raw})
-        return {n: QuantizedWeight(raw[f"{n}.codes"], raw[f"{n}.scales"], spec) for n in names}
-
-
-def _atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    write_bytes_atomic(path, save(tensors))
+        if block is not None:
+            expected = sorted(f"{block.full_name(rel)}.weight" for group in block.groups for rel in group)
+            if names != expected:
+                raise WorkDirError(f"{path}: holds {len(names)} matrices, not the {len(expected)} Linears of "
+                                   f"{block.name}")
+        lattice = {}
+        for name in names:
+            if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
+                raise WorkDirError(f"{path}: codes or scales of {name} missing")
+            q = QuantizedWeight(raw[f"{name}.codes"], raw[f"{name}.scales"], spec)
+            try:
+                check_on_lattice(q)
+            except ValueError as e:
+                raise WorkDirError(f"{path}: {name}: {e}") from None
+            if block is not None:
+                rel = name.removeprefix(f"{block.name}.").removesuffix(".weight") if block.name else \
+                    name.removesuffix(".weight")
+                expected_shape = tuple(block.linear(rel).weight.shape)
+                if tuple(q.codes.shape) != expected_shape:
+                    raise WorkDirError(f"{path}: {name} has shape {tuple(q.codes.shape)}, the model's is "
+                                       f"{expected_shape}")
+            lattice[name] = q
+        return lattice
 
 
 def fingerprint(*parts: Any) -> str:
@@ -166,9 +220,34 @@ class SequentialCalibrator:
         return {domain: reweighting_mask(mask, self.config.solver.source, self.generator)
                 for domain, mask in window.masks.items()}
 
+    def _restore(self) -> tuple[int, list[dict], list[dict[str, QuantizedWeight]]]:
+        """Blocks finished by an earlier run that read back intact (their lattices) and their records. The first
+        block that does not is named in a warning and recomputed, with every block after it."""
+        if self.work_dir is None:
+            return 0, [], []
+        try:
+            finished, records = self.work_dir.load()
+        except WorkDirError as e:
+            self.log(f"warning: {e}; discarding the earlier progress and starting afresh")
+            return 0, [], []
+        blocks = [block for stage in self.stages for block in stage.blocks]
+        restored: list[dict[str, QuantizedWeight]] = []
+        for index in range(min(finished, len(blocks))):
+            try:
+                restored.append(self.work_dir.load_block(index, self.config.spec, blocks[index]))
+            except WorkDirError as e:
+                self.log(f"warning: {e}; discarding it and recomputing from block {index} ({blocks[index].name})")
+                break
+        n_records = sum(len(group) for block in blocks[:len(restored)] for group in block.groups)
+        if len(records) < n_records:
+            self.log(f"warning: {self.work_dir.progress_file}: holds {len(records)} layer records, the finished "
+                     f"blocks have {n_records}; discarding the earlier progress and starting afresh")
+            return 0, [], []
+        return len(restored), records[:n_records], restored
+
     def run(self) -> CalibrationResult:
         start = time.perf_counter()
-        finished, records = self.work_dir.load() if self.work_dir else (0, [])
+        finished, records, restored_blocks = self._restore()
         lattice: dict[str, QuantizedWeight] = {}
         # The full-precision stream only feeds H_delta: methods without the residual step run the quantized stream
         # alone, as GPTQ itself does.
@@ -184,7 +263,7 @@ class SequentialCalibrator:
             h = {kind: [stage.enter(w, s) for w, s in zip(self.windows, streams[kind])] for kind in streams}
             for block in stage.blocks:
                 if block_index < finished:
-                    restored = self.work_dir.load_block(block_index, self.config.spec)  # type: ignore[union-attr]
+                    restored = restored_blocks[block_index]
                     h = self._replay_block(stage, block, restored, h, streams)
                     lattice.update(restored)
                 else:
@@ -305,14 +384,11 @@ class SequentialCalibrator:
 
     def _solve(self, block: Block, rel: str, stats: LayerStats) -> tuple[QuantizedWeight, LayerRecord]:
         linear = block.linear(rel)
-        if block.identity_weight > 0:  # on a copy: the statistics may be shared with another Linear
-            n = stats.n
-            stats = copy.copy(stats)
-            stats.H_common = stats.H_common + block.identity_weight * torch.trace(stats.H_common) / n * torch.eye(
-                n, dtype=stats.H_common.dtype, device=stats.H_common.device)
         W = linear.weight.detach().to(self.device, torch.float32)
-        q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec, self.config.solver)
-        _assign(linear, q)
+        q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec, self.config.solver,
+                                identity_weight=block.identity_weight)
+        if self.config.solver.sequential:
+            _assign(linear, q)
         return q.to("cpu"), record
 
 

@@ -6,7 +6,13 @@ factor U of H^-1, is pushed onto the columns not yet quantized (W[:, j+1:] -= e_
 second moment (GPTQ), the rareBAL metric (TARQ) or the identity (which reduces to round-to-nearest).
 
 Group scales are fixed the moment the sweep enters a group, from that group's current, error-updated columns (as the
-reference implementation does); per-channel scales come from the whole matrix before the sweep.
+reference implementation does); per-channel scales come from the whole matrix before the sweep. The scale rule is
+the lattice's max rule or its search weighted by the metric's diagonal (``scale_rule``, see lattice.py).
+
+Activation order (``act_order``): columns are swept by decreasing diagonal of H, so the inputs that matter most are
+rounded first, while the most columns are left to absorb their error. The stored groups must stay contiguous column
+ranges (ggml blocks, GPTQ v1 without g_idx), so with act order every group's scale is fixed up front, from the
+original weights ("static groups"), and each column is rounded against its own group's scale.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight, scales_for
+from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight, choose_scales
 
 PERCDAMP = 0.01
 BLOCKSIZE = 128
@@ -26,71 +32,90 @@ ROW_CHUNK = 8192
 class PreparedMetric:
     """A damped metric ready for sweeps: reused by TARQ's pilot and final sweeps and its residual solve."""
 
-    H_inv: torch.Tensor  # float64 (H + damp I)^-1 with dead columns neutralised
-    U: torch.Tensor  # float32 upper Cholesky factor of H_inv
+    H_inv: torch.Tensor  # float64 (H + damp I)^-1 with dead columns neutralised, in the original column order
+    U: torch.Tensor  # float32 upper Cholesky factor of H_inv, rows and columns in sweep order (``perm``)
     dead: torch.Tensor  # bool [n]: columns whose input is always zero
     damp: float
+    importance: torch.Tensor  # float32 [n]: diag(H) (0 for dead columns), the weights of the scale search
+    perm: torch.Tensor | None = None  # sweep order (act order), None = left to right
 
 
-def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP) -> PreparedMetric:
-    """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse."""
+def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool = False) -> PreparedMetric:
+    """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse (in sweep order)."""
+    if not torch.isfinite(H).all():
+        raise ValueError("metric contains inf or nan (non-finite calibration activations)")
     H = H.to(torch.float64).clone()
+    importance = torch.diag(H).clamp(min=0).to(torch.float32)
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
     diag_mean = torch.diag(H).mean().item()
     damp = percdamp * diag_mean if diag_mean > 0 else 1.0
     H.diagonal().add_(damp)
     H_inv = torch.cholesky_inverse(_cholesky(H))
-    U = _cholesky(H_inv, upper=True).to(torch.float32)
-    return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp)
+    perm = torch.argsort(importance, descending=True, stable=True) if act_order else None
+    swept = H_inv if perm is None else H_inv[perm][:, perm]
+    U = _cholesky(swept, upper=True).to(torch.float32)
+    return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm)
 
 
 def _cholesky(A: torch.Tensor, upper: bool = False) -> torch.Tensor:
-    """Cholesky that retries with growing jitter: near-singular metrics come from few calibration positions."""
+    """Cholesky that retries with growing jitter: near-singular metrics come from few calibration positions.
+
+    Terminates on every input: a metric holding NaN or Inf is refused at once, and the jitter grows tenfold from
+    1e-9 to 1e3 times the mean diagonal (1 for an all-zero diagonal), so at most 13 retries."""
+    if not bool(torch.isfinite(A).all()):
+        raise torch.linalg.LinAlgError("metric holds NaN or Inf values (non-finite weights or activations)")
     L, info = torch.linalg.cholesky_ex(A, upper=upper)
-    jitter = 1e-10 * torch.diag(A).abs().mean().item()
-    while info.item() != 0:
-        jitter *= 10
-        if jitter > 1e3 * torch.diag(A).abs().mean().item():
-            raise torch.linalg.LinAlgError("metric is not positive definite even after heavy jitter")
-        L, info = torch.linalg.cholesky_ex(A + jitter * torch.eye(A.shape[0], dtype=A.dtype, device=A.device), upper=upper)
-    return L
+    if info.item() == 0:
+        return L
+    scale = torch.diag(A).abs().mean().item()
+    scale = scale if scale > 0 else 1.0
+    eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+    for power in range(-9, 4):  # jitter 1e-9 ... 1e3 times the mean diagonal
+        L, info = torch.linalg.cholesky_ex(A + (10.0**power * scale) * eye, upper=upper)
+        if info.item() == 0:
+            return L
+    raise torch.linalg.LinAlgError("metric is not positive definite even after heavy jitter")
 
 
-def gptq_quantize(
-    W: torch.Tensor, H: torch.Tensor, spec: LatticeSpec, percdamp: float = PERCDAMP, blocksize: int = BLOCKSIZE
-) -> QuantizedWeight:
+def gptq_quantize(W: torch.Tensor, H: torch.Tensor, spec: LatticeSpec, percdamp: float = PERCDAMP,
+                  blocksize: int = BLOCKSIZE, scale_rule: str = "max", act_order: bool = False) -> QuantizedWeight:
     """Project W [m, n] onto the lattice under metric H [n, n]."""
-    return gptq_sweep(W, prepare_metric(H.to(W.device), percdamp), spec, blocksize)
+    return gptq_sweep(W, prepare_metric(H.to(W.device), percdamp, act_order), spec, blocksize, scale_rule=scale_rule)
 
 
 def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int = BLOCKSIZE,
-               row_chunk: int = ROW_CHUNK) -> QuantizedWeight:
+               row_chunk: int = ROW_CHUNK, scale_rule: str = "max") -> QuantizedWeight:
     """The column sweep of Algorithm 2 with lazy block updates; returns codes and scales.
 
     Rows are independent under a shared metric, so tall matrices (Whisper's 51865-row output head) are swept in
     chunks of ``row_chunk`` rows: the same arithmetic per row, with the working block staying in cache."""
     if W.shape[0] <= row_chunk:
-        return _sweep_rows(W, metric, spec, blocksize)
-    parts = [_sweep_rows(W[r : r + row_chunk], metric, spec, blocksize) for r in range(0, W.shape[0], row_chunk)]
+        return _sweep_rows(W, metric, spec, blocksize, scale_rule)
+    parts = [_sweep_rows(W[r : r + row_chunk], metric, spec, blocksize, scale_rule)
+             for r in range(0, W.shape[0], row_chunk)]
     return QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), spec)
 
 
-def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int) -> QuantizedWeight:
+def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
+                scale_rule: str) -> QuantizedWeight:
     # The sweep works on W^T so that a column of W is a contiguous row in memory.
     m, n = W.shape
     spec.check_columns(n)
     width = spec.group_width(n)
     if spec.group_size != -1 and blocksize % width != 0:
         raise ValueError(f"blocksize {blocksize} must be a multiple of group size {width}")
-    Wt = W.to(torch.float32).T.contiguous()
-    Wt[metric.dead] = 0.0
+    importance = metric.importance.to(W.device)
+    W = W.to(torch.float32).clone()
+    W[:, metric.dead] = 0.0
+    static = spec.group_size == -1 or metric.perm is not None
+    scales = choose_scales(W, spec, scale_rule, importance) if static else \
+        torch.zeros((m, n // width), dtype=SCALE_DTYPE, device=W.device)
+    order = metric.perm.to(W.device) if metric.perm is not None else torch.arange(n, device=W.device)
+    group_of = (order // width).tolist()
+    Wt = W.T[order].contiguous()
     U = metric.U.to(W.device)
     codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
-    if spec.group_size == -1:
-        scales = scales_for(Wt.T, spec)
-    else:
-        scales = torch.zeros((m, n // width), dtype=SCALE_DTYPE, device=W.device)
 
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
@@ -99,9 +124,11 @@ def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, bloc
         U_block = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
-            if spec.group_size != -1 and col % width == 0:
-                scales[:, col // width] = scales_for(W_block[i : i + width].T, spec)[:, 0]
-            s = scales[:, col // width].float()
+            group = group_of[col]
+            if not static and col % width == 0:  # entering a group: fix its scale from its current columns
+                scales[:, group] = choose_scales(W_block[i : i + width].T, spec, scale_rule,
+                                                 importance[col : col + width])[:, 0]
+            s = scales[:, group].float()
             w = W_block[i]
             q = _round_column(w, s, spec)
             codes_t[col] = q.to(CODE_DTYPE)
@@ -109,7 +136,9 @@ def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, bloc
             W_block[i:] -= U_block[i, i:].unsqueeze(1) * err.unsqueeze(0)
             Err_block[i] = err
         Wt[i2:] -= U[i1:i2, i2:].T @ Err_block
-    return QuantizedWeight(codes_t.T.contiguous(), scales, spec)
+    codes = torch.empty_like(codes_t)
+    codes[order] = codes_t
+    return QuantizedWeight(codes.T.contiguous(), scales, spec)
 
 
 def _round_column(w: torch.Tensor, s: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:

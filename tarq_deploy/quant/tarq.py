@@ -6,6 +6,8 @@ Methods (paper, "Component analysis"):
   rarebal   GPTQ under the rareBAL metric H_rB = H_common + lam * H_tail          (metric only)
   residual  propagation-aware residual target, projected under the plain metric  (solver only)
   tarq      both: residual target projected under H_rB                            (Algorithm 1)
+  imatrix   ggml's importance-weighted Q4_0 rounding (llama.cpp's imatrix, CrispASR's --imatrix): per-column
+            importance = mean x^2 over the calibration positions of the *full-precision* model, no error feedback
 
 Reweighting source (Appendix "Reweighting source and cost-ratio ablations"): which positions form the re-weighted
 slice: ``rare`` (the rarity tags), ``random`` (as many positions drawn uniformly) or ``common`` (as many drawn from
@@ -19,12 +21,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..errors import require_finite
+from .choices import METHODS, SOURCES  # torch-free, for the CLI's --help
+from .ggml_quants import quantize_q4_0_imatrix
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
-from .lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from .lattice import SCALE_RULES, LatticeSpec, QuantizedWeight, quantize_rtn
 from .stats import LayerStats
 
-METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq")
-SOURCES = ("rare", "random", "common")
 EPS = 1e-12
 
 
@@ -38,6 +41,8 @@ class TarqConfig:
     percdamp: float = PERCDAMP
     blocksize: int = BLOCKSIZE
     record_losses: bool = True
+    scale_rule: str = "max"  # group scales: lattice.py's max rule, or its search weighted by the metric's diagonal
+    act_order: bool = False  # sweep columns by decreasing diag(H), group scales fixed up front
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -46,6 +51,8 @@ class TarqConfig:
             raise ValueError(f"reweighting source must be one of {SOURCES}, got {self.source!r}")
         if not self.c > 0:
             raise ValueError(f"cost ratio c must be positive, got {self.c}")
+        if self.scale_rule not in SCALE_RULES:
+            raise ValueError(f"scale rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
 
     @property
     def uses_rarebal(self) -> bool:
@@ -58,6 +65,12 @@ class TarqConfig:
     @property
     def needs_data(self) -> bool:
         return self.method != "rtn"
+
+    @property
+    def sequential(self) -> bool:
+        """Whether later layers see this layer's quantized weights. imatrix, like llama.cpp's, gathers its
+        importance on the full-precision model."""
+        return self.method != "imatrix"
 
 
 @dataclass
@@ -114,17 +127,26 @@ def optimal_alpha(E: torch.Tensor, D: torch.Tensor, DH: torch.Tensor) -> float:
 
 
 def solve_layer(
-    name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig
+    name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig,
+    identity_weight: float = 0.0,
 ) -> tuple[QuantizedWeight, LayerRecord]:
-    """Quantize one Linear weight W [m, n] with the configured method."""
+    """Quantize one Linear weight W [m, n] with the configured method.
+
+    ``identity_weight`` mu adds mu * tr(H_common)/n * I to the final metric (after lam is computed, so it does not
+    inflate lam): the tied head's second role as a token lookup, which sees every row alike."""
+    require_finite(f"{name}.weight", W, "; refusing to quantize non-finite weights")
+    if config.needs_data and stats is not None:
+        stats.check_usable(name)  # positions reached it, and its statistics are finite
     record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method)  # type: ignore[arg-type]
     start = time.perf_counter()
     if not config.needs_data:
         W_hat = quantize_rtn(W, spec)
+    elif stats is None:
+        raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
+    elif config.method == "imatrix":
+        W_hat = quantize_q4_0_imatrix(W.float(), torch.diag(stats.H) / max(stats.n_common + stats.n_tail, 1), spec)
     else:
-        if stats is None:
-            raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
-        W_hat = _solve_with_data(W.float(), stats, spec, config, record)
+        W_hat = _solve_with_data(W.float(), stats, spec, config, record, identity_weight)
     record.seconds = time.perf_counter() - start
     if config.record_losses and stats is not None:
         _record_losses(record, W, W_hat, stats)
@@ -132,7 +154,8 @@ def solve_layer(
 
 
 def _solve_with_data(
-    W: torch.Tensor, stats: LayerStats, spec: LatticeSpec, config: TarqConfig, record: LayerRecord
+    W: torch.Tensor, stats: LayerStats, spec: LatticeSpec, config: TarqConfig, record: LayerRecord,
+    identity_weight: float = 0.0,
 ) -> QuantizedWeight:
     """Algorithm 1, with the metric and the residual step switched by the method."""
     H_common, H_tail = stats.H_common.to(W.device), stats.H_tail.to(W.device)
@@ -145,8 +168,12 @@ def _solve_with_data(
         if config.uses_rarebal:
             record.fallback = "no tail positions reached this layer: plain metric"
         H_rB = H_common + H_tail
-    metric = prepare_metric(H_rB, config.percdamp)
-    W_hat0 = gptq_sweep(W, metric, spec, config.blocksize)  # pilot (the whole answer without the residual step)
+    if identity_weight > 0:
+        H_rB = H_rB + identity_weight * record.tr_common / H_rB.shape[0] * torch.eye(
+            H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
+    metric = prepare_metric(H_rB, config.percdamp, config.act_order)
+    sweep = lambda target: gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)  # noqa: E731
+    W_hat0 = sweep(W)  # pilot (the whole answer without the residual step)
     if not config.uses_residual:
         return W_hat0
     if stats.n_delta == 0:
@@ -158,7 +185,7 @@ def _solve_with_data(
     alpha = optimal_alpha(E, D, DH)
     record.alpha = alpha
     W_tar = W + alpha * D.float()
-    return gptq_sweep(W_tar, metric, spec, config.blocksize)
+    return sweep(W_tar)
 
 
 def _record_losses(record: LayerRecord, W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> None:
