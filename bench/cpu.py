@@ -49,7 +49,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-DEFAULT_THREADS = (4, 8, 16)
+
+
+def default_threads(cores: int | None = None) -> tuple[int, ...]:
+    """The default thread ladder for this machine: the top three rungs of 1, 2, 4, ... up to the usable cores, the
+    core count itself the last rung (2 cores: 1,2; 6: 2,4,6; 16: 4,8,16)."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cores = os.cpu_count() or 1
+    ladder = [1 << k for k in range(max(cores, 1).bit_length()) if 1 << k < cores] + [max(cores, 1)]
+    return tuple(ladder[-3:])
+
+
+DEFAULT_THREADS = default_threads()
 DEFAULT_WARMUP = 1
 DEFAULT_RUNS = 3
 DEFAULT_TIMEOUT_S = 600.0
@@ -570,12 +584,14 @@ def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> Cp
     check_config(config)
     runtime = get_runtime(config.runtime)
     audios = [check_audio(a) for a in config.audios]
+    models = [check_model(runtime, m) for m in config.models]  # before anything runs
+    if all(m.error for m in models):
+        raise BenchConfigError("no valid model file: " + "; ".join(f"{m.path}: {m.error}" for m in models))
     env = child_environment(config)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
     load_start, cpu_start = os.getloadavg(), cpu_seconds()
     harness = harness_memory()
     baselines = {a.path: measure_baseline(runtime, config, a, env) for a in audios}
-    models = [check_model(runtime, m) for m in config.models]
     for model in models:
         log(f"{model.label}: {model.error}" if model.error else
             f"{model.label}: {model.info.backbone} {model.info.precision}, {model.size_mb:.1f} MB")

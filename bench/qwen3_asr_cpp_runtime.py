@@ -57,7 +57,7 @@ def measure_qwen3_asr_cpp(spec: dict) -> dict:
     command = [str(binary), "-m", spec["model"], "-f", spec["audio"], "-t", str(spec["threads"]), "--max-tokens",
                str(spec["settings"]["max_new_tokens"]), "--tokens"]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace")
     wall_s = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{binary} exited with status {done.returncode}: {done.stderr[-500:]}")

@@ -3,7 +3,8 @@
 Layout of a checkpoint directory::
 
     manifest.json         format, version, lattice (bits, group size, scheme), method and knobs, per-layer records,
-                          calibration summary, source model, sha256 of every file below
+                          calibration summary, source model, sha256 of every file below, and ``manifest_sha256``:
+                          the sha256 of the manifest itself (its canonical JSON without that key)
     lattice.safetensors   per quantized weight NAME: "NAME.codes" and "NAME.scales" (float16 [m, n_groups]).
                           Codes are uint8 nibble pairs [m, n/2] for 4-bit (code + 8; column 2j in the low nibble,
                           2j+1 in the high nibble) and int8 [m, n] otherwise.
@@ -29,7 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .fileio import replace_directory
+from .fileio import naming_os_errors, replace_directory
 from .quant.lattice import LatticeSpec, QuantizedWeight, check_on_lattice
 
 FORMAT_NAME = "tarq-lattice"
@@ -38,6 +39,7 @@ MANIFEST = "manifest.json"
 LATTICE_FILE = "lattice.safetensors"
 TENSORS_FILE = "tensors.safetensors"
 MODEL_FILES_DIR = "model"
+MANIFEST_DIGEST_KEY = "manifest_sha256"
 
 
 class CheckpointError(Exception):
@@ -95,14 +97,15 @@ def _packs_to_nibbles(spec: LatticeSpec, n_cols: int) -> bool:
 def save_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike) -> Path:
     """Write ``ckpt`` to ``out_dir`` atomically (temporary directory, then rename); returns the final path."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        _write_contents(ckpt, tmp)
-        _replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with naming_os_errors(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            _write_contents(ckpt, tmp)
+            _replace_directory(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
 
 
@@ -133,7 +136,15 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         **ckpt.metadata,
         "files": {rel: _sha256(directory / rel) for rel in _payload_files(directory)},
     }
+    manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no whitespace) without its own digest: an edit to the
+    manifest (a shape, the lattice, a file hash) is caught like an edit to any file it lists."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _payload_files(directory: Path) -> list[str]:
@@ -177,18 +188,31 @@ def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True) ->
     root = Path(directory)
     manifest = read_manifest(root)
     if verify_hashes:
+        _verify_manifest(root, manifest)
         _verify_files(root, manifest)
-    lattice_cfg = manifest["lattice"]
-    spec = LatticeSpec(bits=lattice_cfg["bits"], group_size=lattice_cfg["group_size"])
+    try:
+        lattice_cfg = manifest["lattice"]
+        spec = LatticeSpec(bits=lattice_cfg["bits"], group_size=lattice_cfg["group_size"])
+        shapes = dict(manifest["quantized"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{root / MANIFEST}: malformed lattice description ({type(e).__name__}: {e})") from None
     raw = _load_safetensors(root / LATTICE_FILE)
     quantized = {name: _quantized_from(raw, name, shape, spec, root / LATTICE_FILE)
-                 for name, shape in manifest["quantized"].items()}
+                 for name, shape in shapes.items()}
     tensors = _load_safetensors(root / TENSORS_FILE)
     model_files = {str(p.relative_to(root / MODEL_FILES_DIR)): p.read_bytes()
                    for p in sorted((root / MODEL_FILES_DIR).rglob("*")) if p.is_file()}
     reserved = {"format", "format_version", "lattice", "quantized", "aliases", "files"}
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
     return LatticeCheckpoint(spec, quantized, tensors, manifest.get("aliases", {}), metadata, model_files)
+
+
+def _verify_manifest(root: Path, manifest: dict) -> None:
+    """The manifest's own digest (checkpoints written before it existed carry none and are not checked)."""
+    recorded = manifest.get(MANIFEST_DIGEST_KEY)
+    if recorded is not None and recorded != manifest_digest(manifest):
+        raise CheckpointError(f"{root / MANIFEST}: content does not match its own {MANIFEST_DIGEST_KEY} (edited or "
+                              f"corrupted)")
 
 
 def _verify_files(root: Path, manifest: dict) -> None:
@@ -212,7 +236,14 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 def _quantized_from(raw: dict[str, torch.Tensor], name: str, shape: list[int], spec: LatticeSpec, path: Path) -> QuantizedWeight:
     if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
         raise CheckpointError(f"{path}: codes or scales of {name} missing")
-    q = QuantizedWeight(unpack_codes(raw[f"{name}.codes"], spec, shape[1]), raw[f"{name}.scales"], spec)
+    if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(d, int) and d > 0 for d in shape)):
+        raise CheckpointError(f"{path.parent / MANIFEST}: shape of {name} is {shape!r}, not [rows, columns]")
+    stored = raw[f"{name}.codes"]
+    packed = [shape[0], shape[1] // 2] if _packs_to_nibbles(spec, shape[1]) else list(shape)
+    if list(stored.shape) != packed:
+        raise CheckpointError(f"{path}: codes of {name} are stored as {list(stored.shape)}, which does not fit its "
+                              f"shape {shape} in {MANIFEST}")
+    q = QuantizedWeight(unpack_codes(stored, spec, shape[1]), raw[f"{name}.scales"], spec)
     if list(q.codes.shape) != list(shape):
         raise CheckpointError(f"{path}: codes of {name} have shape {list(q.codes.shape)}, manifest says {shape}")
     try:

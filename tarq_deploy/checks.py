@@ -68,7 +68,7 @@ def check_device(device: str, option: str = "--device") -> str:
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError):
-        raise UserError(f"{option} {device!r}: not a device name (cpu, cuda, cuda:N)") from None
+        raise UserError(f"{option} {device}: not a device name (cpu, cuda, cuda:N)") from None
     if parsed.type == "cpu":
         return device
     if parsed.type == "cuda":

@@ -8,14 +8,18 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
+import errno
 import importlib
+import re
 import sys
+import traceback
 from types import ModuleType
 
 from . import __version__
-from .errors import UserError
 
 # subcommand -> module under tarq_deploy.commands; each module has HELP, add_arguments(parser) and run(args).
+# Building the parser imports every one of them: their top level and add_arguments import nothing heavy (no torch,
+# no transformers), so that `tarq-deploy --help` answers at once; run() imports what the command needs.
 COMMANDS: dict[str, str] = {
     "quantize": "quantize",
     "export": "export",
@@ -27,6 +31,48 @@ COMMANDS: dict[str, str] = {
     "publish": "publish",
     "demo": "demo",
 }
+
+# Exceptions that describe bad input, by class (module.qualname, matched through the MRO so that the modules defining
+# them need not be imported to recognise them): each message names the file or option and the problem.
+USER_ERROR_CLASSES = frozenset({
+    "tarq_deploy.errors.UserError",
+    "tarq_deploy.checkpoint.CheckpointError",
+    "tarq_deploy.data.corpus.CorpusError",
+    "tarq_deploy.models.packaged.PackagedModelError",
+    "tarq_deploy.data.real_clips.RealClipError",
+    "tarq_deploy.data.synth.SynthError",
+    "tarq_deploy.evaluate.backends.BackendError",
+    "tarq_deploy.quant.ggml_quants.GgmlUnavailable",
+    "converters.model_files.ModelFilesError",
+    "converters.ggml_file.GGMLFileError",
+    "converters.ggml_file.VerifyError",
+    "converters.ggml_blocks.LatticeNotRepresentable",
+    "converters.gptq.ExportError",
+    "bench.cpu.BenchConfigError",
+})
+# OSErrors the user's machine causes (a full, read-only or missing place to write): a message, not a traceback.
+USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,
+                         errno.ENOTDIR, errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.EFBIG, errno.ENAMETOOLONG,
+                         errno.ELOOP, errno.EIO})
+OUR_PACKAGES = ("tarq_deploy", "converters", "bench")
+EXIT_USER_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
+REPORT_BUG = ("this is a bug in tarq-deploy, not in your input: please report it with the command line and the "
+              "traceback above")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless its help already says it or there is none to show (None, a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, [], ()) or action.default is argparse.SUPPRESS or action.nargs == 0 \
+                or _STATES_DEFAULT.search(text):
+            return text
+        return super()._get_help_string(action)
+
+
+# Help text that already states its default: "(default 4,8,16)", "default: x", "...; default 32 for ggml targets".
+_STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:|;\s*default\b|%\(default\)", re.IGNORECASE)
 
 
 def _command_module(name: str) -> ModuleType:
@@ -43,8 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = _command_module(name)
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter)
+        module.add_arguments(command)
+        _show_defaults(command)
     return parser
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """HelpFormatter for a command's own sub-commands too (corpus synth, corpus real)."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,23 +114,43 @@ def main(argv: list[str] | None = None) -> int:
         return _command_module(args.command).run(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
-    except _user_errors() as e:
-        print(f"tarq-deploy {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 -- the one place that decides between a message and a traceback
+        message = user_error_message(e)
+        if message is None:
+            traceback.print_exc()
+            print(f"tarq-deploy {args.command}: {REPORT_BUG}", file=sys.stderr)
+            return EXIT_BUG
+        print(f"tarq-deploy {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that describe bad input (they name the file and the problem): no traceback for these."""
-    from .checkpoint import CheckpointError
+def user_error_message(e: BaseException) -> str | None:
+    """One line naming the file or option and the problem when ``e`` is the user's (bad input, a full or read-only
+    disk, a missing optional package); None when it is our own bug."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__}
+    if names & USER_ERROR_CLASSES:
+        return _one_line(str(e))
+    if isinstance(e, OSError) and e.errno in USER_ERRNOS:
+        return _one_line(_os_error_text(e))
+    if isinstance(e, ModuleNotFoundError) and e.name and e.name.split(".")[0] not in OUR_PACKAGES:
+        return (f"this needs the Python package {e.name.split('.')[0]!r}, which is not installed "
+                f"(pip install it, or install tarq-deploy with its extras: pip install 'tarq-deploy[models]')")
+    return None
 
-    errors: list[type[BaseException]] = [UserError, CheckpointError, FileNotFoundError]
-    try:
-        from .data.corpus import CorpusError
-        errors.append(CorpusError)
-    except ImportError:
-        pass
-    return tuple(errors)
+
+def _os_error_text(e: OSError) -> str:
+    problem = e.strerror or str(e)
+    if e.filename is None:
+        return problem
+    if e.filename2 is not None:
+        return f"{e.filename} -> {e.filename2}: {problem}"
+    return f"{e.filename}: {problem}"
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return "; ".join(lines) if lines else "(no message)"
 
 
 if __name__ == "__main__":

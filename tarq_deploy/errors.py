@@ -1,5 +1,30 @@
-"""Errors that describe bad user input; the CLI prints them without a traceback and exits non-zero."""
+"""Errors that describe bad user input; the CLI prints them without a traceback and exits with status 2."""
 
 
 class UserError(Exception):
     """An error caused by the user's input (the message names the file or option and the problem)."""
+
+
+class NonFiniteError(UserError, ValueError):
+    """A weight or a calibration statistic holds NaN or Inf; the message names the tensor."""
+
+
+class CalibrationDataError(UserError, ValueError):
+    """Too little calibration data for a layer (no positions reached it); the message names the layer."""
+
+
+def nonfinite_problem(tensor) -> str | None:
+    """'3 NaN and 1 Inf values of 4096' when ``tensor`` (a torch tensor) is not all finite, else None. Takes the
+    tensor's own methods, so this module imports nothing heavy."""
+    if not tensor.is_floating_point() or bool(tensor.isfinite().all()):
+        return None
+    nan = int(tensor.isnan().sum())
+    inf = int(tensor.isinf().sum())
+    return f"{nan} NaN and {inf} Inf values of {tensor.numel()}"
+
+
+def require_finite(name: str, tensor, what: str = "") -> None:
+    """Raise NonFiniteError naming ``name`` when ``tensor`` holds NaN or Inf."""
+    problem = nonfinite_problem(tensor)
+    if problem is not None:
+        raise NonFiniteError(f"{name}: {problem}{what}")

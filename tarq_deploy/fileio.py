@@ -1,5 +1,8 @@
 """Atomic writes: every output goes to a temporary name beside its target and is renamed only when complete, so an
-interrupted or failed run never leaves a half-written file or directory under the real name."""
+interrupted or failed run never leaves a half-written file or directory under the real name.
+
+The finished output gets the permissions any other tool's output gets (0666 / 0777 less the umask: 0644 / 0755
+usually), not the private 0600 / 0700 that mkstemp and mkdtemp give their temporary names."""
 
 from __future__ import annotations
 
@@ -7,21 +10,56 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+
+_UMASK: int | None = None
+
+
+def current_umask() -> int:
+    """The process umask (read once: os.umask can only be read by setting it)."""
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
+
+
+def default_file_mode() -> int:
+    return 0o666 & ~current_umask()
+
+
+def default_dir_mode() -> int:
+    return 0o777 & ~current_umask()
+
+
+@contextmanager
+def naming_os_errors(path: str | os.PathLike) -> Iterator[None]:
+    """An OSError raised without a file name (a write on a full disk: ENOSPC) gets ``path``, the output being
+    written, so the message says which output could not be written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None and e.errno is not None:
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from e
+        raise
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with naming_os_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                os.fchmod(f.fileno(), default_file_mode())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return target
 
 
@@ -33,9 +71,27 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 2)
     return write_text_atomic(path, json.dumps(obj, indent=indent) + "\n")
 
 
+def set_default_modes(root: str | os.PathLike) -> None:
+    """Give a finished output tree the usual permissions: mkdtemp makes its directory 0700, and safetensors and
+    mkstemp write 0600 files. Files with other links (hard-linked inputs) are left as they are."""
+    os.chmod(root, default_dir_mode())
+    for directory, subdirs, files in os.walk(root):
+        for name in subdirs:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, default_dir_mode())
+        for name in files:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if not os.path.islink(path) and info.st_nlink == 1:
+                os.chmod(path, default_file_mode())
+
+
 def replace_directory(tmp: Path, out: Path) -> None:
     """Move the finished directory ``tmp`` to ``out``; an existing ``out`` is set aside first and removed only after
-    the move (callers decide beforehand whether ``out`` may be replaced at all)."""
+    the move (callers decide beforehand whether ``out`` may be replaced at all). ``tmp`` gets the usual permissions
+    first (set_default_modes)."""
+    set_default_modes(tmp)
     if not out.exists():
         os.replace(tmp, out)
         return

@@ -235,8 +235,7 @@ def test_gpu_runner_without_cuda_measures_nothing_and_says_so(jfk_wav, tmp_path)
     status = bench_command.run(parse(["--gpu", "--model", "packaged:tiny.en", "--audio", jfk_wav,
                                       "--out", str(tmp_path)]))
     assert status == 0
-    assert json.loads((tmp_path / "bench-gpu.json").read_text())["status"] == "skipped"
-    assert not (tmp_path / "bench-gpu.csv").exists()
+    assert not any(tmp_path.iterdir())  # an empty report never replaces earlier results
 
 
 def test_the_gpu_int4_variant_holds_the_checkpoint(tiny, tmp_path):

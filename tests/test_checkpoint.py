@@ -98,8 +98,10 @@ def test_out_of_range_codes_are_rejected(tmp_path: Path) -> None:
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["lattice"]["bits"] = 2  # 3-bit codes reach -4, outside the 2-bit range
     (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="does not match its own manifest_sha256"):
+        load_checkpoint(path)  # the manifest is hashed like every other file
     with pytest.raises(CheckpointError, match="outside"):
-        load_checkpoint(path)
+        load_checkpoint(path, verify_hashes=False)  # and the codes are checked against the lattice regardless
 
 
 @pytest.mark.parametrize("content,message", [(None, "missing"), ("{not json", "not valid JSON"),

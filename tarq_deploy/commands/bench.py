@@ -6,9 +6,11 @@
     tarq-deploy bench --report-only results/bench/bench-cpu.json      # re-render table, CSV and plot
 
 Writes STEM.json / .csv / .md / .png under --out (default results/bench, STEM bench-cpu or bench-gpu) and prints the
-markdown table. Exit status: 0 when every row was measured (or the GPU bench found no CUDA and measured nothing),
-1 when some rows are errors (an invalid model file, a crashed or timed-out run: the other rows are still measured and
-reported), 2 when the bench cannot start (no such audio, bad thread list, unknown runtime).
+markdown table; a run that measured nothing writes nothing, so earlier results there are never replaced by an empty
+report. Exit status: 0 when every row was measured (or the GPU bench found no CUDA and measured nothing), 1 when some
+rows are errors (an invalid model file, a crashed or timed-out run: the other rows are still measured and reported),
+2 when the bench cannot start (no such audio, no valid model file, bad thread list, unknown runtime, an --out that
+cannot be written).
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from typing import Any
 
 from bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
                        ORDERS, RUNTIMES, BenchConfig, BenchConfigError, run_cpu_bench)
+
+from ..errors import UserError
 
 HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_ERROR = 0, 1, 2
@@ -34,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="16 kHz mono 16-bit WAV, or a built-in clip: 'jfk' (11 s) or 'lecture-30s' (30 s of a "
                              "real lecture) (repeatable; default: jfk)")
     parser.add_argument("--threads", type=thread_list, default=list(DEFAULT_THREADS), metavar="N,N,...",
-                        help=f"thread ladder (default {','.join(map(str, DEFAULT_THREADS))}); more threads than "
-                             f"cores is measured and marked as oversubscribed")
+                        help=f"thread ladder (default {','.join(map(str, DEFAULT_THREADS))}: up to this machine's "
+                             f"cores); more threads than cores is measured and marked as oversubscribed")
     runtimes = ", ".join(RUNTIMES)
     parser.add_argument("--runtime", default="whisper.cpp", help=f"CPU runtime: {runtimes}")
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="warm-up runs per cell (not reported "
@@ -89,16 +93,25 @@ def decode_overrides(pairs: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from bench.report import load_result, markdown_report, write_reports
 
+    from ..checks import probe_writable
+
+    stem = args.name or ("bench-gpu" if args.gpu else "bench-cpu")
     try:
+        probe_writable("--out", Path(args.out) / f"{stem}.json")
         if args.report_only:
             doc = load_result(args.report_only)
         elif args.gpu:
             doc = _run_gpu(args)
         else:
             doc = run_cpu_bench(_cpu_config(args), log=_log).to_dict()
-    except (BenchConfigError, ValueError, FileNotFoundError) as e:
+    except (BenchConfigError, UserError, ValueError, FileNotFoundError) as e:
         print(f"tarq-deploy bench: error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    if not args.report_only and not any(c.get("status") == "ok" for c in doc["cells"]):
+        print(markdown_report(doc))
+        print(f"tarq-deploy bench: nothing was measured, so nothing was written ({args.out} is left as it was)",
+              file=sys.stderr)
+        return EXIT_OK if doc.get("status") == "skipped" else EXIT_ROW_ERRORS
     written = write_reports(doc, args.out, args.name or f"bench-{doc['kind']}", plot=not args.no_plot)
     print(markdown_report(doc))
     print("wrote " + ", ".join(str(p) for p in written.values()))

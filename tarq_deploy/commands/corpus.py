@@ -42,9 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="comma-separated voices of the test split (by default one the other splits never hear)")
     synth.add_argument("--sources", default=",".join(DEFAULT_SOURCES), help="comma-separated text sources "
                                                                            "(web, devil, wordnet)")
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--seed", type=int, default=0, help="seed of the sentence draw and the split")
     synth.add_argument("--min-rare", type=int, default=DEFAULT_MIN_RARE, help="rare words per sentence, at least")
-    synth.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD)
+    synth.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD,
+                       help="a word is rare if its Zipf score is below k")
 
 
 def run(args: argparse.Namespace) -> int:

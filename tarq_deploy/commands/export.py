@@ -28,11 +28,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_output(args)
     if args.target in GPU_TARGETS:
         return _export_gpu(args)
     if args.target in GGUF_TARGETS:
         return _export_gguf(args)
     return export_whispercpp.run_export(args)
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Before anything is loaded or packed: the output can be written where the user pointed it."""
+    from pathlib import Path
+
+    from ..checks import check_output_file, probe_writable
+    from ..errors import UserError
+
+    if args.target not in GPU_TARGETS:
+        check_output_file("--output", args.output)
+        return
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out}: exists and is not a directory (--target {args.target} writes a directory)")
+    probe_writable("--output", out)
 
 
 def _export_gguf(args: argparse.Namespace) -> int:
@@ -42,12 +59,15 @@ def _export_gguf(args: argparse.Namespace) -> int:
     from converters.model_files import ModelFilesError
 
     from ..errors import UserError
+    from ..fileio import naming_os_errors
 
     if args.baseline:
         raise UserError(f"--baseline is for whisper.cpp; --target {args.target} exports a lattice checkpoint or an "
                         f"F16 float model (--model)")
     try:
-        out, summary = export_qwen3_asr_gguf(args.target, args.checkpoint, args.model, args.weight_type, args.output)
+        with naming_os_errors(args.output):
+            out, summary = export_qwen3_asr_gguf(args.target, args.checkpoint, args.model, args.weight_type,
+                                                 args.output)
     except (ModelFilesError, LatticeNotRepresentable) as e:  # GGUFExportError is a ModelFilesError
         raise UserError(str(e)) from None
     print(f"wrote {out}: {summary}")
@@ -61,15 +81,20 @@ def _export_gpu(args: argparse.Namespace) -> int:
 
     from ..checkpoint import load_checkpoint
     from ..errors import UserError
+    from ..fileio import naming_os_errors
 
     if not args.checkpoint:
         raise UserError(f"--target {args.target} exports a lattice checkpoint: give CHECKPOINT_DIR")
     writers = {"gptq": write_gptq_checkpoint, "compressed-tensors": write_compressed_tensors_checkpoint,
                "marlin": write_marlin_checkpoint}
     try:
-        out = writers[args.target](load_checkpoint(args.checkpoint), args.output, serve_dtype=args.serve_dtype,
-                                   overwrite=args.overwrite)
+        checkpoint = load_checkpoint(args.checkpoint)
+        with naming_os_errors(args.output):
+            out = writers[args.target](checkpoint, args.output, serve_dtype=args.serve_dtype, overwrite=args.overwrite)
     except ExportError as e:
         raise UserError(str(e)) from None
     print(f"wrote {out} ({args.target})")
+    if args.target == "compressed-tensors":
+        print("load it in transformers with from_pretrained(..., quantization_config=CompressedTensorsConfig("
+              "dequantize=True)); a plain from_pretrained fails at the first forward pass")
     return 0

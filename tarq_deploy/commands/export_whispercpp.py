@@ -15,20 +15,25 @@ import json
 import sys
 import time
 
-from converters.ggml_blocks import LatticeNotRepresentable
-from converters.model_files import ModelFilesError
-from converters.ggml_file import GGMLFileError, VerifyError, read_whisper_cpp, verify
-from converters.whisper_cpp import (BASELINES, TARGET_TYPES, WhisperExportError, as_source, build_whisper_cpp,
-                                    default_target, model_source, write_whisper_cpp)
-
-from ..checkpoint import CheckpointError
-
 EXPORT_HELP = "export a lattice checkpoint (or a float model) to a runtime's model file, bit-exactly"
 VERIFY_HELP = "decode every tensor of a whisper.cpp model file and compare it with a lattice checkpoint's exact values"
 TARGETS = ("whisper.cpp",)
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
-_INPUT_ERRORS = (ModelFilesError, LatticeNotRepresentable, GGMLFileError, VerifyError, CheckpointError,
-                 FileNotFoundError)
+# The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names
+# mirror converters.whisper_cpp.TARGET_TYPES / BASELINES (tests/test_bad_inputs.py checks that they agree).
+WEIGHT_TYPES = ("f16", "q8_0", "q4_0")
+BASELINES = ("rtn",)
+
+
+def input_errors() -> tuple[type[BaseException], ...]:
+    """Errors that name a bad input file or option: reported in one line, exit status 2."""
+    from converters.ggml_blocks import LatticeNotRepresentable
+    from converters.ggml_file import GGMLFileError, VerifyError
+    from converters.model_files import ModelFilesError
+
+    from ..checkpoint import CheckpointError
+
+    return (ModelFilesError, LatticeNotRepresentable, GGMLFileError, VerifyError, CheckpointError, FileNotFoundError)
 
 
 # ------------------------------------------------------------------------------------------------------- export
@@ -36,7 +41,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
     parser.add_argument("--target", choices=TARGETS, default="whisper.cpp", help="runtime file format")
     parser.add_argument("-o", "--output", required=True, help="model file to write (replaced atomically)")
-    parser.add_argument("--type", choices=tuple(TARGET_TYPES), dest="weight_type",
+    parser.add_argument("--type", choices=WEIGHT_TYPES, dest="weight_type",
                         help="ggml type of the weight matrices (default: the checkpoint's lattice: q4_0 for 4-bit, "
                              "q8_0 for 8-bit; f16 for --model; q4_0 for --baseline)")
     parser.add_argument("--model", metavar="SOURCE",
@@ -48,14 +53,19 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from converters.whisper_cpp import build_whisper_cpp, default_target, write_whisper_cpp
+
+    from ..fileio import naming_os_errors
+
     try:
         _check_export_arguments(args)
         started = time.perf_counter()
         source = _export_source(args)
         target = args.weight_type or default_target(source, args.baseline)
         built = build_whisper_cpp(source, target, args.baseline, progress=not args.quiet)
-        out = write_whisper_cpp(built, args.output, progress=not args.quiet)
-    except _INPUT_ERRORS as e:
+        with naming_os_errors(args.output):  # a full disk names the file it could not write
+            out = write_whisper_cpp(built, args.output, progress=not args.quiet)
+    except input_errors() as e:
         return _error("export", e)
     what = f"{target} (ggml rounding of the float model)" if args.baseline else target
     print(f"wrote {out}: whisper.cpp {what}, {len(built.tensors)} tensors, {out.stat().st_size / 1e6:.1f} MB "
@@ -64,6 +74,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _check_export_arguments(args: argparse.Namespace) -> None:
+    from converters.whisper_cpp import WhisperExportError
+
     if (args.checkpoint is None) == (args.model is None):
         raise WhisperExportError("give either CHECKPOINT_DIR or --model SOURCE (exactly one)")
     if args.baseline and args.model is None:
@@ -74,6 +86,8 @@ def _check_export_arguments(args: argparse.Namespace) -> None:
 
 
 def _export_source(args: argparse.Namespace):
+    from converters.whisper_cpp import WhisperExportError, as_source, model_source
+
     if args.checkpoint is not None:
         return as_source(args.checkpoint)
     from ..models.loader import load_whisper
@@ -93,10 +107,12 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from converters.ggml_file import read_whisper_cpp, verify
+
     try:
         diffs = verify(args.model_file, args.against)
         types = read_whisper_cpp(args.model_file).tensors
-    except _INPUT_ERRORS as e:
+    except input_errors() as e:
         return _error("verify", e)
     if args.json:
         print(json.dumps(diffs, indent=2))

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..checkpoint import load_checkpoint
-
 HELP = "validate a lattice checkpoint (hashes, code ranges) and print its lattice, method and per-layer figures"
 
 
@@ -16,6 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def summarise(checkpoint_dir: str) -> dict:
+    from ..checkpoint import load_checkpoint
+
     ckpt = load_checkpoint(checkpoint_dir)
     n_weights = sum(q.codes.numel() for q in ckpt.quantized.values())
     return {

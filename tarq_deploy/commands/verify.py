@@ -31,7 +31,7 @@ def _run_gguf_verify(args: argparse.Namespace) -> int:
     try:
         diffs = verify_gguf(args.model_file, args.against)
         tensors = read_gguf(args.model_file).tensors
-    except (GGUFFileError, GGUFVerifyError, GGUFExportError, *export_whispercpp._INPUT_ERRORS) as e:
+    except (GGUFFileError, GGUFVerifyError, GGUFExportError, *export_whispercpp.input_errors()) as e:
         return export_whispercpp._error("verify", e)
     if args.json:
         print(json.dumps(diffs, indent=2))

@@ -71,13 +71,20 @@ class _WavFormat:
 _WAVE_FORMAT_PCM, _WAVE_FORMAT_FLOAT, _WAVE_FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
 
 
+# Sizes a streaming writer (a pipe: ffmpeg, sox) leaves on a data chunk it could not seek back to: 0, or a huge
+# placeholder. Any other size that runs past the end of the file means the file was cut short.
+_STREAMED_SIZE_MIN = 0x7FFFF000
+
+
 def _wav_chunks(data: bytes) -> Iterable[tuple[bytes, bytes]]:
     position = 12
     while position + 8 <= len(data):
         chunk_id, size = data[position: position + 4], struct.unpack_from("<I", data, position + 4)[0]
         body_start = position + 8
-        # Streaming writers leave size 0 or 0xFFFFFFFF on the data chunk: take what is there.
-        streamed = chunk_id == b"data" and (size == 0 or body_start + size > len(data))
+        streamed = chunk_id == b"data" and (size == 0 or size >= _STREAMED_SIZE_MIN)
+        if chunk_id == b"data" and not streamed and body_start + size > len(data):
+            raise AudioDecodeError(f"WAV file is truncated: its data chunk declares {size} bytes, the file holds "
+                                   f"{len(data) - body_start}")
         body_end = len(data) if streamed else body_start + size
         yield chunk_id, data[body_start:body_end]
         position = body_end + (size & 1)  # chunks are word-aligned
@@ -295,7 +302,7 @@ def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, deco
     base = manifest.parent
     name = dataset if dataset is not None else manifest.stem
     utterances = []
-    for line_number, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), start=1):
+    for line_number, line in enumerate(_utf8_lines(manifest), start=1):
         if not line.strip():
             continue
         try:
@@ -308,6 +315,18 @@ def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, deco
         audio_path = audio if os.path.isabs(audio) else str(base / audio)
         utterances.append(Utterance(utterance_id, audio_path, text, name))
     return validate_corpus(utterances, decode)
+
+
+def _utf8_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file; CorpusError naming the file and line when it is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line_number = data[: error.start].count(b"\n") + 1
+        raise CorpusError(f"{path}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start}); save it as "
+                          f"UTF-8") from None
+    return text.splitlines()
 
 
 def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike[str]) -> Path:
@@ -340,7 +359,7 @@ def load_librispeech_dir(
         raise CorpusError(f"{folder}: no LibriSpeech *.trans.txt transcripts found below it")
     utterances = []
     for transcript in transcripts:
-        for line in transcript.read_text(encoding="utf-8").splitlines():
+        for line in _utf8_lines(transcript):
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")

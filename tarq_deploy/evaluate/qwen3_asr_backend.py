@@ -110,7 +110,9 @@ def run_qwen3_asr_cpp(binary: Path, model_file: Path, wav: Path, threads: int, m
     command = [str(binary), "-m", str(model_file), "-f", str(wav), "-t", str(threads), "--max-tokens",
                str(max_tokens), "--tokens"]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    # errors="replace": a token that splits a UTF-8 sequence must not end the whole eval run with a traceback
+    return subprocess.run(command, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                          timeout=timeout_s, env=env)
 
 
 @dataclass

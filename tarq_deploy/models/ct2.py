@@ -38,6 +38,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from tarq_deploy.fileio import set_default_modes
+
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------
@@ -597,12 +599,6 @@ def load_ct2_whisper(directory: str | os.PathLike[str], dtype: torch.dtype = tor
     return model, processor, generation_config
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def save_as_transformers(directory: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> Path:
     """Convert a CTranslate2 Whisper directory into a transformers directory (written whole, then renamed)."""
     out_dir = Path(out_dir)
@@ -615,7 +611,7 @@ def save_as_transformers(directory: str | os.PathLike[str], out_dir: str | os.Pa
         model.save_pretrained(staging)
         processor.save_pretrained(staging)
         generation_config.save_pretrained(staging)
-        staging.chmod(0o777 & ~_current_umask())  # mkdtemp makes it private; the result should not be
+        set_default_modes(staging)  # mkdtemp and safetensors make it private; the result should not be
         staging.rename(out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import CalibrationDataError, require_finite
 
 PRODUCT_DTYPE = torch.float32
 
@@ -55,6 +56,16 @@ class LayerStats:
                 raise ValueError(f"x_fp has shape {tuple(x_fp.shape)}, x_q has {tuple(x_q.shape)}")
             self.H_delta += ((x_fp - x_q).T @ x_q).to(torch.float64)
             self.n_delta += int(x_q.shape[0])
+
+    def check_usable(self, name: str) -> None:
+        """CalibrationDataError when no calibration position reached the layer ``name`` (a layer with no *tail*
+        positions is fine: the solver records its fallback); NonFiniteError when a moment holds NaN or Inf."""
+        if self.n_common + self.n_tail == 0:
+            raise CalibrationDataError(f"{name}: no calibration positions reached this layer, so it cannot be "
+                                       f"calibrated (give more or longer utterances, or use --method rtn)")
+        for label in ("H_common", "H_tail", "H_delta"):
+            require_finite(f"{name}: calibration statistic {label}", getattr(self, label),
+                           " (its inputs hold NaN or Inf: a non-finite weight or audio sample upstream of it)")
 
     @property
     def H(self) -> torch.Tensor:
