@@ -145,6 +145,39 @@ def test_rerun_reads_the_cache_and_reproduces_the_report(evaluated: Path, corpor
     assert (again / "report.json").read_bytes() == (evaluated / "report.json").read_bytes()
 
 
+def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
+    """--reference/--teacher-forced: the F16 whisper.cpp file holds the F16 model's very values, so against it KLD and
+    delta-NLL are 0 and top-1 agrees everywhere; the 4-bit models move away from it; imatrix runs end to end."""
+    imatrix = work / "ckpt-imatrix"
+    _cli("quantize", "--model", "packaged:tiny.en", "--calib", corpora["calib"], "--method", "imatrix",
+         "--n-calib", N_SYNTH_CALIB, "--out", imatrix)
+    _cli("export", "--target", "whisper.cpp", imatrix, "-o", work / "imatrix-q4_0.bin", "--quiet")
+    _cli("verify", work / "imatrix-q4_0.bin", "--against", imatrix)
+    out = work / "eval-tf"
+    argv = ["eval", "--data", str(corpora["synth"]), "--out", str(out), "--resamples", "100", "--quiet",
+            "--tokenizer", "packaged:tiny.en", "--model", "F16=packaged:tiny.en", "--backend", "torch",
+            "--model", f"F16 file={work / 'f16.bin'}", "--backend", "whisper.cpp",
+            "--model", f"RTN={work / 'rtn-q4_0.bin'}", "--backend", "whisper.cpp",
+            "--model", f"IMATRIX={work / 'imatrix-q4_0.bin'}", "--backend", "whisper.cpp",
+            "--reference", "F16", "--teacher-forced", "--compare", "IMATRIX:RTN"]
+    _cli(*argv)
+    dataset = json.loads((out / "report.json").read_text())["datasets"][0]
+    tf = {m["label"]: m for m in dataset["teacher_forced"]["models"]}
+    assert set(tf) == {"F16 file", "RTN", "IMATRIX"}
+    assert abs(tf["F16 file"]["kld_rare"]["value"]) < 1e-9 and abs(tf["F16 file"]["dnll_common"]["value"]) < 1e-9
+    assert tf["F16 file"]["top1_rare"]["value"] == 1.0
+    assert tf["RTN"]["kld_rare"]["value"] > 1e-3 and tf["RTN"]["kld_common"]["value"] > 1e-3
+    assert tf["RTN"]["positions"]["rare"] > 0 and tf["RTN"]["positions"]["common"] > tf["RTN"]["positions"]["rare"]
+    assert [d["model"] for d in dataset["teacher_forced"]["differences"]] == ["IMATRIX"]
+    retention = {r["model"]: r for r in dataset["retention"]["models"]}
+    assert retention["F16 file [whisper.cpp]"]["versus"] == "F16 [torch]"
+    assert 0.0 <= retention["RTN [whisper.cpp]"]["retention"]["value"] <= 1.0
+    assert "### Teacher-forced figures against F16" in (out / "report.md").read_text()
+    cached = (out / "report.json").read_bytes()
+    _cli(*argv)  # everything from the caches: the same report
+    assert (out / "report.json").read_bytes() == cached
+
+
 # ----------------------------------------------------------------------------------------------------- refusals
 def test_eval_refuses_a_broken_whisper_cpp_file(work: Path, corpora, models, capsys):
     broken = work / "broken.bin"

@@ -75,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher-forced", action="store_true",
                    help="score every label teacher-forced against --reference on the reference transcripts (PyTorch, "
                         "no decoding): KLD, delta-NLL and top-1 agreement on rare and common token positions")
+    p.add_argument("--teacher-forced-only", action="store_true",
+                   help="only the teacher-forced figures (no decoding): a quick figure to steer calibration by")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -326,6 +328,29 @@ class _FigureCache:
             f.write(json.dumps({"key": key, "figures": figures}) + "\n")
 
 
+def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
+                         pairs: tuple[tuple[str, str], ...], out: Path) -> int:
+    from ..evaluate.report import render_teacher_forced, teacher_forced_section
+    from ..evaluate.wer import bootstrap_indices
+
+    figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
+                                     out / "teacher-forced", not args.quiet)
+    options = ReportOptions(args.resamples, args.seed, pairs, reference=args.reference)
+    report = {"settings": {"zipf_threshold": args.zipf_threshold, "bootstrap_resamples": args.resamples,
+                           "bootstrap_seed": args.seed, "teacher_forced_only": True},
+              "datasets": [{"name": d.name, "manifest": d.manifest, "utterances": len(d.utterances),
+                            "teacher_forced": teacher_forced_section(
+                                figures[d.name], options, bootstrap_indices(len(d.utterances), args.resamples,
+                                                                            args.seed))}
+                           for d in datasets]}
+    markdown = "\n".join(line for d in report["datasets"]
+                          for line in [f"## {d['name']}", *render_teacher_forced(d["teacher_forced"]), ""]) + "\n"
+    _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    _write_atomically(out / "report.md", markdown)
+    sys.stdout.write(markdown)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------- run
 def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
                      progress: bool) -> dict[str, list[dict]]:
@@ -459,11 +484,14 @@ def run(args: argparse.Namespace) -> int:
     pairs = comparisons(args.compare)
     out = Path(args.out)
     options = DecodeOptions(threads=args.threads, device=args.device)
+    args.teacher_forced = args.teacher_forced or args.teacher_forced_only
     if args.teacher_forced and not args.reference:
         raise UserError("--teacher-forced needs --reference LABEL (the full-precision model)")
     if args.reference and args.reference not in {s.label for s in specs}:
         raise UserError(f"--reference {args.reference}: no model has that label")
     datasets = load_datasets(args.data, args.limit)
+    if args.teacher_forced_only:
+        return _teacher_forced_only(args, specs, datasets, pairs, out)
     try:
         hypotheses = transcribe_models(specs, datasets, options, out / "hypotheses", args.jobs, not args.quiet)
         margins = near_tie_margins(specs, datasets, hypotheses, options, out / "hypotheses")
