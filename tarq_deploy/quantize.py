@@ -54,11 +54,12 @@ class QuantizeOptions:
     percdamp: float = 0.01
     scale_rule: str = "max"
     act_order: bool = False
+    alpha_rule: str = "closed-form"
     device: str = "cpu"
 
     def solver(self) -> TarqConfig:
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
-                          scale_rule=self.scale_rule, act_order=self.act_order)
+                          scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule)
 
     def spec(self) -> LatticeSpec:
         return LatticeSpec(self.bits, self.group_size)

@@ -38,10 +38,11 @@ def test_rtn_codes_in_range_and_scales_fp16_exact(bits: int, group_size: int) ->
     assert q.codes.min() >= spec.qmin and q.codes.max() <= spec.qmax
     assert torch.equal(q.scales.float().half().float(), q.scales.float())
     # rounding to nearest (against the float32 scale, as ggml does): within half a step of the stored value, plus the
-    # fp16 rounding of the scale (at most 2^-11 relative, times |q| <= 2^(b-1)), or clamped at the top code
+    # fp16 rounding of the scale (at most 2^-11 relative, or 2^-25 absolute among subnormals, times |q| <= 2^(b-1)),
+    # or clamped at the top code
     err = (W - q.dequantize()).abs()
     step = q.scales.float().abs().repeat_interleave(spec.group_width(256), dim=1)
-    slack = step * (2.0 ** -11) * (2 ** (bits - 1)) + 1e-6 * W.abs()
+    slack = (step * 2.0 ** -11 + 2.0 ** -25) * (2 ** (bits - 1)) + 1e-6 * W.abs()
     assert (err <= step * 0.5 + slack + step * (q.codes == spec.qmax)).all()
     # every group spends its extreme level: the lowest code (ggml's max rule), or +-127 for 8 bits (Q8_0's rule)
     extreme = q.codes.abs().amax() == spec.qmax if bits == 8 else q.codes.min() == spec.qmin
@@ -220,3 +221,29 @@ def test_config_rejects_unknown_method() -> None:
         TarqConfig(method="awq")
     with pytest.raises(ValueError, match="cost ratio"):
         TarqConfig(c=0)
+
+
+def test_alpha_one_targets_the_weighted_least_squares_solution() -> None:
+    """--alpha-rule one: W + W H_delta,w (H_w)^-1 is the V minimising sum_t w_t |W x_fp,t - V x_t|^2 with w = lam on
+    tail positions (the residual target weighted like the rareBAL metric); checked against a weighted lstsq."""
+    n, tokens = 32, 400
+    g = torch.Generator().manual_seed(11)
+    x_q = torch.randn(tokens, n, generator=g) * torch.linspace(0.5, 2.0, n)  # well conditioned: float32 moments suffice
+    x_fp = x_q + 0.1 * torch.randn(tokens, n, generator=g)
+    tail = torch.zeros(tokens, dtype=torch.bool)
+    tail[::5] = True
+    W = torch.randn(16, n, generator=torch.Generator().manual_seed(13))
+    stats = stats_for(x_q, tail, x_fp)
+    H_rB, lam = rarebal_metric(stats.H_common, stats.H_tail)
+    metric = prepare_metric(H_rB, percdamp=1e-9)
+    H_delta_w = stats.H_delta + (lam - 1.0) * stats.H_delta_tail
+    D, _ = residual_direction(W, H_delta_w, metric)
+    weights = torch.where(tail, lam, 1.0).double().sqrt()[:, None]
+    solution = torch.linalg.lstsq(weights * x_q.double(), weights * (x_fp.double() @ W.double().T)).solution.T
+    assert torch.allclose((W + D).double(), solution, atol=2e-3, rtol=1e-3)
+    assert torch.allclose(stats.H_delta_tail, ((x_fp - x_q)[tail].T @ x_q[tail]).double(), atol=1e-4)
+    config = TarqConfig(method="tarq", alpha_rule="one")
+    q, record = solve_layer("layer", W, stats, LatticeSpec(4, 32), config)
+    assert record.alpha == 1.0 and record.lam == pytest.approx(lam)
+    with pytest.raises(ValueError, match="alpha rule"):
+        TarqConfig(alpha_rule="half")

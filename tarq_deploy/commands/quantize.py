@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..data.corpus import POOLS
 from ..errors import UserError
-from ..quant.choices import DEFAULT_GROUP_SIZE, METHODS, SCALE_RULES, SOURCES
+from ..quant.choices import ALPHA_RULES, DEFAULT_GROUP_SIZE, METHODS, SCALE_RULES, SOURCES
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
 SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "metric-diagonal-weighted error)")
     p.add_argument("--act-order", action="store_true",
                    help="sweep columns by decreasing H diagonal (group scales fixed up front, groups stay contiguous)")
+    p.add_argument("--alpha-rule", choices=ALPHA_RULES, default="closed-form",
+                   help="residual step: the paper's closed-form alpha*, or one (the exact least-squares target "
+                        "W + W H_delta H^-1, H_delta weighted like the metric)")
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
@@ -60,6 +63,7 @@ def options_from(args: argparse.Namespace):
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
+        alpha_rule=args.alpha_rule,
         device=args.device,
     )
 

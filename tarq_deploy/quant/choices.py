@@ -6,6 +6,7 @@ from __future__ import annotations
 
 METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix")
 SCALE_RULES = ("max", "search")
+ALPHA_RULES = ("closed-form", "one")
 SOURCES = ("rare", "random", "common")
 
 # Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs

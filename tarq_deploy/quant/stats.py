@@ -26,6 +26,7 @@ class LayerStats:
     H_common: torch.Tensor = field(init=False)
     H_tail: torch.Tensor = field(init=False)
     H_delta: torch.Tensor = field(init=False)
+    H_delta_tail: torch.Tensor = field(init=False)  # the tail positions' share of H_delta (rareBAL-weighted target)
     n_common: int = 0
     n_tail: int = 0
     n_delta: int = 0
@@ -33,7 +34,7 @@ class LayerStats:
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
         zeros = lambda: torch.zeros((self.n, self.n), dtype=torch.float64, device=self.device)  # noqa: E731
-        self.H_common, self.H_tail, self.H_delta = zeros(), zeros(), zeros()
+        self.H_common, self.H_tail, self.H_delta, self.H_delta_tail = zeros(), zeros(), zeros(), zeros()
 
     def add(self, x_q: torch.Tensor, tail_mask: torch.Tensor, x_fp: torch.Tensor | None = None) -> None:
         """Fold in activations x_q [..., n] entering the partially quantized layer, their tail tags [...] and,
@@ -54,7 +55,9 @@ class LayerStats:
             x_fp = x_fp.reshape(-1, self.n).to(self.device, work)
             if x_fp.shape != x_q.shape:
                 raise ValueError(f"x_fp has shape {tuple(x_fp.shape)}, x_q has {tuple(x_q.shape)}")
-            self.H_delta += ((x_fp - x_q).T @ x_q).to(torch.float64)
+            delta = x_fp - x_q
+            self.H_delta += (delta.T @ x_q).to(torch.float64)
+            self.H_delta_tail += (delta[mask].T @ x_tail).to(torch.float64)
             self.n_delta += int(x_q.shape[0])
 
     def check_usable(self, name: str) -> None:
@@ -63,7 +66,7 @@ class LayerStats:
         if self.n_common + self.n_tail == 0:
             raise CalibrationDataError(f"{name}: no calibration positions reached this layer, so it cannot be "
                                        f"calibrated (give more or longer utterances, or use --method rtn)")
-        for label in ("H_common", "H_tail", "H_delta"):
+        for label in ("H_common", "H_tail", "H_delta", "H_delta_tail"):
             require_finite(f"{name}: calibration statistic {label}", getattr(self, label),
                            " (its inputs hold NaN or Inf: a non-finite weight or audio sample upstream of it)")
 
@@ -80,7 +83,8 @@ class LayerStats:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         counts = torch.tensor([self.n_common, self.n_tail, self.n_delta], dtype=torch.int64)
-        return {"H_common": self.H_common.cpu(), "H_tail": self.H_tail.cpu(), "H_delta": self.H_delta.cpu(), "counts": counts}
+        return {"H_common": self.H_common.cpu(), "H_tail": self.H_tail.cpu(), "H_delta": self.H_delta.cpu(),
+                "H_delta_tail": self.H_delta_tail.cpu(), "counts": counts}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> "LayerStats":
@@ -88,5 +92,7 @@ class LayerStats:
         stats.H_common.copy_(state["H_common"])
         stats.H_tail.copy_(state["H_tail"])
         stats.H_delta.copy_(state["H_delta"])
+        if "H_delta_tail" in state:
+            stats.H_delta_tail.copy_(state["H_delta_tail"])
         stats.n_common, stats.n_tail, stats.n_delta = (int(v) for v in state["counts"])
         return stats

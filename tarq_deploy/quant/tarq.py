@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import require_finite
-from .choices import METHODS, SOURCES  # torch-free, for the CLI's --help
+from .choices import ALPHA_RULES, METHODS, SOURCES  # torch-free, for the CLI's --help
 from .ggml_quants import quantize_q4_0_imatrix
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
 from .lattice import SCALE_RULES, LatticeSpec, QuantizedWeight, quantize_rtn
@@ -43,6 +43,7 @@ class TarqConfig:
     record_losses: bool = True
     scale_rule: str = "max"  # group scales: lattice.py's max rule, or its search weighted by the metric's diagonal
     act_order: bool = False  # sweep columns by decreasing diag(H), group scales fixed up front
+    alpha_rule: str = "closed-form"  # residual step size: the paper's alpha*, or "one" (the exact target)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -51,6 +52,8 @@ class TarqConfig:
             raise ValueError(f"reweighting source must be one of {SOURCES}, got {self.source!r}")
         if not self.c > 0:
             raise ValueError(f"cost ratio c must be positive, got {self.c}")
+        if self.alpha_rule not in ALPHA_RULES:
+            raise ValueError(f"alpha rule must be one of {ALPHA_RULES}, got {self.alpha_rule!r}")
         if self.scale_rule not in SCALE_RULES:
             raise ValueError(f"scale rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
 
@@ -180,6 +183,13 @@ def _solve_with_data(
         record.fallback = "no paired full-precision stream: residual step skipped"
         return W_hat0
 
+    if config.alpha_rule == "one":
+        # The exact minimiser of sum_t w_t |W x_fp,t - V x_t|^2 (w_t = lam on tail positions, 1 elsewhere) is
+        # V = W + W H_delta,w (H_w)^-1: the full residual direction, with H_delta weighted like the metric.
+        H_delta = stats.H_delta + ((record.lam or 1.0) - 1.0) * stats.H_delta_tail
+        D, _ = residual_direction(W, H_delta.to(W.device), metric)
+        record.alpha = 1.0
+        return sweep(W + D.float())
     D, DH = residual_direction(W, stats.H_delta, metric)
     E = W_hat0.dequantize() - W
     alpha = optimal_alpha(E, D, DH)
