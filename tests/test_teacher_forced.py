@@ -82,3 +82,23 @@ def test_report_sections_pair_models_on_the_same_utterances() -> None:
     assert tf["models"][1]["kld_rare"]["value"] == 0.0
     assert tf["differences"][0]["kld_rare"]["value"] < 0  # B - A: B is closer to the reference
     assert np.isclose(tf["models"][0]["dnll_rare"]["value"], math.log(0.5 / 0.9))
+
+
+def test_window_targets_concatenate_each_utterance_tokens() -> None:
+    """A packed window's reference tokens are its utterances' own tokens back to back, equal to tokenizing the joined
+    transcript (byte-level BPE never merges across the space before a word); each position has one owner."""
+    from tarq_deploy.evaluate.teacher_forced import TeacherForcedScorer
+    from tarq_deploy.models.loader import load_whisper
+
+    scorer = TeacherForcedScorer(load_whisper("packaged:tiny.en"))
+    texts = ["The abbot of Dunfermline spoke.", "Zymurgy, quoth he!", "and so on"]
+    target = scorer.targets(texts)
+    tokenizer = scorer.backbone.processor.tokenizer
+    prompt = scorer.backbone.prompt_ids()
+    joined = tokenizer.encode(" " + " ".join(texts), add_special_tokens=False)
+    assert target.ids == prompt + joined + [scorer.backbone.generation_config.eos_token_id]
+    assert len(target.rare) == len(target.owner) == len(target.ids) - 1 - target.first
+    assert target.owner[0] == 0 and target.owner[-1] == 2 and sorted(set(target.owner)) == [0, 1, 2]
+    rare_text = tokenizer.decode([t for t, r in zip(target.ids[target.first + 1:], target.rare) if r])
+    assert "Dunfermline" in rare_text.replace(" ", "") and "Zymurgy" in rare_text.replace(" ", "")
+    assert not target.rare[-1]  # the end token is never rare

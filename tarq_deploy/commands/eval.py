@@ -275,28 +275,37 @@ def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], refe
 
     reference, models = teacher_forced_specs(specs, reference_label)
     identity = {spec.label: {"reference": source_fingerprint(reference.source), "model": source_fingerprint(spec.source),
-                             "tokenizer": spec.tokenizer, "zipf_threshold": k} for spec in models}
+                             "tokenizer": spec.tokenizer, "zipf_threshold": k, "windows": "packed 30 s"}
+                for spec in models}
     caches = {spec.label: _FigureCache(cache_dir, spec.label, identity[spec.label]) for spec in models}
-    missing = [(d, i) for d in datasets for i, u in enumerate(d.utterances)
-               if any(c.get(d.name, u.id, audio_digest(d.audio[i]), u.text) is None for c in caches.values())]
+    # Utterances are scored in packed windows, so a figure depends on the whole dataset's composition: the cache
+    # key includes it, and a dataset with anything missing is scored again whole (the same windows every time).
+    keys = {d.name: _dataset_keys(d) for d in datasets}
+    missing = [d for d in datasets if any(c.get(k) is None for c in caches.values() for k in keys[d.name])]
     if missing:
         scorers = {spec.label: TeacherForcedScorer(load_torch_bundle(spec)[0], device, k) for spec in models}
         ref_scorer = TeacherForcedScorer(load_torch_bundle(reference)[0], device, k)
-        bar = tqdm(total=len(missing), desc="teacher-forced", unit="utt", disable=not progress)
-        for d, i in missing:
-            u = d.utterances[i]
-            scored = score_utterances(ref_scorer, scorers, [(u.id, d.audio[i], u.text)])
+        bar = tqdm(total=sum(len(d.utterances) for d in missing), desc="teacher-forced", unit="utt",
+                   disable=not progress)
+        for d in missing:
+            scored = score_utterances(ref_scorer, scorers, [(u.id, a, u.text) for u, a in zip(d.utterances, d.audio)],
+                                      bar.update)
             for label, rows in scored.items():
-                caches[label].add(d.name, u.id, audio_digest(d.audio[i]), u.text, rows[0].record())
-            bar.update(1)
+                caches[label].add_all([(key, row.record()) for key, row in zip(keys[d.name], rows)])
         bar.close()
-    return {d.name: {label: [UtteranceFigures.from_record(cache.get(d.name, u.id, audio_digest(a), u.text))
-                             for u, a in zip(d.utterances, d.audio)]
+    return {d.name: {label: [UtteranceFigures.from_record(cache.get(key)) for key in keys[d.name]]
                      for label, cache in caches.items()} for d in datasets}
 
 
+def _dataset_keys(d: Dataset) -> list[str]:
+    """One key per utterance: the dataset's name and every utterance's (id, audio, text), then the utterance's id."""
+    items = [(u.id, audio_digest(a), u.text) for u, a in zip(d.utterances, d.audio)]
+    whole = hashlib.sha256(json.dumps([d.name, items]).encode()).hexdigest()
+    return [hashlib.sha256(f"{whole}:{u_id}".encode()).hexdigest() for u_id, _, _ in items]
+
+
 class _FigureCache:
-    """JSONL of teacher-forced figures per (reference, model), keyed by dataset, utterance, audio and text."""
+    """JSONL of teacher-forced figures per (reference, model), keyed by utterance within its whole dataset."""
 
     def __init__(self, directory: Path, label: str, identity: dict) -> None:
         self.path = directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}.jsonl"
@@ -310,45 +319,18 @@ class _FigureCache:
             except json.JSONDecodeError:
                 self.entries = {}  # a torn last line: score this model again
 
-    @staticmethod
-    def key(dataset: str, utterance_id: str, digest: str, text: str) -> str:
-        return hashlib.sha256(json.dumps([dataset, utterance_id, digest, text]).encode()).hexdigest()
+    def get(self, key: str) -> dict | None:
+        return self.entries.get(key)
 
-    def get(self, dataset: str, utterance_id: str, digest: str, text: str) -> dict | None:
-        return self.entries.get(self.key(dataset, utterance_id, digest, text))
-
-    def add(self, dataset: str, utterance_id: str, digest: str, text: str, figures: dict) -> None:
+    def add_all(self, rows: list[tuple[str, dict]]) -> None:
+        """Append (key, figures) rows, starting the file (identity line first) when it holds nothing valid."""
         new_file = not self.path.is_file() or not self.entries
-        key = self.key(dataset, utterance_id, digest, text)
-        self.entries[key] = figures
+        self.entries.update(rows)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "w" if new_file else "a", encoding="utf-8") as f:
             if new_file:
                 f.write(json.dumps(self.identity) + "\n")
-            f.write(json.dumps({"key": key, "figures": figures}) + "\n")
-
-
-def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
-                         pairs: tuple[tuple[str, str], ...], out: Path) -> int:
-    from ..evaluate.report import render_teacher_forced, teacher_forced_section
-    from ..evaluate.wer import bootstrap_indices
-
-    figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
-                                     out / "teacher-forced", not args.quiet)
-    options = ReportOptions(args.resamples, args.seed, pairs, reference=args.reference)
-    report = {"settings": {"zipf_threshold": args.zipf_threshold, "bootstrap_resamples": args.resamples,
-                           "bootstrap_seed": args.seed, "teacher_forced_only": True},
-              "datasets": [{"name": d.name, "manifest": d.manifest, "utterances": len(d.utterances),
-                            "teacher_forced": teacher_forced_section(
-                                figures[d.name], options, bootstrap_indices(len(d.utterances), args.resamples,
-                                                                            args.seed))}
-                           for d in datasets]}
-    markdown = "\n".join(line for d in report["datasets"]
-                          for line in [f"## {d['name']}", *render_teacher_forced(d["teacher_forced"]), ""]) + "\n"
-    _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    _write_atomically(out / "report.md", markdown)
-    sys.stdout.write(markdown)
-    return 0
+            f.writelines(json.dumps({"key": key, "figures": figures}) + "\n" for key, figures in rows)
 
 
 # ---------------------------------------------------------------------------------------------------------- run

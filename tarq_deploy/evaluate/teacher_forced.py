@@ -95,8 +95,24 @@ def retention_counts(reference: Sequence[UtteranceScore], model: Sequence[Uttera
 
 
 # ------------------------------------------------------------------------------------------------------ running
+@dataclass(frozen=True)
+class WindowTargets:
+    """A packed window's decoder ids (prompt, every utterance's text tokens, end token) and, for each scored
+    position (``first`` .. len(ids) - 2, each predicting ids[t + 1]), its rare tag and the utterance it belongs to."""
+
+    ids: list[int]
+    first: int
+    rare: list[bool]
+    owner: list[int]
+
+
 class TeacherForcedScorer:
-    """A Whisper model run teacher-forced on reference transcripts: logits at the scored positions."""
+    """A Whisper model run teacher-forced on reference transcripts: logits at the scored positions.
+
+    Utterances are packed into 30 s windows (0.3 s of silence between them, transcripts joined), as calibration
+    packs them: Whisper encodes 30 s whatever the input, so packing makes the figures ~5x cheaper. Each window's
+    token sequence is the concatenation of its utterances' own tokenizations (exact for byte-level BPE, whose
+    pieces never cross the space before a word), so every scored position belongs to one utterance."""
 
     def __init__(self, bundle, device: str = "cpu", k: float | None = None) -> None:
         from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
@@ -106,14 +122,21 @@ class TeacherForcedScorer:
         self.backbone = WhisperBackbone(model, processor, generation_config, device)
         self.k = DEFAULT_ZIPF_THRESHOLD if k is None else k
 
-    def targets(self, text: str) -> tuple[list[int], list[bool], int]:
-        """Decoder ids (prompt, text tokens, end), rare tags per input position, and the first scored position."""
+    def targets(self, texts: Sequence[str]) -> WindowTargets:
         from ..data.rarity import decoder_text, rare_token_mask
 
         b = self.backbone
-        tagged = rare_token_mask(b.processor.tokenizer, b.prompt_ids(), decoder_text(text), self.k,
-                                 eos_token_id=b.generation_config.eos_token_id)
-        return tagged.input_ids, tagged.mask, len(b.prompt_ids()) - 1
+        prompt = b.prompt_ids()
+        ids, rare, owner = list(prompt), [], []
+        for index, text in enumerate(texts):
+            # one dummy prefix token: mask[j] then tags token j of the text itself (the mask looks one ahead)
+            tagged = rare_token_mask(b.processor.tokenizer, prompt[-1:], decoder_text(text), self.k)
+            tokens = tagged.input_ids[1:]
+            ids += tokens
+            rare += tagged.mask[: len(tokens)]
+            owner += [index] * len(tokens)
+        ids.append(b.generation_config.eos_token_id)
+        return WindowTargets(ids, len(prompt) - 1, rare + [False], owner + [len(texts) - 1])
 
     def logits(self, features, ids: list[int], first: int):
         """float32 logits [T, V] at positions first .. len(ids) - 2 (each predicting ids[t + 1])."""
@@ -132,21 +155,39 @@ class TeacherForcedScorer:
         return extractor(audio, sampling_rate=TARGET_SAMPLE_RATE, return_tensors="pt").input_features
 
 
+def pack_windows(utterances: Sequence[tuple[str, np.ndarray, str]]) -> list[list[int]]:
+    """Indices of the utterances in each window: greedy, in order, at most 30 s of audio and 0.3 s gaps."""
+    from ..models.common import TextAudio, pack_utterances
+
+    items = [TextAudio(str(i), audio, text) for i, (_, audio, text) in enumerate(utterances)]
+    return [[int(u.id) for u in window] for window in pack_utterances(items, pack=True)]
+
+
 def score_utterances(reference: TeacherForcedScorer, models: dict[str, TeacherForcedScorer],
                      utterances: Sequence[tuple[str, np.ndarray, str]], progress=None) -> dict[str, list]:
-    """Figures of every model against the reference on each (id, audio, text); the reference runs once per
-    utterance. Models must share the reference's tokenizer (the same vocabulary and the same reference tokens)."""
+    """Figures of every model against the reference for each (id, audio, text), in order; the reference runs once
+    per window. Models must share the reference's tokenizer (the same vocabulary and the same reference tokens)."""
+    import torch
+
+    from ..models.common import TextAudio, joined
+
     results: dict[str, list[UtteranceFigures]] = {name: [] for name in models}
-    for utterance_id, audio, text in utterances:
-        ids, mask, first = reference.targets(text)
+    for window in pack_windows(utterances):
+        members = [utterances[i] for i in window]
+        audio, _ = joined([TextAudio(u, a, t) for u, a, t in members])
+        target = reference.targets([text for _, _, text in members])
         features = reference.features(audio)
-        ref_logits = reference.logits(features, ids, first)
-        labels, rare = ids[first + 1:], mask[first:-1]
+        ref_logits = reference.logits(features, target.ids, target.first)
+        labels = torch.tensor(target.ids[target.first + 1:])
+        rare, owner = torch.tensor(target.rare), torch.tensor(target.owner)
         for name, scorer in models.items():
-            if scorer.targets(text)[0] != ids:
-                raise ValueError(f"model {name!r} tokenizes utterance {utterance_id!r} differently from the reference")
-            figures = token_figures(ref_logits, scorer.logits(features, ids, first), labels, rare, utterance_id)
-            results[name].append(figures)
+            if scorer.targets([text for _, _, text in members]) != target:
+                raise ValueError(f"model {name!r} tokenizes utterance {members[0][0]!r} differently from the reference")
+            model_logits = scorer.logits(features, target.ids, target.first)
+            for index, (utterance_id, _, _) in enumerate(members):
+                at = owner == index
+                results[name].append(token_figures(ref_logits[at], model_logits[at], labels[at], rare[at],
+                                                   utterance_id))
         if progress is not None:
-            progress(1)
+            progress(len(window))
     return results
