@@ -8,6 +8,7 @@ run (200 utterances, 128 calibration utterances) is in results/eval/README.md.
 from __future__ import annotations
 
 import json
+import shutil
 import wave
 from pathlib import Path
 
@@ -176,6 +177,11 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
     cached = (out / "report.json").read_bytes()
     _cli(*argv)  # everything from the caches: the same report
     assert (out / "report.json").read_bytes() == cached
+    only = work / "eval-tf-only"
+    shutil.copytree(out / "teacher-forced", only / "teacher-forced")
+    _cli(*[a if a != str(out) else str(only) for a in argv], "--teacher-forced-only")
+    quick = json.loads((only / "report.json").read_text())["datasets"][0]["teacher_forced"]
+    assert quick == dataset["teacher_forced"]
 
 
 # ----------------------------------------------------------------------------------------------------- refusals

@@ -333,6 +333,29 @@ class _FigureCache:
             f.writelines(json.dumps({"key": key, "figures": figures}) + "\n" for key, figures in rows)
 
 
+def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
+                         pairs: tuple[tuple[str, str], ...], out: Path) -> int:
+    from ..evaluate.report import render_teacher_forced, teacher_forced_section
+    from ..evaluate.wer import bootstrap_indices
+
+    figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
+                                     out / "teacher-forced", not args.quiet)
+    options = ReportOptions(args.resamples, args.seed, pairs, reference=args.reference)
+    report = {"settings": {"zipf_threshold": args.zipf_threshold, "bootstrap_resamples": args.resamples,
+                           "bootstrap_seed": args.seed, "teacher_forced_only": True},
+              "datasets": [{"name": d.name, "manifest": d.manifest, "utterances": len(d.utterances),
+                            "teacher_forced": teacher_forced_section(
+                                figures[d.name], options, bootstrap_indices(len(d.utterances), args.resamples,
+                                                                            args.seed))}
+                           for d in datasets]}
+    markdown = "\n".join(line for d in report["datasets"]
+                          for line in [f"## {d['name']}", *render_teacher_forced(d["teacher_forced"]), ""]) + "\n"
+    _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    _write_atomically(out / "report.md", markdown)
+    sys.stdout.write(markdown)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------- run
 def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
                      progress: bool) -> dict[str, list[dict]]:
