@@ -176,20 +176,19 @@ def _solve_with_data(
             H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
     metric = prepare_metric(H_rB, config.percdamp, config.act_order)
     sweep = lambda target: gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)  # noqa: E731
-    W_hat0 = sweep(W)  # pilot (the whole answer without the residual step)
     if not config.uses_residual:
-        return W_hat0
+        return sweep(W)
     if stats.n_delta == 0:
         record.fallback = "no paired full-precision stream: residual step skipped"
-        return W_hat0
-
-    if config.alpha_rule == "one":
+        return sweep(W)
+    if config.alpha_rule == "one":  # no pilot sweep needed: the step size does not depend on it
         # The exact minimiser of sum_t w_t |W x_fp,t - V x_t|^2 (w_t = lam on tail positions, 1 elsewhere) is
         # V = W + W H_delta,w (H_w)^-1: the full residual direction, with H_delta weighted like the metric.
         H_delta = stats.H_delta + ((record.lam or 1.0) - 1.0) * stats.H_delta_tail
         D, _ = residual_direction(W, H_delta.to(W.device), metric)
         record.alpha = 1.0
         return sweep(W + D.float())
+    W_hat0 = sweep(W)  # pilot (the whole answer without the residual step)
     D, DH = residual_direction(W, stats.H_delta, metric)
     E = W_hat0.dequantize() - W
     alpha = optimal_alpha(E, D, DH)
