@@ -52,9 +52,9 @@ class QuantizeOptions:
     pack: bool = True
     head_identity_weight: float = 1.0
     percdamp: float = 0.01
-    scale_rule: str = "max"
+    scale_rule: str = "search"
     act_order: bool = False
-    alpha_rule: str = "closed-form"
+    alpha_rule: str = "one"
     device: str = "cpu"
 
     def solver(self) -> TarqConfig:

@@ -151,14 +151,15 @@ def test_alpha_star_is_the_one_dimensional_minimiser() -> None:
     assert weighted_loss(E - alpha * D, H_rB) <= objective.min().item() * (1 + 1e-9)
 
 
-def test_tarq_without_propagation_error_is_rarebal() -> None:
+@pytest.mark.parametrize("alpha_rule, alpha", [("closed-form", 0.0), ("one", 1.0)])
+def test_tarq_without_propagation_error_is_rarebal(alpha_rule: str, alpha: float) -> None:
     X = correlated_activations(128, 1500, 4)
     stats = stats_for(X, torch.arange(1500) % 7 == 0, X.clone())
     W = torch.randn(64, 128)
     spec = LatticeSpec(4, 32)
-    tarq, record = solve_layer("l", W, stats, spec, TarqConfig(method="tarq"))
+    tarq, record = solve_layer("l", W, stats, spec, TarqConfig(method="tarq", alpha_rule=alpha_rule))
     rarebal, _ = solve_layer("l", W, stats, spec, TarqConfig(method="rarebal"))
-    assert record.alpha == 0.0
+    assert record.alpha == alpha  # H_delta = 0: D = 0 whatever the step
     assert torch.equal(tarq.codes, rarebal.codes) and torch.equal(tarq.scales, rarebal.scales)
 
 

@@ -39,12 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pack", action="store_true", help="one utterance per 30 s window instead of packing")
     p.add_argument("--head-identity-weight", type=float, default=1.0,
                    help="mu: weight of the token-lookup role in the tied head's metric")
-    p.add_argument("--scale-rule", choices=SCALE_RULES, default="max",
+    p.add_argument("--scale-rule", choices=SCALE_RULES, default="search",
                    help="group scales: max (ggml's rule, all 2^b levels) or search (candidate scales scored by the "
                         "metric-diagonal-weighted error)")
     p.add_argument("--act-order", action="store_true",
                    help="sweep columns by decreasing H diagonal (group scales fixed up front, groups stay contiguous)")
-    p.add_argument("--alpha-rule", choices=ALPHA_RULES, default="closed-form",
+    p.add_argument("--alpha-rule", choices=ALPHA_RULES, default="one",
                    help="residual step: the paper's closed-form alpha*, or one (the exact least-squares target "
                         "W + W H_delta H^-1, H_delta weighted like the metric)")
     p.add_argument("--quantize-audio-tower", action="store_true",

@@ -41,9 +41,9 @@ class TarqConfig:
     percdamp: float = PERCDAMP
     blocksize: int = BLOCKSIZE
     record_losses: bool = True
-    scale_rule: str = "max"  # group scales: lattice.py's max rule, or its search weighted by the metric's diagonal
+    scale_rule: str = "search"  # group scales: the search weighted by the metric's diagonal, or lattice.py's max rule
     act_order: bool = False  # sweep columns by decreasing diag(H), group scales fixed up front
-    alpha_rule: str = "closed-form"  # residual step size: the paper's alpha*, or "one" (the exact target)
+    alpha_rule: str = "one"  # residual step: "one" (the exact target; measured), or the paper's closed-form alpha*
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
