@@ -53,7 +53,7 @@ class QuantizeOptions:
     head_identity_weight: float = 1.0
     percdamp: float = 0.01
     scale_rule: str = "search"
-    act_order: bool = False
+    act_order: bool = True
     alpha_rule: str = "one"
     device: str = "cpu"
 

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-rule", choices=SCALE_RULES, default="search",
                    help="group scales: max (ggml's rule, all 2^b levels) or search (candidate scales scored by the "
                         "metric-diagonal-weighted error)")
-    p.add_argument("--act-order", action="store_true",
+    p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=True,
                    help="sweep columns by decreasing H diagonal (group scales fixed up front, groups stay contiguous)")
     p.add_argument("--alpha-rule", choices=ALPHA_RULES, default="one",
                    help="residual step: the paper's closed-form alpha*, or one (the exact least-squares target "

@@ -42,7 +42,7 @@ class TarqConfig:
     blocksize: int = BLOCKSIZE
     record_losses: bool = True
     scale_rule: str = "search"  # group scales: the search weighted by the metric's diagonal, or lattice.py's max rule
-    act_order: bool = False  # sweep columns by decreasing diag(H), group scales fixed up front
+    act_order: bool = True  # sweep columns by decreasing diag(H), group scales fixed up front
     alpha_rule: str = "one"  # residual step: "one" (the exact target; measured), or the paper's closed-form alpha*
 
     def __post_init__(self) -> None:
