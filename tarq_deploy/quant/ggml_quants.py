@@ -13,6 +13,7 @@ import ctypes
 import functools
 import importlib.util
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,9 +28,18 @@ class GgmlUnavailable(RuntimeError):
     """The ggml library could not be found or loaded."""
 
 
+LM_ID_NEWLM, RTLD_NOW = -1, 2
+_CHUNK_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                    ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+
+
 @functools.lru_cache(maxsize=1)
-def ggml_library() -> ctypes.CDLL:
-    """libggml-base from the pywhispercpp wheel (pip install tarq-deploy[dev]), with ggml_quantize_chunk typed."""
+def ggml_quantize_chunk() -> Callable:
+    """ggml_quantize_chunk of the libggml-base beside pywhispercpp (pip install tarq-deploy[dev]).
+
+    The library is opened with dlmopen in a link namespace of its own: another ggml in this process (the crispasr
+    wheel ships a newer libggml-base.so.0 with the same soname) would otherwise bind to whichever was loaded first
+    and fail on missing symbols."""
     spec = importlib.util.find_spec("_pywhispercpp")
     if spec is None or spec.origin is None:
         raise GgmlUnavailable("the imatrix method calls ggml's quantizer from pywhispercpp 1.5.1, which is not "
@@ -37,12 +47,14 @@ def ggml_library() -> ctypes.CDLL:
     candidates = sorted(Path(spec.origin).parent.glob("libggml-base.so*"))
     if not candidates:
         raise GgmlUnavailable(f"no libggml-base.so beside {spec.origin}")
-    library = ctypes.CDLL(str(candidates[0]))
-    chunk = library.ggml_quantize_chunk
-    chunk.restype = ctypes.c_size_t
-    chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                      ctypes.c_int64, ctypes.c_void_p]
-    return library
+    libc = ctypes.CDLL(None)
+    libc.dlmopen.restype, libc.dlmopen.argtypes = ctypes.c_void_p, [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
+    libc.dlsym.restype, libc.dlsym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    handle = libc.dlmopen(LM_ID_NEWLM, str(candidates[0]).encode(), RTLD_NOW)
+    address = libc.dlsym(handle, b"ggml_quantize_chunk") if handle else None
+    if not address:
+        raise GgmlUnavailable(f"cannot load ggml_quantize_chunk from {candidates[0]}")
+    return _CHUNK_SIGNATURE(address)
 
 
 def ggml_q4_0_bytes(W: torch.Tensor, importance: torch.Tensor | None) -> np.ndarray:
@@ -57,7 +69,7 @@ def ggml_q4_0_bytes(W: torch.Tensor, importance: torch.Tensor | None) -> np.ndar
         weights = np.ascontiguousarray(importance.detach().cpu().numpy(), dtype=np.float32)
         if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any():
             raise ValueError(f"importance must be {n} finite non-negative values")
-    written = ggml_library().ggml_quantize_chunk(GGML_TYPE_Q4_0, src.ctypes.data, dst.ctypes.data, 0, m, n,
+    written = ggml_quantize_chunk()(GGML_TYPE_Q4_0, src.ctypes.data, dst.ctypes.data, 0, m, n,
                                                  None if weights is None else weights.ctypes.data)
     if written != dst.nbytes:
         raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes, expected {dst.nbytes}")
