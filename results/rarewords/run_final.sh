@@ -30,3 +30,7 @@ for size in tiny.en base; do
   mkdir -p results/rarewords/"$size"
   cp "$WORK/eval-$size/report.md" "$WORK/eval-$size/report.json" results/rarewords/"$size"/
 done
+for size in tiny.en base; do
+  python results/rarewords/tracking.py results/rarewords/$size/report.json results/rarewords/$size \
+      --title "Test split (unseen voice), Whisper $size, whisper.cpp Q4_0: teacher-forced figures vs rare-WER"
+done

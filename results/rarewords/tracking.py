@@ -4,7 +4,7 @@ Reads an eval report.json made with --reference and --teacher-forced (one datase
 model: rare-WER, capped rare-WER, rare KLD, rare delta-NLL, rare top-1, retention; then the Pearson and Spearman
 correlation of each figure with rare-WER and with capped rare-WER across the models) and tracking.png.
 
-    python results/rarewords/tracking.py REPORT.json OUT_DIR [--backend whisper.cpp]
+    python results/rarewords/tracking.py REPORT.json OUT_DIR [--backend whisper.cpp] [--title TEXT]
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("report")
     parser.add_argument("out")
     parser.add_argument("--backend", default="whisper.cpp")
+    parser.add_argument("--title", default="Teacher-forced figures against rare-WER (whisper.cpp Q4_0)")
     args = parser.parse_args()
     table = rows(json.loads(Path(args.report).read_text()), args.backend)
     out = Path(args.out)
@@ -74,7 +75,7 @@ def main() -> None:
         ax.set_xlabel(name)
         ax.set_ylabel("rare-WER (%)")
     axes[0].legend(fontsize=8)
-    fig.suptitle("Teacher-forced figures against rare-WER on the dev split (Whisper base, whisper.cpp Q4_0)")
+    fig.suptitle(args.title)
     fig.tight_layout()
     fig.savefig(out / "tracking.png", dpi=110)
 
