@@ -21,16 +21,18 @@ float32 scale, halves rounded up), so that our RTN lattice is byte for byte ggml
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from .choices import SCALE_RULES
 
 SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 FP16_MAX = 65504.0
-from .choices import SCALE_RULES  # noqa: E402  (torch-free, for the CLI)
 # make_qx_quants' grid: divisors 2^(b-1) + 0.1 k, k = -9..9, around the max rule (k = 0).
 SEARCH_STEPS = tuple(0.1 * k for k in range(-9, 10))
 
@@ -103,12 +105,18 @@ def _signed_max(x: torch.Tensor) -> torch.Tensor:
     return x.gather(2, x.abs().argmax(dim=2, keepdim=True)).squeeze(2)
 
 
+def _max_rule(x: torch.Tensor, spec: LatticeSpec) -> tuple[torch.Tensor, int]:
+    """(peak [m, G], top) of the max rule for groups x [m, G, g], whose scale is peak / top: the signed value of
+    largest magnitude over the lowest code (ggml Q4_0 / Q5_0), or for 8 bits max|w| over 127 (Q8_0)."""
+    if spec.bits == 8:
+        return x.abs().amax(dim=2), spec.qmax
+    return _signed_max(x), spec.qmin
+
+
 def max_rule_scales(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
     """float32 scales of the max rule for the groups of ``w`` [m, n]: max / -2^(b-1) (8 bits: Q8_0's max|w| / 127)."""
-    x = _grouped(w, spec)
-    if spec.bits == 8:
-        return x.abs().amax(dim=2) / spec.qmax
-    return _signed_max(x) / spec.qmin
+    peak, top = _max_rule(_grouped(w, spec), spec)
+    return peak / top
 
 
 def scales_for(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
@@ -125,14 +133,11 @@ def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) 
     A group with no importance keeps the max rule."""
     x = _grouped(w, spec)
     h = importance.float().expand(w.shape).reshape(x.shape)
-    base = max_rule_scales(w, spec)
-    best_gain = torch.full_like(base, -1.0)
-    best_scale = base.clone()
-    peak = _signed_max(x) if spec.bits != 8 else x.abs().amax(dim=2)
-    top = spec.qmin if spec.bits != 8 else spec.qmax
+    peak, top = _max_rule(x, spec)
+    best_scale = peak / top
+    best_gain = torch.full_like(best_scale, -1.0)
     for step in SEARCH_STEPS:
-        divisor = top - step if top < 0 else top + step
-        d = (peak / divisor).unsqueeze(2)
+        d = (peak / (top + math.copysign(step, top))).unsqueeze(2)  # the divisor moves away from zero with step
         q = torch.round(x / torch.where(d == 0, torch.ones_like(d), d)).clamp_(spec.qmin, spec.qmax)
         hq = h * q
         sum_xq, sum_qq = (hq * x).sum(dim=2), (hq * q).sum(dim=2)
@@ -177,9 +182,8 @@ def quantize_rtn(w: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
     halves away from zero), and the stored scale is fp16(d). So for Q4_0 / Q5_0 / Q8_0 blocks these are ggml's own
     bytes (tests/test_lattice_ggml.py)."""
     spec.check_columns(w.shape[1])
-    m, n = w.shape
     d = max_rule_scales(w, spec)
-    inverse = torch.where(d == 0, torch.zeros_like(d), 1.0 / d).repeat_interleave(spec.group_width(n), dim=1)
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1.0 / d).repeat_interleave(spec.group_width(w.shape[1]), dim=1)
     scaled = w.float() * inverse
     if spec.bits == 8:
         whole = torch.trunc(scaled)

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..errors import require_finite
-from .choices import ALPHA_RULES, METHODS, SOURCES  # torch-free, for the CLI's --help
+from .choices import ALPHA_RULES, METHODS, SCALE_RULES, SOURCES  # torch-free, for the CLI's --help
 from .ggml_quants import quantize_q4_0_imatrix
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
-from .lattice import SCALE_RULES, LatticeSpec, QuantizedWeight, quantize_rtn
+from .lattice import LatticeSpec, QuantizedWeight, quantize_rtn
 from .stats import LayerStats
 
 EPS = 1e-12
