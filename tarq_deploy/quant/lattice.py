@@ -137,7 +137,7 @@ def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) 
     best_scale = peak / top
     best_gain = torch.full_like(best_scale, -1.0)
     for step in SEARCH_STEPS:
-        d = (peak / (top + math.copysign(step, top))).unsqueeze(2)  # the divisor moves away from zero with step
+        d = (peak / (top + step * math.copysign(1.0, top))).unsqueeze(2)  # step > 0: the divisor moves outward
         q = torch.round(x / torch.where(d == 0, torch.ones_like(d), d)).clamp_(spec.qmin, spec.qmax)
         hq = h * q
         sum_xq, sum_qq = (hq * x).sum(dim=2), (hq * q).sum(dim=2)
