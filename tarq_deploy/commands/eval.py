@@ -213,42 +213,55 @@ def audio_digest(audio: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(audio, dtype="<f4").tobytes()).hexdigest()
 
 
-class HypothesisCache:
-    """JSONL of {id, audio, text, seconds} per (model, dataset), valid while the model and decode settings match."""
+class _IdentityJsonl:
+    """A JSONL cache whose first line is the identity of what made its records (model, settings); the records count
+    only while that identity matches, and an unreadable file (a torn last line) is started over."""
 
-    def __init__(self, directory: Path, spec: ModelSpec, dataset: Dataset, options: DecodeOptions) -> None:
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{spec.label}__{spec.backend}__{dataset.name}")
-        self.path = directory / f"{slug}.jsonl"
-        self.identity = {"model": source_fingerprint(spec.source), "backend": spec.backend,
-                         "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
-                         "threads": options.threads, "max_new_tokens": options.max_new_tokens,
-                         "whisper_cpp": WHISPER_CPP_PARAMS if spec.backend == "whisper.cpp" else None}
-        self.entries = self._read()
+    def __init__(self, path: Path, identity: dict) -> None:
+        self.path = path
+        self.identity = identity
+        self.valid = False  # the file exists and holds this identity
 
-    def _read(self) -> dict[tuple[str, str], dict]:
+    def read(self) -> list[dict]:
         if not self.path.is_file():
-            return {}
+            return []
         lines = self.path.read_text(encoding="utf-8").splitlines()
         try:
             header = json.loads(lines[0]) if lines else {}
             records = [json.loads(line) for line in lines[1:] if line.strip()]
         except json.JSONDecodeError:
-            return {}  # a torn last line: start this model over
-        if header != self.identity:
-            return {}
-        return {(r["id"], r["audio"]): r for r in records}
+            return []
+        self.valid = header == self.identity and bool(records)
+        return records if self.valid else []
+
+    def append(self, records: list[dict]) -> None:
+        """Append records, starting the file (identity line first) when it holds nothing valid."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a" if self.valid else "w", encoding="utf-8") as f:
+            if not self.valid:
+                f.write(json.dumps(self.identity) + "\n")
+            f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        self.valid = True
+
+
+class HypothesisCache(_IdentityJsonl):
+    """JSONL of {id, audio, text, seconds} per (model, dataset), valid while the model and decode settings match."""
+
+    def __init__(self, directory: Path, spec: ModelSpec, dataset: Dataset, options: DecodeOptions) -> None:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{spec.label}__{spec.backend}__{dataset.name}")
+        super().__init__(directory / f"{slug}.jsonl",
+                         {"model": source_fingerprint(spec.source), "backend": spec.backend,
+                          "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
+                          "threads": options.threads, "max_new_tokens": options.max_new_tokens,
+                          "whisper_cpp": WHISPER_CPP_PARAMS if spec.backend == "whisper.cpp" else None})
+        self.entries = {(r["id"], r["audio"]): r for r in self.read()}
 
     def get(self, utterance_id: str, digest: str) -> dict | None:
         return self.entries.get((utterance_id, digest))
 
     def add(self, record: dict) -> None:
-        new_file = not self.path.is_file() or not self.entries
         self.entries[(record["id"], record["audio"])] = record
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w" if new_file else "a", encoding="utf-8") as f:
-            if new_file:
-                f.write(json.dumps(self.identity) + "\n")
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.append([record])
 
 
 # ------------------------------------------------------------------------------------------ teacher-forced figures
@@ -304,33 +317,19 @@ def _dataset_keys(d: Dataset) -> list[str]:
     return [hashlib.sha256(f"{whole}:{u_id}".encode()).hexdigest() for u_id, _, _ in items]
 
 
-class _FigureCache:
+class _FigureCache(_IdentityJsonl):
     """JSONL of teacher-forced figures per (reference, model), keyed by utterance within its whole dataset."""
 
     def __init__(self, directory: Path, label: str, identity: dict) -> None:
-        self.path = directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}.jsonl"
-        self.identity = identity
-        self.entries: dict[str, dict] = {}
-        if self.path.is_file():
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-            try:
-                if lines and json.loads(lines[0]) == identity:
-                    self.entries = {r["key"]: r["figures"] for r in map(json.loads, lines[1:]) if r}
-            except json.JSONDecodeError:
-                self.entries = {}  # a torn last line: score this model again
+        super().__init__(directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}.jsonl", identity)
+        self.entries: dict[str, dict] = {r["key"]: r["figures"] for r in self.read()}
 
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)
 
     def add_all(self, rows: list[tuple[str, dict]]) -> None:
-        """Append (key, figures) rows, starting the file (identity line first) when it holds nothing valid."""
-        new_file = not self.path.is_file() or not self.entries
         self.entries.update(rows)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w" if new_file else "a", encoding="utf-8") as f:
-            if new_file:
-                f.write(json.dumps(self.identity) + "\n")
-            f.writelines(json.dumps({"key": key, "figures": figures}) + "\n" for key, figures in rows)
+        self.append([{"key": key, "figures": figures} for key, figures in rows])
 
 
 def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
