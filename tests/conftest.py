@@ -15,6 +15,18 @@ import pytest
 from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of small, memory-bound ops: two OpenMP threads spinning on a shared 2-core
+    machine made them several times slower than one."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _or_fail(what: str, error: RealClipError) -> None:
     pytest.fail(f"real clip source unavailable ({what}): {error}", pytrace=False)
 

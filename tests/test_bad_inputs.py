@@ -28,12 +28,7 @@ NAN_TENSOR = "model.encoder.layers.0.fc1.weight"
 
 
 # ----------------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small torch ops, one thread
 
 
 def _tiny_whisper():

@@ -39,13 +39,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Small memory-bound torch ops; spinning OpenMP threads only slow them on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small torch ops, one thread
 
 
 @pytest.fixture(scope="module")

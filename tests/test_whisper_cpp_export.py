@@ -100,14 +100,7 @@ def parse(parser_setup, argv: list[str]) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Torch ops here are small and memory-bound; two OpenMP threads spinning on a shared 2-core machine made them
-    several times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small torch ops, one thread
 
 
 @pytest.fixture(scope="module")
