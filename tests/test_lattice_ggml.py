@@ -99,3 +99,23 @@ def test_act_order_keeps_contiguous_groups_and_static_scales() -> None:
         return float(torch.einsum("ij,jk,ik->", d, H.double(), d))
 
     assert loss(ordered) < loss(quantize_rtn(W, spec))
+
+
+def test_scale_search_matches_a_plain_loop_over_the_whole_grid() -> None:
+    """Every divisor 8 + 0.1 k, k = -9..9 (the sign of the max rule's), rounding, least-squares refit, smallest
+    weighted error first: written out as plain loops for a few groups."""
+    spec = LatticeSpec(4, 32)
+    W = _weights(9, m=6, n=64).double()
+    h = (torch.rand(64, generator=torch.Generator().manual_seed(10)) + 0.05).double()
+    searched = search_scales(W.float(), spec, h.float())
+    for row in range(6):
+        for group in range(2):
+            x, w = W[row, 32 * group: 32 * (group + 1)], h[32 * group: 32 * (group + 1)]
+            peak = x[x.abs().argmax()].item()
+            best = (-1.0, peak / -8)
+            for k in range(-9, 10):
+                q = torch.round(x / (peak / -(8 + 0.1 * k))).clamp(-8, 7)
+                sxq, sqq = float((w * x * q).sum()), float((w * q * q).sum())
+                if sqq > 0 and sxq * sxq / sqq > best[0] * (1 + 1e-9):
+                    best = (sxq * sxq / sqq, sxq / sqq)
+            assert searched[row, group].item() == pytest.approx(float(torch.tensor(best[1]).half()), rel=2e-3)
