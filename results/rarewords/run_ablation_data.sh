@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Dev-split ablation, second round (issue 18): the calibration-data and metric candidates the first round left out --
+# 512 vs 128 calibration utterances (GPTQ and TARQ), the rare-biased pools r-top and r-mix, mu = 0 (the tied head's
+# token-lookup term off), no encoder tagging (rareBAL on the decoder only), and 10x damping. Base, Q4_0 lattice
+# (group 32), every other option at its default. Teacher-forced figures against F16 on the dev split only; the test
+# split is not touched. Run from the repository root; corpora and checkpoints go to $WORK (default /tmp/r), the
+# teacher-forced caches to results/rarewords/dev-caches/. Resumable: what exists is reused.
+set -euo pipefail
+export OMP_WAIT_POLICY=PASSIVE
+WORK=${WORK:-/tmp/r}
+TD=(python -m tarq_deploy.cli)
+SYNTH="$WORK/synth"
+[ -f "$SYNTH/calib.jsonl" ] || "${TD[@]}" corpus synth --out "$SYNTH" --n 200 --n-test 200 --n-calib 512 \
+    --voices slt,joe --test-voices kal --seed 0
+
+variant() {  # LABEL METHOD FLAGS...
+  local label=$1 method=$2; shift 2
+  local ckpt="$WORK/ck/$label"
+  [ -f "$ckpt/manifest.json" ] || { /usr/bin/time -f "$label calibration %e s" -a -o "$WORK/times.txt" \
+      "${TD[@]}" quantize --model packaged:base --calib "$SYNTH/calib.jsonl" --method "$method" "$@" --out "$ckpt" ; }
+  local cache=results/rarewords/dev-caches/$label.jsonl
+  if [ ! -f "$cache" ]; then
+    "${TD[@]}" eval --data dev="$SYNTH/eval.jsonl" --model F16=packaged:base --model "$label=$ckpt" \
+        --reference F16 --teacher-forced-only --out "$WORK/eval-$label" --quiet
+    cp "$WORK/eval-$label/teacher-forced/$label.jsonl" "$cache"
+  fi
+}
+
+variant TARQ-rtop tarq --pool r-top
+variant TARQ-rmix tarq --pool r-mix
+variant TARQ-mu0 tarq --head-identity-weight 0
+variant TARQ-enc-none tarq --encoder-tagging none
+variant TARQ-n512 tarq --n-calib 512
+variant GPTQ-n512 gptq --n-calib 512
