@@ -43,18 +43,18 @@ USER_ERROR_CLASSES = frozenset({
     "tarq_deploy.data.synth.SynthError",
     "tarq_deploy.evaluate.backends.BackendError",
     "tarq_deploy.quant.ggml_quants.GgmlUnavailable",
-    "converters.model_files.ModelFilesError",
-    "converters.ggml_file.GGMLFileError",
-    "converters.ggml_file.VerifyError",
-    "converters.ggml_blocks.LatticeNotRepresentable",
-    "converters.gptq.ExportError",
-    "bench.cpu.BenchConfigError",
+    "tarq_deploy.formats.model_files.ModelFilesError",
+    "tarq_deploy.formats.ggml_file.GGMLFileError",
+    "tarq_deploy.formats.ggml_file.VerifyError",
+    "tarq_deploy.formats.ggml_blocks.LatticeNotRepresentable",
+    "tarq_deploy.formats.gptq_safetensors.ExportError",
+    "tarq_deploy.bench.cpu.BenchConfigError",
 })
 # OSErrors the user's machine causes (a full, read-only or missing place to write): a message, not a traceback.
 USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR,
                          errno.ENOTDIR, errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.EFBIG, errno.ENAMETOOLONG,
                          errno.ELOOP, errno.EIO})
-OUR_PACKAGES = ("tarq_deploy", "converters", "bench")
+OUR_PACKAGES = ("tarq_deploy",)
 EXIT_USER_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
 REPORT_BUG = ("this is a bug in tarq-deploy, not in your input: please report it with the command line and the "
               "traceback above")

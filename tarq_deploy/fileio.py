@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 
 _UMASK: int | None = None
@@ -47,20 +47,47 @@ def naming_os_errors(path: str | os.PathLike) -> Iterator[None]:
         raise
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing; on a clean exit it gets the usual permissions and is
+    renamed to ``path``, on any exception it is removed. The one way this package writes a file."""
     target = Path(path)
     with naming_os_errors(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            with os.fdopen(fd, mode) as f:
+                yield f
+                f.flush()
                 os.fchmod(f.fileno(), default_file_mode())
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-    return target
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that insists on opening the file itself (soundfile, a
+    subprocess); renamed to ``path`` with the usual permissions on a clean exit, removed otherwise."""
+    target = Path(path)
+    with naming_os_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}")
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            os.chmod(tmp, default_file_mode())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_file(path) as f:
+        f.write(data)
+    return Path(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

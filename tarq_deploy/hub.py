@@ -4,7 +4,7 @@ built from what was measured. No network here; the upload is ``tarq_deploy.comma
 What goes into a staged folder
 ------------------------------
 - every runtime file given, under its own name, each recognised by its content (never by its name alone):
-  a whisper.cpp model file (validated by ``converters.ggml_file.read_whisper_cpp``), a GGUF file (``gguf`` reader),
+  a whisper.cpp model file (validated by ``tarq_deploy.formats.ggml_file.read_whisper_cpp``), a GGUF file (``gguf`` reader),
   or a transformers checkpoint directory whose ``config.json`` has a ``quantization_config`` (GPTQ,
   compressed-tensors, pre-packed Marlin), staged as a sub-folder;
 - the lattice checkpoint under ``lattice/`` (unless left out): anyone can re-export or verify from it;
@@ -44,8 +44,8 @@ The row describing the published model is the one labelled ``--eval-model`` when
 base name is a staged file (or the checkpoint directory), else the only row; its WER and rare-WER go into
 model-index (in percent, as the Hub's ASR cards give WER). All rows appear in the card's table, the published one marked.
 
-Bench JSON (``--bench``): the document ``bench.report`` writes (``CpuBenchResult`` / ``GpuBenchResult``
-``.to_dict()``, told apart by ``kind``), rendered by ``bench.report.markdown_report`` so the card and the bench
+Bench JSON (``--bench``): the document ``tarq_deploy.bench.bench_report`` writes (``CpuBenchResult`` / ``GpuBenchResult``
+``.to_dict()``, told apart by ``kind``), rendered by ``tarq_deploy.bench.bench_report.markdown_report`` so the card and the bench
 report show the same table.
 """
 from __future__ import annotations
@@ -200,8 +200,8 @@ def describe_runtime_file(path: Path) -> RuntimeFile:
 
 
 def _describe_whisper_cpp(path: Path) -> RuntimeFile:
-    from bench.cpu import describe_whisper_cpp_file
-    from converters.ggml_file import GGMLFileError
+    from tarq_deploy.bench.cpu import describe_whisper_cpp_file
+    from tarq_deploy.formats.ggml_file import GGMLFileError
 
     try:
         info = describe_whisper_cpp_file(path)
@@ -471,7 +471,7 @@ def _check_ids(s: PublishSources) -> None:
 
 
 def _bench_doc(path: Path) -> dict:
-    from bench.report import load_result
+    from tarq_deploy.bench.bench_report import load_result
 
     try:
         return load_result(path)
@@ -607,7 +607,7 @@ def _count(n: int | None) -> str:
 
 
 def _bench_section(docs: list[dict]) -> str:
-    from bench.report import markdown_report
+    from tarq_deploy.bench.bench_report import markdown_report
 
     rendered = [_demote_headings(markdown_report(doc)) for doc in docs if _has_measurements(doc)]
     if not rendered:

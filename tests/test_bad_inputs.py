@@ -165,7 +165,7 @@ def test_solver_refuses_non_finite_weights_and_statistics():
 
 def test_rtn_library_path_names_the_tensor(models):
     from tarq_deploy.models.registry import load_backbone
-    from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
+    from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
     backbone = load_backbone(str(models["nan"]))
     with pytest.raises(NonFiniteError, match=NAN_TENSOR):
@@ -378,7 +378,7 @@ def test_export_to_a_read_only_target(checkpoint, tmp_path, capsys, monkeypatch)
 
 
 def test_export_to_a_full_disk(checkpoint, tmp_path, capsys, monkeypatch):
-    import converters.whisper_cpp as whisper_cpp
+    import tarq_deploy.formats.whisper_cpp as whisper_cpp
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -427,14 +427,14 @@ def test_corrupted_block_in_the_work_dir_is_recomputed(models, corpus, tmp_path,
     from tarq_deploy.data.corpus import load_corpus
     from tarq_deploy.models.registry import load_backbone
     from tarq_deploy.quant import calibrate
-    from tarq_deploy.quantize import QuantizeOptions
+    from tarq_deploy.quant.pipeline import QuantizeOptions
 
     options = QuantizeOptions(method="tarq", encoder_tagging="none")
     utterances = load_corpus(corpus)
     logged: list[str] = []
 
     def run(work: Path, out: Path) -> Path:
-        from tarq_deploy.quantize import quantize_backbone
+        from tarq_deploy.quant.pipeline import quantize_backbone
 
         ckpt, _ = quantize_backbone(load_backbone(str(models["clean"])), utterances, options, "tiny", work,
                                     log=logged.append)
@@ -500,10 +500,10 @@ def test_bench_that_measured_nothing_writes_nothing(tmp_path, capsys, monkeypatc
                 return {"kind": "cpu", "cells": [{"status": "error", "error": "worker crashed"}]}
         return Result()
 
-    import bench.report
+    import tarq_deploy.bench.bench_report
 
     monkeypatch.setattr(bench_command, "run_cpu_bench", all_rows_failed)
-    monkeypatch.setattr(bench.report, "markdown_report", lambda doc: "")
+    monkeypatch.setattr(tarq_deploy.bench.bench_report, "markdown_report", lambda doc: "")
     out = tmp_path / "results"
     status = cli.main(["bench", "--model", "x.bin", "--audio", str(write_wav(tmp_path / "a.wav", 0.5)),
                        "--out", str(out)])
@@ -512,7 +512,7 @@ def test_bench_that_measured_nothing_writes_nothing(tmp_path, capsys, monkeypatc
 
 
 def test_bench_default_threads_fit_the_machine():
-    from bench.cpu import DEFAULT_THREADS, default_threads
+    from tarq_deploy.bench.cpu import DEFAULT_THREADS, default_threads
 
     assert default_threads(2) == (1, 2) and default_threads(6) == (2, 4, 6) and default_threads(16) == (4, 8, 16)
     assert max(DEFAULT_THREADS) == len(os.sched_getaffinity(0))
@@ -591,7 +591,7 @@ def test_help_imports_nothing_heavy_and_shows_every_default():
 
 
 def test_export_help_names_agree_with_the_converters():
-    from converters.whisper_cpp import BASELINES, TARGET_TYPES
+    from tarq_deploy.formats.whisper_cpp import BASELINES, TARGET_TYPES
 
     from tarq_deploy.commands import export_whispercpp
 

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.cpu import (RUNTIMES, BenchConfig, BenchConfigError, CellResult, ModelInfo, RunRecord, Runtime,
+from tarq_deploy.bench.cpu import (RUNTIMES, BenchConfig, BenchConfigError, CellResult, ModelInfo, RunRecord, Runtime,
                        check_audio, run_cpu_bench, schedule, summarize_cell, whisper_backbone)
-from bench.gpu import GpuBenchConfig, KernelUnavailable, build_variant, generated_token_count, run_gpu_bench
-from bench.report import csv_text, markdown_report, variant_of
-from converters.whisper_cpp import export_whisper_cpp
+from tarq_deploy.bench.gpu import GpuBenchConfig, KernelUnavailable, build_variant, generated_token_count, run_gpu_bench
+from tarq_deploy.bench.bench_report import csv_text, markdown_report, variant_of
+from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
 from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
 from tarq_deploy.commands import bench as bench_command
 from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn
-from tarq_deploy.runtime.int4_linear import Int4Linear
+from tarq_deploy.runtimes.int4_linear import Int4Linear
 
 THREADS = "1,2"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

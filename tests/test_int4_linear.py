@@ -1,7 +1,7 @@
 """Int4Linear runs the lattice through PyTorch's int4 kernels (CPU here; the same module runs tinygemm on CUDA).
 
 On CPU in float32 the kernel's weight must be the lattice value s * c exactly: the layer applied to the identity
-returns W^T bit for bit. A CUDA run (bench/gpu_voxtral.py) checks the bfloat16 path against the dequantized model.
+returns W^T bit for bit. A CUDA run (tarq_deploy/bench/gpu_voxtral.py) checks the bfloat16 path against the dequantized model.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
-from tarq_deploy.runtime.int4_linear import (Int4Linear, cuda_nibbles, replace_linears, swap_in_int4_linears,
+from tarq_deploy.runtimes.int4_linear import (Int4Linear, cuda_nibbles, replace_linears, swap_in_int4_linears,
                                              symmetric_scales_and_zeros)
 
 
@@ -126,7 +126,7 @@ def test_cuda_kernel_holds_the_lattice_rounded_to_bfloat16(group_size):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path of the GPU benchmark")
 def test_gpu_benchmark_exits_cleanly_without_cuda(capsys, tmp_path):
-    from bench.gpu_voxtral import main
+    from tarq_deploy.bench.gpu_voxtral import main
 
     assert main(["--out", str(tmp_path / "gpu.json")]) == 0
     assert capsys.readouterr().out.strip() == "CUDA not available: nothing measured"

@@ -9,7 +9,7 @@ import torch
 from gguf import quants
 from gguf.constants import GGMLQuantizationType
 
-from converters.ggml_blocks import pack_q4_0, pack_q8_0
+from tarq_deploy.formats.ggml_blocks import pack_q4_0, pack_q8_0
 from tarq_deploy.quant.ggml_quants import ggml_q4_0_bytes, q4_0_lattice, quantize_q4_0_imatrix
 from tarq_deploy.quant.gptq import gptq_quantize
 from tarq_deploy.quant.lattice import (LatticeSpec, codes_for, max_rule_scales, quantize_rtn, scales_for,

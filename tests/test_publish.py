@@ -224,9 +224,9 @@ def serving(fake: FakeHub, seconds: float = SERVER_SECONDS) -> Iterator[str]:
 # -------------------------------------------------------------------------------------------------- inputs
 def write_tiny_whisper_cpp(path: Path) -> Path:
     """A whisper.cpp Q4_0 file of a one-layer, 64-wide Whisper: valid for the strict parser, a few hundred kB."""
-    from converters.ggml_blocks import GGML_TYPE_Q4_0, tensor_nbytes
-    from converters.ggml_file import QNT_VERSION, QNT_VERSION_FACTOR, FTYPE_OF_TYPE, WhisperHParams, tensor_slots
-    from converters.whisper_cpp import PackedTensor, WhisperCppModel, write_whisper_cpp
+    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_Q4_0, tensor_nbytes
+    from tarq_deploy.formats.ggml_file import QNT_VERSION, QNT_VERSION_FACTOR, FTYPE_OF_TYPE, WhisperHParams, tensor_slots
+    from tarq_deploy.formats.whisper_cpp import PackedTensor, WhisperCppModel, write_whisper_cpp
 
     h = WhisperHParams(n_vocab=64, n_audio_ctx=8, n_audio_state=64, n_audio_head=1, n_audio_layer=1, n_text_ctx=8,
                        n_text_state=64, n_text_head=1, n_text_layer=1, n_mels=80,
@@ -295,7 +295,7 @@ EVAL_DOC = {
 
 def bench_doc() -> dict:
     """A CPU bench result in bench.cpu's own records (so the shape follows theirs), numbers made up."""
-    from bench.cpu import Baseline, BenchConfig, CellResult, CpuBenchResult, Stat
+    from tarq_deploy.bench.cpu import Baseline, BenchConfig, CellResult, CpuBenchResult, Stat
 
     def cell(model: str, precision: str, latency: float, rss: float) -> CellResult:
         rtf = latency / 11.0

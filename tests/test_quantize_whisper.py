@@ -20,7 +20,7 @@ from tarq_deploy.models.common import TextAudio
 from tarq_deploy.models.whisper import WhisperBackbone
 from tarq_deploy.quant import calibrate
 from tarq_deploy.quant.gptq import weighted_loss
-from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
+from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
 HELD_OUT = ("jfk", "cards-004", "cards-005", "goforward")
 METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq")
@@ -167,8 +167,8 @@ def test_cli_quantize_rtn_and_bad_corpus(tmp_path: Path, clips: dict) -> None:
 @pytest.mark.parametrize("method", ["tarq", "gptq"])
 def test_calibrated_checkpoint_exports_losslessly_to_whisper_cpp(checkpoints: dict, clips: dict, tmp_path: Path,
                                                                  method: str) -> None:
-    from converters.ggml_file import verify
-    from converters.whisper_cpp import export_whisper_cpp
+    from tarq_deploy.formats.ggml_file import verify
+    from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
     from test_whisper_cpp_export import transcribe_whisper_cpp
 
     model_file = export_whisper_cpp(checkpoints[method], tmp_path / f"{method}-q4_0.bin", "q4_0")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from converters.gguf_common import read_gguf
+from tarq_deploy.formats.gguf_common import read_gguf
 from tarq_deploy.checkpoint import load_checkpoint, save_checkpoint
 from tarq_deploy.cli import main as cli
 from tarq_deploy.data.corpus import Utterance, load_audio
@@ -27,7 +27,7 @@ from tarq_deploy.models.qwen3_asr import (Qwen3ASRBackbone, audio_token_count, l
                                           load_qwen3_asr_backbone)
 from tarq_deploy.models.common import TextAudio
 from tarq_deploy.quant.lattice import LatticeSpec
-from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
+from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
 sys.path.insert(0, str(Path(__file__).parent))
 import qwen3_asr_tiny as tiny  # noqa: E402
@@ -111,7 +111,7 @@ def exports(tarq_checkpoint, tiny_dir, tmp_path_factory) -> dict[str, Path]:
 def real_dimension_exports(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     """0.6B and 1.7B shapes with 2 layers each: synthetic lattice checkpoints (in memory) and their qwen3-asr.cpp
     Q4_0 exports (the CLI path is the tiny model's; here only shapes and sizes are new)."""
-    from converters.qwen3_asr_cpp import export_qwen3_asr_cpp
+    from tarq_deploy.formats.qwen3_asr_cpp import export_qwen3_asr_cpp
 
     out = tmp_path_factory.mktemp("qwen3_real")
     files = {}
@@ -126,8 +126,8 @@ def real_dimension_exports(tmp_path_factory) -> dict[str, tuple[Path, object]]:
 def _upstream_keys_only(checkpoint, path: Path) -> Path:
     """The export with only the metadata upstream's converter writes (no ``audio.*`` / ``text.*`` loader keys): an
     unpatched qwen3-asr.cpp reads 0.6B defaults from such a file (18 encoder layers, d 896) and crashes on it."""
-    from converters.gguf_common import write_gguf
-    from converters.qwen3_asr_cpp import build_qwen3_asr_cpp
+    from tarq_deploy.formats.gguf_common import write_gguf
+    from tarq_deploy.formats.qwen3_asr_cpp import build_qwen3_asr_cpp
 
     model = build_qwen3_asr_cpp(checkpoint)
     model.kv = [kv for kv in model.kv if not kv.key.startswith(("audio.", "text."))]
@@ -295,7 +295,7 @@ def test_crispasr_runs_the_tarq_q4_0_export(exports, clip):
 # ---------------------------------------------------------------------------------------- real dimensions
 @pytest.mark.parametrize("size", ["0.6B", "1.7B"])
 def test_real_dimension_configuration_exports_and_verifies(size, real_dimension_exports):
-    from converters.qwen3_asr_cpp import verify
+    from tarq_deploy.formats.qwen3_asr_cpp import verify
 
     path, checkpoint = real_dimension_exports[size]
     diffs = verify(path, checkpoint)
@@ -327,9 +327,9 @@ def test_eval_backends_claim_and_run_the_new_files(exports, tarq_checkpoint, tin
 
 
 def test_bench_runtimes_describe_and_measure_the_new_files(exports, jfk_wav, tmp_path):
-    import bench.crispasr_runtime  # noqa: F401  (registers the runtime)
-    import bench.qwen3_asr_cpp_runtime  # noqa: F401
-    from bench.cpu import BenchConfig, get_runtime, run_cpu_bench
+    import tarq_deploy.bench.crispasr_runtime  # noqa: F401  (registers the runtime)
+    import tarq_deploy.bench.qwen3_asr_cpp_runtime  # noqa: F401
+    from tarq_deploy.bench.cpu import BenchConfig, get_runtime, run_cpu_bench
 
     info = get_runtime("qwen3-asr.cpp").describe_model(exports["qwen3-asr.cpp-q4_0"])
     assert (info.backbone, info.precision) == ("qwen3-asr-a2x64-t2x64", "Q4_0")
@@ -387,9 +387,9 @@ def _token_lines(stderr: str) -> list[str]:
 
 def test_patched_binary_through_eval_and_bench(exports, jfk_wav, clip):
     _binary()
-    import bench.qwen3_asr_cpp_runtime  # noqa: F401  (registers the runtime)
+    import tarq_deploy.bench.qwen3_asr_cpp_runtime  # noqa: F401  (registers the runtime)
     import tarq_deploy.evaluate.qwen3_asr_backend  # noqa: F401  (registers the backends)
-    from bench.cpu import BenchConfig, run_cpu_bench
+    from tarq_deploy.bench.cpu import BenchConfig, run_cpu_bench
     from tarq_deploy.evaluate.backends import DecodeOptions, ModelSpec, open_transcriber
 
     transcriber = open_transcriber(ModelSpec("m", str(exports["qwen3-asr.cpp-q4_0"]), "qwen3-asr.cpp"),

@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from converters.compressed_tensors import compressed_tensors_dequantize, write_compressed_tensors_checkpoint
-from converters.gptq import gptq_dequantize, write_gptq_checkpoint
-from converters.marlin import check_marlin_shape
+from tarq_deploy.formats.compressed_tensors import compressed_tensors_dequantize, write_compressed_tensors_checkpoint
+from tarq_deploy.formats.gptq_safetensors import gptq_dequantize, write_gptq_checkpoint
+from tarq_deploy.formats.marlin import check_marlin_shape
 from tarq_deploy.checkpoint import load_checkpoint, save_checkpoint
 from tarq_deploy.data.corpus import load_audio
 from tarq_deploy.data.rarity import reference_words

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from converters.gptq import gptq_dequantize
+from tarq_deploy.formats.gptq_safetensors import gptq_dequantize
 from safetensors.torch import load_file
 from tarq_deploy.checkpoint import load_checkpoint
 from tarq_deploy.data.corpus import Utterance, write_manifest

@@ -1,7 +1,7 @@
 """End-to-end calibration cost: wall time and peak RSS (and peak VRAM on CUDA) of `gptq` vs `tarq`.
 
-    python -m bench.calibration [--model packaged:base] [--n 128] [--device cpu|cuda] [--out FILE.json]
-    python -m bench.calibration --dims small --device cuda       # real-dimension random-weight models
+    python -m tarq_deploy.bench.calibration [--model packaged:base] [--n 128] [--device cpu|cuda] [--out FILE.json]
+    python -m tarq_deploy.bench.calibration --dims small --device cuda       # real-dimension random-weight models
 
 Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
@@ -76,7 +76,7 @@ def child(args: argparse.Namespace) -> None:
     from tarq_deploy.data.corpus import load_corpus
     from tarq_deploy.models.loader import load_whisper
     from tarq_deploy.models.whisper import WhisperBackbone
-    from tarq_deploy.quantize import QuantizeOptions, quantize_backbone
+    from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
     model, processor, gc = random_whisper(args.dims, args.device) if args.dims else load_whisper(args.model)
     backbone = WhisperBackbone(model, processor, gc, args.device)
@@ -102,7 +102,7 @@ def _peak_rss_mb() -> float:
 
 
 def run_child(args: argparse.Namespace, method: str, manifest: Path) -> dict:
-    cmd = [sys.executable, "-m", "bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
+    cmd = [sys.executable, "-m", "tarq_deploy.bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
            "--model", args.model, "--n", str(args.n), "--device", args.device, "--group-size", str(args.group_size),
            "--threads", str(args.threads or 0)]
     if args.dims:

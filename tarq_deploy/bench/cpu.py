@@ -73,9 +73,9 @@ SAMPLE_RATE = 16_000  # whisper.cpp wants 16 kHz mono float32; we accept 16-bit 
 # environment variables that change how a runtime runs; every one set in the child's environment is recorded
 ENV_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GGML_", "WHISPER_", "LLAMA_", "CUDA_", "MALLOC_",
                      "LD_PRELOAD")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # the child runs this: it imports bench.cpu only (stdlib at module level), then the runtime's worker
-_CHILD_CODE = "import sys; from bench.cpu import worker_main; sys.exit(worker_main(sys.argv[1:]))"
+_CHILD_CODE = "import sys; from tarq_deploy.bench.cpu import worker_main; sys.exit(worker_main(sys.argv[1:]))"
 _MB = 1024 * 1024
 
 
@@ -253,8 +253,8 @@ def whisper_backbone(n_audio_layer: int, n_audio_state: int, n_text_layer: int, 
 
 def describe_whisper_cpp_file(path: Path) -> ModelInfo:
     """Validate with our strict parser (raises GGMLFileError, a ValueError naming the problem)."""
-    from converters.ggml_blocks import GGML_TYPE_NAMES
-    from converters.ggml_file import read_whisper_cpp
+    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
+    from tarq_deploy.formats.ggml_file import read_whisper_cpp
 
     h = read_whisper_cpp(path).hparams
     backbone = whisper_backbone(h.n_audio_layer, h.n_audio_state, h.n_text_layer, h.n_vocab, h.n_mels)
@@ -323,7 +323,7 @@ def _loaded_library_strings(library: str, symbols: tuple[str, ...]) -> dict[str,
     return found
 
 
-register_runtime(Runtime("whisper.cpp", describe_whisper_cpp_file, "bench.cpu:measure_whisper_cpp",
+register_runtime(Runtime("whisper.cpp", describe_whisper_cpp_file, "tarq_deploy.bench.cpu:measure_whisper_cpp",
                          WHISPER_CPP_DECODE, "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)"))
 
 
@@ -740,5 +740,5 @@ def bench_notes(config: BenchConfig, cells: list[CellResult], foreign_share: flo
 
 
 # The GGUF runtimes register themselves; imported last because they build on the definitions above.
-import bench.crispasr_runtime  # noqa: E402,F401
-import bench.qwen3_asr_cpp_runtime  # noqa: E402,F401
+import tarq_deploy.bench.crispasr_runtime  # noqa: E402,F401
+import tarq_deploy.bench.qwen3_asr_cpp_runtime  # noqa: E402,F401

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import ModelInfo, Runtime, proc_status_mb, read_wav_float32, register_runtime
+from tarq_deploy.bench.cpu import ModelInfo, Runtime, proc_status_mb, read_wav_float32, register_runtime
 
 NAME = "crispasr"
 ARCH = "qwen3asr"
@@ -23,7 +23,7 @@ CRISPASR_DECODE = {"language": "en", "temperature": 0.0, "frequency_penalty": 0.
 
 def describe_crispasr_file(path: Path) -> ModelInfo:
     """Validate with our strict GGUF reader (GGUFFileError is a ValueError naming the problem)."""
-    from converters.gguf_common import describe_qwen3_asr_gguf
+    from tarq_deploy.formats.gguf_common import describe_qwen3_asr_gguf
 
     backbone, precision, details = describe_qwen3_asr_gguf(path, ARCH)
     return ModelInfo(backbone, precision, details)
@@ -56,5 +56,5 @@ def measure_crispasr(spec: dict) -> dict:
     return out
 
 
-register_runtime(Runtime(NAME, describe_crispasr_file, "bench.crispasr_runtime:measure_crispasr", CRISPASR_DECODE,
+register_runtime(Runtime(NAME, describe_crispasr_file, "tarq_deploy.bench.crispasr_runtime:measure_crispasr", CRISPASR_DECODE,
                          "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr)"))

@@ -1,7 +1,7 @@
 """whisper.cpp export time against plain I/O, for Whisper tiny.en, base (real weights) and small (real dimensions,
 random weights: no complete small checkpoint is available offline).
 
-    python -m bench.export [--models tiny.en,base,small] [--repeats 3] [--out bench/results/export.json]
+    python -m tarq_deploy.bench.export [--models tiny.en,base,small] [--repeats 3] [--out bench/results/export.json]
 
 Per model, medians of ``--repeats`` runs, from a 4-bit group-32 RTN lattice checkpoint directory:
 
@@ -32,7 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import torch  # noqa: E402
 
-from converters.whisper_cpp import as_source, build_whisper_cpp, export_whisper_cpp, write_whisper_cpp  # noqa: E402
+from tarq_deploy.formats.whisper_cpp import as_source, build_whisper_cpp, export_whisper_cpp, write_whisper_cpp  # noqa: E402
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn  # noqa: E402
 
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/export.json")
     args = parser.parse_args()
-    logging.getLogger("converters.whisper_cpp").setLevel(logging.ERROR)  # the F16 rounding note, once per run
+    logging.getLogger("tarq_deploy.formats.whisper_cpp").setLevel(logging.ERROR)  # the F16 rounding note, once per run
     result = {"host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                        "python": platform.python_version()}, "repeats": args.repeats, "lattice": "4-bit g32 RTN",
               "models": {}}

@@ -10,7 +10,7 @@ same model with every Linear on the checkpoint's lattice swapped for an INT4 mod
 * ``marlin`` -- Marlin through vLLM or GPTQModel: not wired yet, the row is "skipped" with the reason (not
   installed, or installed but needing the GPTQ / compressed-tensors export served by that runtime).
 
-The INT4 swap is ``tarq_deploy.runtime.int4_linear.swap_in_int4_linears(model, checkpoint, kernel="tinygemm")``
+The INT4 swap is ``tarq_deploy.runtimes.int4_linear.swap_in_int4_linears(model, checkpoint, kernel="tinygemm")``
 (Int4Linear over torch's int4pack ops; on CUDA it computes in bfloat16 and refuses a lattice whose fp16 scales are
 not exact in bfloat16 -- that row is then an error naming it).
 
@@ -37,7 +37,7 @@ from .cpu import AudioInfo, Stat, check_audio, machine_description, read_wav_flo
 KERNELS = ("tinygemm", "marlin")
 MARLIN_PROVIDERS = ("vllm", "gptqmodel")
 FP16_KERNEL = "cublas-fp16"  # the float model's own matmuls
-INT4_MODULE = "tarq_deploy.runtime.int4_linear"
+INT4_MODULE = "tarq_deploy.runtimes.int4_linear"
 INT4_SWAP = "swap_in_int4_linears"
 SAMPLE_RATE = 16_000
 _MB = 1024 * 1024

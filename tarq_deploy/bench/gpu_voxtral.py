@@ -1,6 +1,6 @@
 """GPU benchmark: Voxtral-Mini-3B dimensions, FP16 vs INT4 (PyTorch tinygemm), end to end and per Linear.
 
-    python -m bench.gpu_voxtral [--layers 30] [--audio-layers 32] [--new-tokens 128] [--repeats 3]
+    python -m tarq_deploy.bench.gpu_voxtral [--layers 30] [--audio-layers 32] [--new-tokens 128] [--repeats 3]
                                 [--out bench/results/gpu_voxtral.json]
 
 Model: ``VoxtralForConditionalGeneration`` with the real Voxtral-Mini-3B-2507 configuration (transformers'
@@ -12,7 +12,7 @@ Lattice: every language-model decoder Linear (q/k/v/o/gate/up/down) is rounded t
 with scales snapped to values exact in bfloat16 (tinygemm computes in bfloat16: such a scale reaches the kernel
 unchanged). The FP16 model holds the dequantized lattice (exact in fp16: a bf16-exact scale times a code in [-8, 7]
 needs at most 11 significant bits), so FP16 and INT4 compute the same weights; INT4 swaps those Linears for
-``tarq_deploy.runtime.int4_linear.Int4Linear`` (``torch.ops.aten._weight_int4pack_mm``; activations cast to bf16).
+``tarq_deploy.runtimes.int4_linear.Int4Linear`` (``torch.ops.aten._weight_int4pack_mm``; activations cast to bf16).
 
 Measured, per variant: end-to-end latency for 30 s of audio and ``--new-tokens`` greedy tokens (mel features on
 the CPU, timed with perf_counter; prefill and generate on the GPU, timed with CUDA events; ``min_new_tokens`` forces
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, codes_for, scales_for
-from tarq_deploy.runtime.int4_linear import Int4Linear, replace_linears
+from tarq_deploy.runtimes.int4_linear import Int4Linear, replace_linears
 
 SAMPLE_RATE = 16000
 AUDIO_TOKENS_PER_CHUNK = 375

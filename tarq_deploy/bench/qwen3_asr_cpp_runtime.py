@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import ModelInfo, Runtime, register_runtime
+from tarq_deploy.bench.cpu import ModelInfo, Runtime, register_runtime
 
 NAME = "qwen3-asr.cpp"
 ARCH = "qwen3-asr"
@@ -33,7 +33,7 @@ _TOKENS = re.compile(r"Tokens \((\d+)\):")
 
 def describe_qwen3_asr_cpp_file(path: Path) -> ModelInfo:
     """Validate with our strict GGUF reader (GGUFFileError is a ValueError naming the problem)."""
-    from converters.gguf_common import describe_qwen3_asr_gguf
+    from tarq_deploy.formats.gguf_common import describe_qwen3_asr_gguf
 
     backbone, precision, details = describe_qwen3_asr_gguf(path, ARCH)
     return ModelInfo(backbone, precision, details)
@@ -74,6 +74,6 @@ def _figures(stderr: str, wall_s: float) -> dict:
             "tokens": int(tokens.group(1)) if tokens else None, "binary_wall_s": wall_s}
 
 
-register_runtime(Runtime(NAME, describe_qwen3_asr_cpp_file, "bench.qwen3_asr_cpp_runtime:measure_qwen3_asr_cpp",
+register_runtime(Runtime(NAME, describe_qwen3_asr_cpp_file, "tarq_deploy.bench.qwen3_asr_cpp_runtime:measure_qwen3_asr_cpp",
                          QWEN3_ASR_CPP_DECODE, f"qwen3-asr.cpp CLI (${BINARY_ENV}, loader patch; model file: "
                                                f"Qwen3-ASR GGUF, arch qwen3-asr)"))

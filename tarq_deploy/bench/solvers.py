@@ -1,6 +1,6 @@
 """Per-layer solver cost: wall time of `gptq` and `tarq` on the Linear shapes of Whisper base, small and large-v3.
 
-    python -m bench.solvers [--device cpu|cuda] [--models base,small,large-v3] [--repeats 3] [--out FILE.json]
+    python -m tarq_deploy.bench.solvers [--device cpu|cuda] [--models base,small,large-v3] [--repeats 3] [--out FILE.json]
 
 Both solvers see the same synthetic statistics (correlated activations, 7% tail positions, a paired full-precision
 stream), so the only difference is the work Algorithm 1 adds: a second sweep and one residual solve. The ratio

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
+from tarq_deploy.bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
                        ORDERS, RUNTIMES, BenchConfig, BenchConfigError, run_cpu_bench)
 
 from ..errors import UserError
@@ -91,7 +91,7 @@ def decode_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.report import load_result, markdown_report, write_reports
+    from tarq_deploy.bench.bench_report import load_result, markdown_report, write_reports
 
     from ..checks import probe_writable
 
@@ -126,7 +126,7 @@ def _cpu_config(args: argparse.Namespace) -> BenchConfig:
 
 
 def _run_gpu(args: argparse.Namespace) -> dict:
-    from bench.gpu import GpuBenchConfig, run_gpu_bench
+    from tarq_deploy.bench.gpu import GpuBenchConfig, run_gpu_bench
 
     if len(args.model) != 1:
         raise BenchConfigError("--gpu takes exactly one --model (the float model source, e.g. packaged:tiny.en)")

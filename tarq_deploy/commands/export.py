@@ -1,7 +1,7 @@
 """`tarq-deploy export --target TARGET`: the lattice checkpoint re-arranged, bit for bit, into a runtime's format.
 
 whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); qwen3-asr.cpp and CrispASR one
-Qwen3-ASR GGUF file each (converters/qwen3_asr_cpp.py, converters/crispasr.py); the GPU targets write a transformers
+Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_cpp.py, tarq_deploy/formats/crispasr.py); the GPU targets write a transformers
 checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
 to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
 """
@@ -54,9 +54,9 @@ def _check_output(args: argparse.Namespace) -> None:
 
 def _export_gguf(args: argparse.Namespace) -> int:
     """Qwen3-ASR GGUF for qwen3-asr.cpp or CrispASR: a checkpoint (q4_0 / q8_0 by its lattice) or --model (f16)."""
-    from converters.ggml_blocks import LatticeNotRepresentable
-    from converters.gguf_common import export_qwen3_asr_gguf
-    from converters.model_files import ModelFilesError
+    from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
+    from tarq_deploy.formats.gguf_common import export_qwen3_asr_gguf
+    from tarq_deploy.formats.model_files import ModelFilesError
 
     from ..errors import UserError
     from ..fileio import naming_os_errors
@@ -75,9 +75,9 @@ def _export_gguf(args: argparse.Namespace) -> int:
 
 
 def _export_gpu(args: argparse.Namespace) -> int:
-    from converters.compressed_tensors import write_compressed_tensors_checkpoint
-    from converters.gptq import ExportError, write_gptq_checkpoint
-    from converters.marlin import write_marlin_checkpoint
+    from tarq_deploy.formats.compressed_tensors import write_compressed_tensors_checkpoint
+    from tarq_deploy.formats.gptq_safetensors import ExportError, write_gptq_checkpoint
+    from tarq_deploy.formats.marlin import write_marlin_checkpoint
 
     from ..checkpoint import load_checkpoint
     from ..errors import UserError

@@ -20,16 +20,16 @@ VERIFY_HELP = "decode every tensor of a whisper.cpp model file and compare it wi
 TARGETS = ("whisper.cpp",)
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 # The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names
-# mirror converters.whisper_cpp.TARGET_TYPES / BASELINES (tests/test_bad_inputs.py checks that they agree).
+# mirror tarq_deploy.formats.whisper_cpp.TARGET_TYPES / BASELINES (tests/test_bad_inputs.py checks that they agree).
 WEIGHT_TYPES = ("f16", "q8_0", "q4_0")
 BASELINES = ("rtn",)
 
 
 def input_errors() -> tuple[type[BaseException], ...]:
     """Errors that name a bad input file or option: reported in one line, exit status 2."""
-    from converters.ggml_blocks import LatticeNotRepresentable
-    from converters.ggml_file import GGMLFileError, VerifyError
-    from converters.model_files import ModelFilesError
+    from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
+    from tarq_deploy.formats.ggml_file import GGMLFileError, VerifyError
+    from tarq_deploy.formats.model_files import ModelFilesError
 
     from ..checkpoint import CheckpointError
 
@@ -53,7 +53,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from converters.whisper_cpp import build_whisper_cpp, default_target, write_whisper_cpp
+    from tarq_deploy.formats.whisper_cpp import build_whisper_cpp, default_target, write_whisper_cpp
 
     from ..fileio import naming_os_errors
 
@@ -74,7 +74,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _check_export_arguments(args: argparse.Namespace) -> None:
-    from converters.whisper_cpp import WhisperExportError
+    from tarq_deploy.formats.whisper_cpp import WhisperExportError
 
     if (args.checkpoint is None) == (args.model is None):
         raise WhisperExportError("give either CHECKPOINT_DIR or --model SOURCE (exactly one)")
@@ -86,7 +86,7 @@ def _check_export_arguments(args: argparse.Namespace) -> None:
 
 
 def _export_source(args: argparse.Namespace):
-    from converters.whisper_cpp import WhisperExportError, as_source, model_source
+    from tarq_deploy.formats.whisper_cpp import WhisperExportError, as_source, model_source
 
     if args.checkpoint is not None:
         return as_source(args.checkpoint)
@@ -107,7 +107,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from converters.ggml_file import read_whisper_cpp, verify
+    from tarq_deploy.formats.ggml_file import read_whisper_cpp, verify
 
     try:
         diffs = verify(args.model_file, args.against)
@@ -129,7 +129,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def _print_diffs(diffs: dict[str, float], tensors: dict) -> None:
-    from converters.ggml_blocks import GGML_TYPE_NAMES
+    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
 
     print(f"{'max|diff|':>10}  {'type':<5} array")
     for name, diff in diffs.items():

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace):
-    from ..quantize import QuantizeOptions
+    from ..quant.pipeline import QuantizeOptions
 
     group = args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE[args.target]
     return QuantizeOptions(
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from ..checkpoint import save_checkpoint
     from ..data.corpus import load_corpus
     from ..fileio import write_json_atomic
-    from ..quantize import quantize_backbone
+    from ..quant.pipeline import quantize_backbone
 
     # Everything the user gave is checked before the model is loaded or any calibration starts.
     options = checked_options(args)

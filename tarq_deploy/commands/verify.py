@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from converters.gguf_common import is_gguf_file
+    from tarq_deploy.formats.gguf_common import is_gguf_file
 
     if is_gguf_file(args.model_file):
         return _run_gguf_verify(args)
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_gguf_verify(args: argparse.Namespace) -> int:
-    from converters.gguf_common import GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, verify_gguf
+    from tarq_deploy.formats.gguf_common import GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, verify_gguf
 
     try:
         diffs = verify_gguf(args.model_file, args.against)

@@ -123,7 +123,7 @@ def is_gguf_of_arch(source: str, arch: str) -> bool:
     """A GGUF file whose general.architecture is ``arch`` (a file our reader rejects is not claimed)."""
     if not is_gguf_file(source):
         return False
-    from converters.gguf_common import GGUFFileError, read_gguf
+    from tarq_deploy.formats.gguf_common import GGUFFileError, read_gguf
 
     try:
         return read_gguf(Path(source).expanduser()).arch == arch
@@ -134,7 +134,7 @@ def is_gguf_of_arch(source: str, arch: str) -> bool:
 def checked_gguf(spec: "ModelSpec", arch: str, runtime: str, export_target: str) -> Path:
     """The resolved path of ``spec``'s GGUF once our strict reader accepts it and its architecture is ``arch``; a
     UserError naming the model and file otherwise (a runtime must never see a file our parser rejects)."""
-    from converters.gguf_common import GGUFFileError, read_gguf
+    from tarq_deploy.formats.gguf_common import GGUFFileError, read_gguf
 
     path = Path(spec.source).expanduser()
     try:
@@ -281,7 +281,7 @@ def load_whisper_cpp_in_torch(path: str, companion: str | None):
     checkpoint), which must have the file's dimensions and vocabulary size."""
     import torch
 
-    from converters.ggml_file import read_whisper_cpp, tensor_slots
+    from tarq_deploy.formats.ggml_file import read_whisper_cpp, tensor_slots
 
     if companion is None:
         raise UserError(f"{path}: the torch backend needs a tokenizer and config for a whisper.cpp file; give "
@@ -315,7 +315,7 @@ def _load_companion(source: str):
 
 
 def _hparams_of(config, weight_type: int):
-    from converters.ggml_file import WhisperHParams
+    from tarq_deploy.formats.ggml_file import WhisperHParams
 
     return WhisperHParams.from_config(config.to_dict(), weight_type)
 
@@ -425,7 +425,7 @@ def serve_worker(transcribe: Callable[[np.ndarray], str]) -> int:
 
 
 def _package_root_path() -> str:
-    """PYTHONPATH for the worker: this very tarq_deploy (and converters) first, whatever is installed."""
+    """PYTHONPATH for the worker: this very tarq_deploy first, whatever is installed."""
     root = str(Path(__file__).resolve().parents[2])
     existing = os.environ.get("PYTHONPATH")
     return root + (os.pathsep + existing if existing else "")
@@ -447,7 +447,7 @@ class WhisperCppTranscriber(WorkerTranscriber):
 
 
 def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
-    from converters.ggml_file import GGMLFileError, read_whisper_cpp
+    from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
 
     path = Path(spec.source).expanduser()
     try:

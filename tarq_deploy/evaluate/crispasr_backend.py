@@ -1,5 +1,5 @@
 """CrispASR (PyPI ``crispasr``, a ggml runtime) as an evaluation backend for Qwen3-ASR GGUF files (arch "qwen3asr",
-written by converters/crispasr.py).
+written by tarq_deploy/formats/crispasr.py).
 
 Decoding: language "en" (CrispASR prefills the assistant turn with "language English<asr_text>", as Qwen3-ASR's own
 inference code does), greedy (temperature 0, no frequency penalty, one beam), at most ``max_new_tokens`` tokens,

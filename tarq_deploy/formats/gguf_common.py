@@ -9,7 +9,7 @@ gguf-py's GGUFWriter; reading uses our parser (gguf-py's GGUFReader needs ~10 s 
 gguf-py's reference decoders (gguf.quants.dequantize) for the tensor values.
 
 Tensor roles decide the stored type: weight matrices take the file's weight type (Q4_0 / Q8_0 blocks straight from
-the lattice, see converters/ggml_blocks.py; F16 in an F16 file or for a matrix the checkpoint kept in 16 bits), Conv2d
+the lattice, see tarq_deploy/formats/ggml_blocks.py; F16 in an F16 file or for a matrix the checkpoint kept in 16 bits), Conv2d
 kernels are F16 (what ggml convolutions take), norms, biases and the mel front-end tables F32. Computing and I/O are
 separate: ``pack_tensors`` builds every tensor in memory (refusing what the target cannot hold before a byte is
 written); ``write_gguf`` only writes, to a temporary name renamed when complete.
@@ -472,8 +472,8 @@ def file_kv(name: str, weight_type: int) -> list[KV]:
 
 # ---------------------------------------------------------------------------------------------- export / verify
 # runtime target -> (module, builder) of its exporter (each module also has ``verify``); both write Qwen3-ASR GGUF
-TARGETS = {"qwen3-asr.cpp": ("converters.qwen3_asr_cpp", "build_qwen3_asr_cpp"),
-           "crispasr": ("converters.crispasr", "build_crispasr")}
+TARGETS = {"qwen3-asr.cpp": ("tarq_deploy.formats.qwen3_asr_cpp", "build_qwen3_asr_cpp"),
+           "crispasr": ("tarq_deploy.formats.crispasr", "build_crispasr")}
 ARCH_TARGETS = {"qwen3-asr": "qwen3-asr.cpp", "qwen3asr": "crispasr"}
 
 

@@ -31,7 +31,7 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec
 
-from .gptq import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_int4_spec, check_output_path, checked_layers,
+from .gptq_safetensors import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_int4_spec, check_output_path, checked_layers,
                    module_name, pack_int4_last_dim, prepare_model_files, resolve_serve_dtype,
                    unpack_int4_last_dim, untouched_tensors, write_hf_directory)
 

@@ -3,7 +3,7 @@
 Targets (``target`` = the ggml type of the weight matrices):
 
 * ``q4_0`` -- a 4-bit lattice checkpoint, every weight matrix and the tied token embedding stored exactly (the
-  lattice's codes and fp16 scales become Q4_0 blocks; see converters/ggml_blocks.py).
+  lattice's codes and fp16 scales become Q4_0 blocks; see tarq_deploy/formats/ggml_blocks.py).
 * ``q8_0`` -- an 8-bit lattice checkpoint, likewise in Q8_0 blocks.
 * ``f16``  -- a float model, or a checkpoint's dequantized values s * q rounded to fp16 (fp16 cannot hold every
   s * q: a warning says how many values were rounded; verify shows it).

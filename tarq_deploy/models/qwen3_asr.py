@@ -1,5 +1,5 @@
 """Qwen3-ASR backbone adapter (transformers' native ``qwen3_asr``): transcription windows with rare tags, calibration
-stages, transcription and the lattice checkpoint (tarq_deploy.quantize.quantize_backbone runs the pipeline on it;
+stages, transcription and the lattice checkpoint (tarq_deploy.quant.pipeline.quantize_backbone runs the pipeline on it;
 ``load_qwen3_asr_backbone`` builds one from a transformers directory).
 
 Model. ``Qwen3ASRForConditionalGeneration`` = audio tower (three stride-2 Conv2d, the ``conv_out`` Linear over
@@ -396,7 +396,7 @@ def load_qwen3_asr(directory: str | Path, dtype: torch.dtype = torch.float32
 
 def load_qwen3_asr_backbone(source: str | Path, device: str = "cpu", head_identity_weight: float = 1.0,
                             quantize_audio_tower: bool = True) -> Qwen3ASRBackbone:
-    """The backbone for a transformers Qwen3-ASR directory, as tarq_deploy.quantize.quantize_backbone takes it."""
+    """The backbone for a transformers Qwen3-ASR directory, as tarq_deploy.quant.pipeline.quantize_backbone takes it."""
     return Qwen3ASRBackbone(*load_qwen3_asr(source), device, head_identity_weight=head_identity_weight,
                             quantize_audio_tower=quantize_audio_tower)
 

@@ -14,16 +14,16 @@ from typing import Callable, Protocol
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__
-from .checkpoint import LatticeCheckpoint
-from .data.corpus import Utterance, corpus_statistics, load_audio, select_pool
-from .data.rarity import DEFAULT_ZIPF_THRESHOLD
-from .errors import require_finite
-from .models.common import TextAudio
-from .quant.choices import DEFAULT_GROUP_SIZE  # noqa: F401  (re-exported)
-from .quant.calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
-from .quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
-from .quant.tarq import TarqConfig
+from .. import __version__
+from ..checkpoint import LatticeCheckpoint
+from ..data.corpus import Utterance, corpus_statistics, load_audio, select_pool
+from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..errors import require_finite
+from ..models.common import TextAudio
+from .choices import DEFAULT_GROUP_SIZE  # noqa: F401  (re-exported)
+from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
+from .lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from .tarq import TarqConfig
 
 
 class Backbone(Protocol):

@@ -161,7 +161,7 @@ def replace_linears(model: nn.Module, lattice: dict[str, QuantizedWeight], devic
 def swap_in_int4_linears(model: nn.Module, checkpoint: LatticeCheckpoint, kernel: str = "tinygemm",
                          device: str | torch.device | None = None,
                          compute_dtype: torch.dtype | None = None) -> list[str]:
-    """Replace every Linear whose weight is a lattice matrix of ``checkpoint`` by an Int4Linear (bench/gpu.py's
+    """Replace every Linear whose weight is a lattice matrix of ``checkpoint`` by an Int4Linear (tarq_deploy/bench/gpu.py's
     INT4 variant). Only ``kernel="tinygemm"`` (PyTorch's own int4 kernels) lives here; Marlin is served by vLLM or
     GPTQModel from the GPTQ / compressed-tensors exports."""
     if kernel != "tinygemm":

@@ -1,0 +1,173 @@
+"""The package's house rules, read from its source with ``ast``: four layers that import only downward, and no import
+circle anywhere (imports inside functions count: they run too, only later)."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import tarq_deploy
+
+PACKAGE_ROOT = Path(tarq_deploy.__file__).parent
+PACKAGE = PACKAGE_ROOT.name
+REPO_ROOT = PACKAGE_ROOT.parent
+
+# Lowest first. A module belongs to the first layer one of whose prefixes it starts with.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "core": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks",
+             "tarq_deploy.checkpoint", "tarq_deploy.quant", "tarq_deploy.models", "tarq_deploy.data"),
+    "formats": ("tarq_deploy.formats",),
+    "runtimes": ("tarq_deploy.runtimes",),
+    "apps": ("tarq_deploy.cli", "tarq_deploy.commands", "tarq_deploy.evaluate", "tarq_deploy.bench",
+             "tarq_deploy.hub"),
+}
+LAYER_RANK = {name: rank for rank, name in enumerate(LAYERS)}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: dict[str, Path] = {module_name(p): p for p in sorted(PACKAGE_ROOT.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str:
+    """The layer of ``module``: the longest matching prefix wins (``tarq_deploy`` alone is the package's root)."""
+    best, best_len = None, -1
+    for layer, prefixes in LAYERS.items():
+        for prefix in prefixes:
+            matches = module == prefix or (module.startswith(prefix + ".") and prefix != PACKAGE)
+            if matches and len(prefix) > best_len:
+                best, best_len = layer, len(prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in {Path(__file__).name}")
+    return best
+
+
+def _resolve(importer: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute module name of a (possibly relative) ``from`` import."""
+    if level == 0:
+        return name or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
+def _our_module(candidate: str) -> str | None:
+    """The module of ours that ``candidate`` names (``a.b.c`` may be module ``a.b`` and attribute ``c``)."""
+    while candidate:
+        if candidate in MODULES:
+            return candidate
+        candidate = candidate.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str) -> set[str]:
+    """Every module of the package that ``module`` imports, at top level or inside a function."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, path.name == "__init__.py", node.level, node.module)
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            ours = _our_module(name)
+            # `from . import x` names the package and x; a package importing its own submodule is no edge back.
+            if ours is not None and ours != module and not (module.startswith(ours + ".") and ours == name):
+                found.add(ours)
+    return found
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    upward = [f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
+              for module, targets in GRAPH.items() for target in sorted(targets)
+              if LAYER_RANK[layer_of(target)] > LAYER_RANK[layer_of(module)]]
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in ``graph`` (as a path that returns to its start), or None: an iterative depth-first
+    search with three colours. Importing a package from one of its own submodules (for ``__version__``) is no
+    circle: the package's ``__init__`` does not import it back."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = dict.fromkeys(graph, WHITE)
+    for start in sorted(graph):
+        if colour[start] != WHITE:
+            continue
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        colour[start] = GREY
+        while stack:
+            node, pending = stack[-1]
+            if not pending:
+                colour[node] = BLACK
+                stack.pop()
+                continue
+            nxt = pending.pop()
+            if colour[nxt] == GREY:
+                path = [n for n, _ in stack]
+                return path[path.index(nxt):] + [nxt]
+            if colour[nxt] == WHITE:
+                colour[nxt] = GREY
+                stack.append((nxt, sorted(graph[nxt])))
+    return None
+
+
+def test_no_import_circle() -> None:
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_planted_circle() -> None:
+    planted = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    cycle = find_cycle(planted)
+    assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"a", "b", "c"}
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_layer_check_catches_an_upward_import() -> None:
+    assert LAYER_RANK[layer_of("tarq_deploy.commands.export")] > LAYER_RANK[layer_of("tarq_deploy.formats")]
+    assert layer_of("tarq_deploy") == "core" and layer_of("tarq_deploy.cli") == "apps"
+
+
+def test_relative_imports_resolve_to_their_module() -> None:
+    assert _resolve("tarq_deploy.commands.eval", False, 2, "data.corpus") == "tarq_deploy.data.corpus"
+    assert _resolve("tarq_deploy.quant", True, 1, "lattice") == "tarq_deploy.quant.lattice"
+    assert _resolve("tarq_deploy.quant.pipeline", False, 2, None) == "tarq_deploy"
+
+
+def test_only_tarq_deploy_is_packaged() -> None:
+    """setuptools is told to find tarq_deploy* alone, and no other top-level folder holds Python packages that a
+    source install could pick up by accident."""
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert config["tool"]["setuptools"]["packages"]["find"]["include"] == [f"{PACKAGE}*"]
+    strays = sorted(str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.glob("*/__init__.py")
+                    if p.parent.name != PACKAGE)
+    assert not strays, f"top-level packages besides {PACKAGE}: {strays}"
+
+
+@pytest.mark.parametrize("name", ["bench", "converters"])
+def test_no_generic_top_level_module_is_importable(name: str, tmp_path: Path) -> None:
+    """From outside the repository (where an installed user stands), the old top-level names do not import."""
+    import subprocess
+    import sys
+    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({name!r}) is None else 1)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
