@@ -4,7 +4,10 @@
 # token-lookup term off), no encoder tagging (rareBAL on the decoder only), and 10x damping. Base, Q4_0 lattice
 # (group 32), every other option at its default. Teacher-forced figures against F16 on the dev split only; the test
 # split is not touched. Run from the repository root; corpora and checkpoints go to $WORK (default /tmp/r), the
-# teacher-forced caches to results/rarewords/dev-caches/. Resumable: what exists is reused.
+# teacher-forced caches to results/rarewords/dev-caches/round2/. Resumable: what exists is reused.
+# The first round's caches (dev-caches/round1/) were scored on an earlier synthesis of the same dev sentences whose
+# audio bytes differ from today's, so this round re-runs its own baselines (the GPTQ and TARQ defaults, RTN,
+# imatrix) and every comparison pairs caches of one round only.
 set -euo pipefail
 export OMP_WAIT_POLICY=PASSIVE
 WORK=${WORK:-/tmp/r}
@@ -18,7 +21,8 @@ variant() {  # LABEL METHOD FLAGS...
   local ckpt="$WORK/ck/$label"
   [ -f "$ckpt/manifest.json" ] || { /usr/bin/time -f "$label calibration %e s" -a -o "$WORK/times.txt" \
       "${TD[@]}" quantize --model packaged:base --calib "$SYNTH/calib.jsonl" --method "$method" "$@" --out "$ckpt" ; }
-  local cache=results/rarewords/dev-caches/$label.jsonl
+  local cache=results/rarewords/dev-caches/round2/$label.jsonl
+  mkdir -p "$(dirname "$cache")"
   if [ ! -f "$cache" ]; then
     "${TD[@]}" eval --data dev="$SYNTH/eval.jsonl" --model F16=packaged:base --model "$label=$ckpt" \
         --reference F16 --teacher-forced-only --out "$WORK/eval-$label" --quiet
@@ -26,6 +30,10 @@ variant() {  # LABEL METHOD FLAGS...
   fi
 }
 
+variant GPTQ gptq
+variant TARQ tarq
+variant RTN rtn
+variant IMATRIX imatrix
 variant TARQ-rtop tarq --pool r-top
 variant TARQ-rmix tarq --pool r-mix
 variant TARQ-mu0 tarq --head-identity-weight 0
