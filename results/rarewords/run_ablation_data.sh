@@ -32,11 +32,11 @@ variant() {  # LABEL METHOD FLAGS...
 
 variant GPTQ gptq
 variant TARQ tarq
-variant RTN rtn
-variant IMATRIX imatrix
+variant TARQ-n512 tarq --n-calib 512
 variant TARQ-rtop tarq --pool r-top
 variant TARQ-rmix tarq --pool r-mix
 variant TARQ-mu0 tarq --head-identity-weight 0
 variant TARQ-enc-none tarq --encoder-tagging none
-variant TARQ-n512 tarq --n-calib 512
 variant GPTQ-n512 gptq --n-calib 512
+variant RTN rtn
+variant IMATRIX imatrix
