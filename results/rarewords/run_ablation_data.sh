@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Dev-split ablation, second round (issue 18): the calibration-data and metric candidates the first round left out --
 # 512 vs 128 calibration utterances (GPTQ and TARQ), the rare-biased pools r-top and r-mix, mu = 0 (the tied head's
-# token-lookup term off), no encoder tagging (rareBAL on the decoder only), and 10x damping. Base, Q4_0 lattice
+# token-lookup term off), no encoder tagging (rareBAL on the decoder only), the residual step alone, and a lighter
+# tail weight (c = 0.25). Base, Q4_0 lattice
 # (group 32), every other option at its default. Teacher-forced figures against F16 on the dev split only; the test
 # split is not touched. Run from the repository root; corpora and checkpoints go to $WORK (default /tmp/r), the
 # teacher-forced caches to results/rarewords/dev-caches/round2/. Resumable: what exists is reused.
@@ -34,9 +35,11 @@ variant GPTQ gptq
 variant TARQ tarq
 variant TARQ-n512 tarq --n-calib 512
 variant TARQ-rtop tarq --pool r-top
+variant RESIDUAL residual
+variant TARQ-c0.25 tarq --cost-ratio 0.25
 variant TARQ-rmix tarq --pool r-mix
 variant TARQ-mu0 tarq --head-identity-weight 0
 variant TARQ-enc-none tarq --encoder-tagging none
-variant GPTQ-n512 gptq --n-calib 512
 variant RTN rtn
 variant IMATRIX imatrix
+variant GPTQ-n512 gptq --n-calib 512
