@@ -45,9 +45,9 @@ USER_ERROR_CLASSES = frozenset({
     "tarq_deploy.quant.ggml_quants.GgmlUnavailable",
     "tarq_deploy.formats.model_files.ModelFilesError",
     "tarq_deploy.formats.ggml_file.GGMLFileError",
-    "tarq_deploy.formats.ggml_file.VerifyError",
+    "tarq_deploy.formats.ggml_tensors.VerifyError",
     "tarq_deploy.formats.ggml_blocks.LatticeNotRepresentable",
-    "tarq_deploy.formats.gptq_safetensors.ExportError",
+    "tarq_deploy.formats.int4_checkpoint.ExportError",
     "tarq_deploy.bench.cpu.BenchConfigError",
 })
 # OSErrors the user's machine causes (a full, read-only or missing place to write): a message, not a traceback.

@@ -126,3 +126,19 @@ def replace_directory(tmp: Path, out: Path) -> None:
     os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary directory beside ``path`` to fill; on a clean exit it replaces ``path`` (replace_directory: usual
+    permissions, an existing ``path`` set aside and removed), on any exception it is removed."""
+    target = Path(path)
+    with naming_os_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            yield tmp
+            replace_directory(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 from tarq_deploy.formats.compressed_tensors import (compressed_tensors_dequantize, compressed_tensors_layer,
                                            compressed_tensors_to_lattice, write_compressed_tensors_checkpoint)
-from tarq_deploy.formats.gptq_safetensors import (ExportError, gptq_dequantize, gptq_tensors, gptq_to_lattice, scales_exact_in_bf16,
+from tarq_deploy.formats.int4_checkpoint import scales_exact_in_bf16
+from tarq_deploy.formats.gptq_safetensors import (ExportError, gptq_dequantize, gptq_tensors, gptq_to_lattice,
                              write_gptq_checkpoint)
 from tarq_deploy.formats.marlin import (SCALE_PERM, SCALE_PERM_SINGLE, WEIGHT_PERM, check_marlin_shape, marlin_pack,
                                marlin_unpack, write_marlin_checkpoint)

@@ -224,17 +224,17 @@ def serving(fake: FakeHub, seconds: float = SERVER_SECONDS) -> Iterator[str]:
 # -------------------------------------------------------------------------------------------------- inputs
 def write_tiny_whisper_cpp(path: Path) -> Path:
     """A whisper.cpp Q4_0 file of a one-layer, 64-wide Whisper: valid for the strict parser, a few hundred kB."""
-    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_Q4_0, tensor_nbytes
+    from tarq_deploy.formats.ggml_blocks import GGMLType, tensor_nbytes
     from tarq_deploy.formats.ggml_file import QNT_VERSION, QNT_VERSION_FACTOR, FTYPE_OF_TYPE, WhisperHParams, tensor_slots
     from tarq_deploy.formats.whisper_cpp import PackedTensor, WhisperCppModel, write_whisper_cpp
 
     h = WhisperHParams(n_vocab=64, n_audio_ctx=8, n_audio_state=64, n_audio_head=1, n_audio_layer=1, n_text_ctx=8,
                        n_text_state=64, n_text_head=1, n_text_layer=1, n_mels=80,
-                       ftype=FTYPE_OF_TYPE[GGML_TYPE_Q4_0] + QNT_VERSION_FACTOR * QNT_VERSION)
+                       ftype=FTYPE_OF_TYPE[GGMLType.Q4_0] + QNT_VERSION_FACTOR * QNT_VERSION)
     rng = np.random.default_rng(0)
     tensors = []
     for slot in tensor_slots(h):
-        ggml_type = slot.ggml_type(GGML_TYPE_Q4_0)
+        ggml_type = slot.ggml_type(GGMLType.Q4_0)
         tensors.append(PackedTensor(slot.name, ggml_type, slot.shape,
                                     rng.integers(0, 60, tensor_nbytes(ggml_type, slot.shape), dtype=np.uint8)))
     model = WhisperCppModel(h, np.zeros((80, 201), np.float32), [bytes([65 + i % 26]) for i in range(64)], tensors)

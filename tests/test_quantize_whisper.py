@@ -167,7 +167,7 @@ def test_cli_quantize_rtn_and_bad_corpus(tmp_path: Path, clips: dict) -> None:
 @pytest.mark.parametrize("method", ["tarq", "gptq"])
 def test_calibrated_checkpoint_exports_losslessly_to_whisper_cpp(checkpoints: dict, clips: dict, tmp_path: Path,
                                                                  method: str) -> None:
-    from tarq_deploy.formats.ggml_file import verify
+    from tarq_deploy.formats.whisper_cpp import verify
     from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
     from test_whisper_cpp_export import transcribe_whisper_cpp
 

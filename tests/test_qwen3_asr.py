@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tarq_deploy.formats.gguf_common import read_gguf
+from tarq_deploy.formats.gguf_file import read_gguf
 from tarq_deploy.checkpoint import load_checkpoint, save_checkpoint
 from tarq_deploy.cli import main as cli
 from tarq_deploy.data.corpus import Utterance, load_audio
@@ -126,7 +126,7 @@ def real_dimension_exports(tmp_path_factory) -> dict[str, tuple[Path, object]]:
 def _upstream_keys_only(checkpoint, path: Path) -> Path:
     """The export with only the metadata upstream's converter writes (no ``audio.*`` / ``text.*`` loader keys): an
     unpatched qwen3-asr.cpp reads 0.6B defaults from such a file (18 encoder layers, d 896) and crashes on it."""
-    from tarq_deploy.formats.gguf_common import write_gguf
+    from tarq_deploy.formats.gguf_file import write_gguf
     from tarq_deploy.formats.qwen3_asr_cpp import build_qwen3_asr_cpp
 
     model = build_qwen3_asr_cpp(checkpoint)

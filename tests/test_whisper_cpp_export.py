@@ -22,13 +22,13 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from tarq_deploy.formats.ggml_blocks import (GGML_BLOCK, LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0, pack_q4_0,
-                                    pack_q8_0)
-from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp, tensor_slots, verify
-from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
+from tarq_deploy.formats.ggml_blocks import (BLOCKS as GGML_BLOCK, LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0,
+                                             pack_q4_0, pack_q8_0)
+from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp, tensor_slots
+from tarq_deploy.formats.whisper_cpp import export_whisper_cpp, verify
 from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
-from tarq_deploy.commands.export_whispercpp import (add_export_arguments, add_verify_arguments, run_export,
-                                                    run_verify)
+from tarq_deploy.commands.export_whispercpp import add_export_arguments, run_export
+from tarq_deploy.commands.verify import add_arguments as add_verify_arguments, run as run_verify
 from tarq_deploy.data.real_clips import JFK_TEXT
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
 

@@ -23,7 +23,7 @@ CRISPASR_DECODE = {"language": "en", "temperature": 0.0, "frequency_penalty": 0.
 
 def describe_crispasr_file(path: Path) -> ModelInfo:
     """Validate with our strict GGUF reader (GGUFFileError is a ValueError naming the problem)."""
-    from tarq_deploy.formats.gguf_common import describe_qwen3_asr_gguf
+    from tarq_deploy.formats.qwen3_asr_targets import describe_qwen3_asr_gguf
 
     backbone, precision, details = describe_qwen3_asr_gguf(path, ARCH)
     return ModelInfo(backbone, precision, details)

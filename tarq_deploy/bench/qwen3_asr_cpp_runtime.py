@@ -33,7 +33,7 @@ _TOKENS = re.compile(r"Tokens \((\d+)\):")
 
 def describe_qwen3_asr_cpp_file(path: Path) -> ModelInfo:
     """Validate with our strict GGUF reader (GGUFFileError is a ValueError naming the problem)."""
-    from tarq_deploy.formats.gguf_common import describe_qwen3_asr_gguf
+    from tarq_deploy.formats.qwen3_asr_targets import describe_qwen3_asr_gguf
 
     backbone, precision, details = describe_qwen3_asr_gguf(path, ARCH)
     return ModelInfo(backbone, precision, details)

@@ -1,7 +1,7 @@
 """`tarq-deploy export --target TARGET`: the lattice checkpoint re-arranged, bit for bit, into a runtime's format.
 
 whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); qwen3-asr.cpp and CrispASR one
-Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_cpp.py, tarq_deploy/formats/crispasr.py); the GPU targets write a transformers
+Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_targets.py); the GPU targets write a transformers
 checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
 to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
 """
@@ -19,9 +19,7 @@ GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    export_whispercpp.add_export_arguments(parser)
-    target = next(a for a in parser._actions if a.dest == "target")
-    target.choices = (*export_whispercpp.TARGETS, *GGUF_TARGETS, *GPU_TARGETS)
+    export_whispercpp.add_export_arguments(parser, targets=(*export_whispercpp.TARGETS, *GGUF_TARGETS, *GPU_TARGETS))
     parser.add_argument("--serve-dtype", choices=["float16", "bfloat16"],
                         help="GPU targets: the dtype the runtime will cast scales to (default: the model config's)")
     parser.add_argument("--overwrite", action="store_true", help="GPU targets: replace an existing output directory")
@@ -55,7 +53,7 @@ def _check_output(args: argparse.Namespace) -> None:
 def _export_gguf(args: argparse.Namespace) -> int:
     """Qwen3-ASR GGUF for qwen3-asr.cpp or CrispASR: a checkpoint (q4_0 / q8_0 by its lattice) or --model (f16)."""
     from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
-    from tarq_deploy.formats.gguf_common import export_qwen3_asr_gguf
+    from tarq_deploy.formats.qwen3_asr_targets import export_qwen3_asr_gguf
     from tarq_deploy.formats.model_files import ModelFilesError
 
     from ..errors import UserError

@@ -1,24 +1,20 @@
-"""`tarq-deploy export --target whisper.cpp` and `tarq-deploy verify MODEL.bin --against CHECKPOINT_DIR`.
+"""`tarq-deploy export --target whisper.cpp` (`tarq-deploy verify` checks the file: commands/verify.py).
 
     tarq-deploy export --target whisper.cpp CHECKPOINT_DIR -o model-q4_0.bin [--type q4_0|q8_0|f16]
     tarq-deploy export --target whisper.cpp --model SOURCE -o model-f16.bin [--type f16]
     tarq-deploy export --target whisper.cpp --model SOURCE --baseline rtn -o model-rtn-q4_0.bin [--type q4_0|q8_0]
-    tarq-deploy verify model-q4_0.bin --against CHECKPOINT_DIR [--json]
 
-Errors name the file and the problem, exit with status 2 and leave no output file behind; verify exits 1 when any
-array differs from the checkpoint.
+Errors name the file and the problem, exit with status 2 and leave no output file behind.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+from typing import Sequence
 
-EXPORT_HELP = "export a lattice checkpoint (or a float model) to a runtime's model file, bit-exactly"
-VERIFY_HELP = "decode every tensor of a whisper.cpp model file and compare it with a lattice checkpoint's exact values"
 TARGETS = ("whisper.cpp",)
-EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_ERROR = 0, 2
 # The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names
 # mirror tarq_deploy.formats.whisper_cpp.TARGET_TYPES / BASELINES (tests/test_bad_inputs.py checks that they agree).
 WEIGHT_TYPES = ("f16", "q8_0", "q4_0")
@@ -28,18 +24,18 @@ BASELINES = ("rtn",)
 def input_errors() -> tuple[type[BaseException], ...]:
     """Errors that name a bad input file or option: reported in one line, exit status 2."""
     from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
-    from tarq_deploy.formats.ggml_file import GGMLFileError, VerifyError
     from tarq_deploy.formats.model_files import ModelFilesError
 
     from ..checkpoint import CheckpointError
 
-    return (ModelFilesError, LatticeNotRepresentable, GGMLFileError, VerifyError, CheckpointError, FileNotFoundError)
+    return (ModelFilesError, LatticeNotRepresentable, CheckpointError, FileNotFoundError)
 
 
 # ------------------------------------------------------------------------------------------------------- export
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+def add_export_arguments(parser: argparse.ArgumentParser, targets: Sequence[str] = TARGETS) -> None:
+    """The export options; ``targets`` are the --target choices (the export command adds its other runtimes)."""
     parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
-    parser.add_argument("--target", choices=TARGETS, default="whisper.cpp", help="runtime file format")
+    parser.add_argument("--target", choices=targets, default="whisper.cpp", help="runtime file format")
     parser.add_argument("-o", "--output", required=True, help="model file to write (replaced atomically)")
     parser.add_argument("--type", choices=WEIGHT_TYPES, dest="weight_type",
                         help="ggml type of the weight matrices (default: the checkpoint's lattice: q4_0 for 4-bit, "
@@ -99,59 +95,6 @@ def _export_source(args: argparse.Namespace):
     return model_source(model, processor, origin=args.model)
 
 
-# ------------------------------------------------------------------------------------------------------- verify
-def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_file", metavar="MODEL.bin", help="whisper.cpp model file")
-    parser.add_argument("--against", required=True, metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
-    parser.add_argument("--json", action="store_true", help="print {array: max |diff|} as JSON")
-
-
-def run_verify(args: argparse.Namespace) -> int:
-    from tarq_deploy.formats.ggml_file import read_whisper_cpp, verify
-
-    try:
-        diffs = verify(args.model_file, args.against)
-        types = read_whisper_cpp(args.model_file).tensors
-    except input_errors() as e:
-        return _error("verify", e)
-    if args.json:
-        print(json.dumps(diffs, indent=2))
-    else:
-        _print_diffs(diffs, types)
-    differing = {name: d for name, d in diffs.items() if d != 0.0}
-    if differing:
-        worst = max(differing, key=differing.get)
-        print(f"MISMATCH: {len(differing)} of {len(diffs)} arrays differ from {args.against} "
-              f"(largest max|diff| {differing[worst]:.3g} in {worst})")
-        return EXIT_MISMATCH
-    print(f"OK: all {len(diffs)} arrays of {args.model_file} equal {args.against}'s exact values (max|diff| = 0)")
-    return EXIT_OK
-
-
-def _print_diffs(diffs: dict[str, float], tensors: dict) -> None:
-    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-
-    print(f"{'max|diff|':>10}  {'type':<5} array")
-    for name, diff in diffs.items():
-        kind = GGML_TYPE_NAMES[tensors[name].ggml_type] if name in tensors else "F32"
-        print(f"{diff:>10.3g}  {kind:<5} {name}")
-
-
 def _error(command: str, e: BaseException) -> int:
     print(f"tarq-deploy {command}: error: {e}", file=sys.stderr)
     return EXIT_ERROR
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (until cli.py wires the two subcommands): ``python -m tarq_deploy.commands.export_whispercpp
-    export ...`` or ``... verify ...``."""
-    parser = argparse.ArgumentParser(prog="python -m tarq_deploy.commands.export_whispercpp")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_export_arguments(sub.add_parser("export", help=EXPORT_HELP))
-    add_verify_arguments(sub.add_parser("verify", help=VERIFY_HELP))
-    args = parser.parse_args(argv)
-    return run_export(args) if args.command == "export" else run_verify(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

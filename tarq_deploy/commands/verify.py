@@ -1,47 +1,49 @@
 """`tarq-deploy verify MODEL --against CHECKPOINT_DIR`: prove an exported file holds the lattice exactly.
 
-MODEL is a whisper.cpp model file or a Qwen3-ASR GGUF (qwen3-asr.cpp or CrispASR flavour), told apart by its magic.
+MODEL is a whisper.cpp model file or a Qwen3-ASR GGUF (qwen3-asr.cpp or CrispASR flavour), told apart by its magic
+(tarq_deploy.formats.verification). Errors name the file and the problem and exit with status 2; verify exits 1
+when any array differs from the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-
-from . import export_whispercpp
+import sys
 
 HELP = "decode every tensor of a whisper.cpp or Qwen3-ASR GGUF file and compare it with a lattice checkpoint's values"
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    export_whispercpp.add_verify_arguments(parser)
+    parser.add_argument("model_file", metavar="MODEL.bin", help="whisper.cpp model file")
+    parser.add_argument("--against", required=True, metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
+    parser.add_argument("--json", action="store_true", help="print {array: max |diff|} as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from tarq_deploy.formats.gguf_common import is_gguf_file
-
-    if is_gguf_file(args.model_file):
-        return _run_gguf_verify(args)
-    return export_whispercpp.run_verify(args)
-
-
-def _run_gguf_verify(args: argparse.Namespace) -> int:
-    from tarq_deploy.formats.gguf_common import GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, verify_gguf
+    from tarq_deploy.formats.verification import VERIFY_ERRORS, verify_model_file
 
     try:
-        diffs = verify_gguf(args.model_file, args.against)
-        tensors = read_gguf(args.model_file).tensors
-    except (GGUFFileError, GGUFVerifyError, GGUFExportError, *export_whispercpp.input_errors()) as e:
-        return export_whispercpp._error("verify", e)
+        result = verify_model_file(args.model_file, args.against)
+    except VERIFY_ERRORS as e:
+        print(f"tarq-deploy verify: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
-        print(json.dumps(diffs, indent=2))
+        print(json.dumps(result.diffs, indent=2))
     else:
-        export_whispercpp._print_diffs(diffs, tensors)
-    differing = {name: d for name, d in diffs.items() if d != 0.0}
-    if differing:
-        worst = max(differing, key=differing.get)
-        print(f"MISMATCH: {len(differing)} of {len(diffs)} arrays differ from {args.against} "
-              f"(largest max|diff| {differing[worst]:.3g} in {worst})")
-        return export_whispercpp.EXIT_MISMATCH
-    print(f"OK: all {len(diffs)} arrays of {args.model_file} equal {args.against}'s exact values (max|diff| = 0)")
-    return export_whispercpp.EXIT_OK
+        _print_diffs(result.diffs, result.types)
+    worst = result.worst
+    if worst is not None:
+        print(f"MISMATCH: {len(result.differing)} of {len(result.diffs)} arrays differ from {args.against} "
+              f"(largest max|diff| {result.diffs[worst]:.3g} in {worst})")
+        return EXIT_MISMATCH
+    print(f"OK: all {len(result.diffs)} arrays of {args.model_file} equal {args.against}'s exact values "
+          f"(max|diff| = 0)")
+    return EXIT_OK
+
+
+def _print_diffs(diffs: dict[str, float], types: dict[str, str]) -> None:
+    print(f"{'max|diff|':>10}  {'type':<5} array")
+    for name, diff in diffs.items():
+        print(f"{diff:>10.3g}  {types[name]:<5} {name}")

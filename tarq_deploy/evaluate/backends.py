@@ -123,7 +123,7 @@ def is_gguf_of_arch(source: str, arch: str) -> bool:
     """A GGUF file whose general.architecture is ``arch`` (a file our reader rejects is not claimed)."""
     if not is_gguf_file(source):
         return False
-    from tarq_deploy.formats.gguf_common import GGUFFileError, read_gguf
+    from tarq_deploy.formats.gguf_file import GGUFFileError, read_gguf
 
     try:
         return read_gguf(Path(source).expanduser()).arch == arch
@@ -134,7 +134,7 @@ def is_gguf_of_arch(source: str, arch: str) -> bool:
 def checked_gguf(spec: "ModelSpec", arch: str, runtime: str, export_target: str) -> Path:
     """The resolved path of ``spec``'s GGUF once our strict reader accepts it and its architecture is ``arch``; a
     UserError naming the model and file otherwise (a runtime must never see a file our parser rejects)."""
-    from tarq_deploy.formats.gguf_common import GGUFFileError, read_gguf
+    from tarq_deploy.formats.gguf_file import GGUFFileError, read_gguf
 
     path = Path(spec.source).expanduser()
     try:

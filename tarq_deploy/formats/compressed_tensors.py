@@ -26,10 +26,11 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import CODE_DTYPE, LatticeSpec
 
-from .gptq_safetensors import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, SERVE_DTYPES, WEIGHTS_FILE, ExportError,
-                   check_int4_spec, check_output_path, check_runtime_shapes, checked_layers, module_name,
-                   pack_int4_last_dim, prepare_model_files, resolve_serve_dtype, unpack_int4_last_dim,
-                   untouched_tensors, write_hf_directory)
+from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, SERVE_DTYPES, WEIGHTS_FILE, ExportError,
+                              check_int4_spec, check_output_path, checked_layers, module_name, pack_int4_last_dim,
+                              prepare_model_files, resolve_serve_dtype, unpack_int4_last_dim, untouched_tensors,
+                              write_hf_directory)
+from .marlin import check_runtime_shapes
 
 QUANT_METHOD = "compressed-tensors"
 PACK_FORMAT = "pack-quantized"

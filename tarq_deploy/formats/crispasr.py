@@ -24,16 +24,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf.constants import GGUFValueType
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 
-from .ggml_blocks import GGML_TYPE_F32
-from .gguf_common import (CheckpointValues, AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN,
-                          GGUF_FLOAT32, GGUF_UINT32, KV, PAD_TOKEN, GGUFExportError, GGUFModel, GGUFVerifyError,
-                          PackedTensor, Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, as_checkpoint, as_source,
-                          check_metadata, check_nothing_left_over, checkpoint_source, compare_tensors, default_target,
-                          file_kv, gguf_vocab, max_abs_diff, pack_tensors, qwen3_asr_slots, read_gguf, vocab_kv,
-                          weight_type_of, write_gguf)
+from .ggml_blocks import GGMLType
+from .ggml_tensors import CheckpointValues, PackedTensor, as_checkpoint, compare_tensors, max_abs_diff
+from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
+                        write_gguf)
+from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
+                             Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, as_source, check_nothing_left_over,
+                             checkpoint_source, default_target, gguf_vocab, pack_tensors, qwen3_asr_slots, vocab_kv,
+                             weight_type_of)
 
 ARCH = "qwen3asr"
 TARGET = "crispasr"
@@ -50,6 +52,8 @@ STRUCTURAL_KEYS = (
     f"{ARCH}.llm.head_dim", f"{ARCH}.llm.ff_dim", f"{ARCH}.llm.vocab_size", f"{ARCH}.audio_pad_token_id",
     "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
 )
+# the keys of the dimensions that name a model size: audio layers, audio d_model, text layers, text hidden
+SIZE_KEYS = (f"{ARCH}.audio.n_layers", f"{ARCH}.audio.d_model", f"{ARCH}.llm.n_layers", f"{ARCH}.llm.d_model")
 
 
 def front_end(source: Qwen3ASRSource) -> dict[str, np.ndarray]:
@@ -68,7 +72,7 @@ def front_end(source: Qwen3ASRSource) -> dict[str, np.ndarray]:
 
 def model_metadata(h: Qwen3ASRHParams, source: Qwen3ASRSource) -> list[KV]:
     """Every key but the file-type ones: front end, audio and LLM dimensions, token ids, the vocabulary."""
-    u32, f32 = GGUF_UINT32, GGUF_FLOAT32
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
     fe = source.feature_extractor
     values = [
         ("sample_rate", fe.get("sampling_rate", 16000), u32), ("n_mels", h.n_mels, u32),
@@ -99,7 +103,7 @@ def build_crispasr(source: Any, target: str | None = None) -> GGUFModel:
     weight_type = weight_type_of(target or default_target(source))
     slots = qwen3_asr_slots(h, NAMES)
     check_nothing_left_over(source, slots, TARGET)
-    tables = [PackedTensor(name, GGML_TYPE_F32, values.shape, values) for name, values in front_end(source).items()]
+    tables = [PackedTensor(name, GGMLType.F32, values.shape, values) for name, values in front_end(source).items()]
     kv = file_kv(MODEL_NAME, weight_type) + model_metadata(h, source)
     return GGUFModel(ARCH, kv, tables + pack_tensors(slots, source, weight_type))
 

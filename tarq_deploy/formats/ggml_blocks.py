@@ -1,4 +1,7 @@
-"""ggml block packing: the one place that knows how ggml lays out quantized rows.
+"""ggml types and block packing: the one place that knows how ggml lays out quantized rows.
+
+Type ids and sizes are gguf-py's (``GGMLQuantizationType``, ``GGML_QUANT_SIZES``); ``BLOCKS`` holds, for every type
+this package reads or writes, its block size, bytes per block and name.
 
 A lattice (integer codes q, one fp16 scale s per row per group of input columns, value s * q) is written into ggml
 blocks of 32 consecutive values of a row, each block carrying its own fp16 scale d:
@@ -16,33 +19,32 @@ produces), byte-identical with ``gguf.quants.quantize``: the baseline a lattice 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as GGMLType
 
-# ggml type ids (enum ggml_type in ggml.h)
-GGML_TYPE_F32 = 0
-GGML_TYPE_F16 = 1
-GGML_TYPE_Q4_0 = 2
-GGML_TYPE_Q4_1 = 3
-GGML_TYPE_Q8_0 = 8
 
-QK = 32  # values per block for Q4_0, Q4_1 and Q8_0
+class BlockLayout(NamedTuple):
+    """How ggml stores one type: ``block_size`` values in ``type_size`` bytes (ggml_blck_size / ggml_type_size)."""
 
-# type id -> (values per block, bytes per block): ggml_blck_size / ggml_type_size
-GGML_BLOCK = {
-    GGML_TYPE_F32: (1, 4),
-    GGML_TYPE_F16: (1, 2),
-    GGML_TYPE_Q4_0: (QK, 2 + QK // 2),
-    GGML_TYPE_Q4_1: (QK, 2 + 2 + QK // 2),
-    GGML_TYPE_Q8_0: (QK, 2 + QK),
-}
-GGML_TYPE_NAMES = {GGML_TYPE_F32: "F32", GGML_TYPE_F16: "F16", GGML_TYPE_Q4_0: "Q4_0", GGML_TYPE_Q4_1: "Q4_1",
-                   GGML_TYPE_Q8_0: "Q8_0"}
+    block_size: int
+    type_size: int
+    name: str
+
+
+# The types this package reads and writes; a new lattice type is one more entry here (its sizes come from gguf-py).
+KNOWN_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)
+BLOCKS: dict[int, BlockLayout] = {t: BlockLayout(*GGML_QUANT_SIZES[t], t.name) for t in KNOWN_TYPES}
+GGML_TYPE_NAMES: dict[int, str] = {t: layout.name for t, layout in BLOCKS.items()}
+QUANTIZED_TYPES = tuple(t for t, layout in BLOCKS.items() if layout.block_size > 1)
+
+QK = BLOCKS[GGMLType.Q4_0].block_size  # values per block of Q4_0 and Q8_0, the types a lattice is packed into
 
 # the lattice bit width each quantized type holds exactly, and its code range
-LATTICE_BITS = {GGML_TYPE_Q4_0: 4, GGML_TYPE_Q8_0: 8}
-CODE_RANGE = {GGML_TYPE_Q4_0: (-8, 7), GGML_TYPE_Q8_0: (-128, 127)}
+LATTICE_BITS = {GGMLType.Q4_0: 4, GGMLType.Q8_0: 8}
+CODE_RANGE = {GGMLType.Q4_0: (-8, 7), GGMLType.Q8_0: (-128, 127)}
 Q4_0_NIBBLE_OFFSET = 8
 
 
@@ -54,12 +56,12 @@ class LatticeNotRepresentable(ValueError):
 def row_nbytes(ggml_type: int, n_cols: int) -> int:
     """Bytes of one row of ``n_cols`` values (ggml_row_size); raises ValueError for an unknown type or a row that
     does not fill whole blocks."""
-    if ggml_type not in GGML_BLOCK:
+    if ggml_type not in BLOCKS:
         raise ValueError(f"unknown ggml type id {ggml_type}")
-    per_block, block_bytes = GGML_BLOCK[ggml_type]
-    if n_cols % per_block:
-        raise ValueError(f"a {GGML_TYPE_NAMES[ggml_type]} row needs a multiple of {per_block} values, got {n_cols}")
-    return n_cols // per_block * block_bytes
+    layout = BLOCKS[ggml_type]
+    if n_cols % layout.block_size:
+        raise ValueError(f"a {layout.name} row needs a multiple of {layout.block_size} values, got {n_cols}")
+    return n_cols // layout.block_size * layout.type_size
 
 
 def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
@@ -78,12 +80,12 @@ def pack_lattice(codes: Any, scales: Any, bits: int, ggml_type: int) -> np.ndarr
     if bits != LATTICE_BITS[ggml_type]:
         raise LatticeNotRepresentable(f"a {bits}-bit lattice is not what {GGML_TYPE_NAMES[ggml_type]} stores "
                                       f"(it stores {LATTICE_BITS[ggml_type]}-bit codes)")
-    return pack_q4_0(codes, scales) if ggml_type == GGML_TYPE_Q4_0 else pack_q8_0(codes, scales)
+    return pack_q4_0(codes, scales) if ggml_type == GGMLType.Q4_0 else pack_q8_0(codes, scales)
 
 
 def pack_q4_0(codes: Any, scales: Any) -> np.ndarray:
     """Q4_0 blocks of a 4-bit lattice: codes int [m, n] in [-8, 7], fp16 scales [m, n_groups]; uint8 [m, n/32*18]."""
-    q, d = _block_codes_and_scales(codes, scales, GGML_TYPE_Q4_0)
+    q, d = _block_codes_and_scales(codes, scales, GGMLType.Q4_0)
     m, n_blocks = d.shape
     # codes are checked to lie in [-8, 7], so code + 8 fits int8 and reads as the unsigned nibble
     nibbles = (q.astype(np.int8, copy=False) + np.int8(Q4_0_NIBBLE_OFFSET)).view(np.uint8)
@@ -95,7 +97,7 @@ def pack_q4_0(codes: Any, scales: Any) -> np.ndarray:
 def pack_q8_0(codes: Any, scales: Any) -> np.ndarray:
     """Q8_0 blocks of an 8-bit lattice: codes int [m, n] in [-128, 127], fp16 scales [m, n_groups]; uint8 [m, n/32*34].
     Code -128 is stored as is: ggml dequantizes it exactly (its own quantizer only ever writes [-127, 127])."""
-    q, d = _block_codes_and_scales(codes, scales, GGML_TYPE_Q8_0)
+    q, d = _block_codes_and_scales(codes, scales, GGMLType.Q8_0)
     m, n_blocks = d.shape
     return _assemble_blocks(d, q.astype(np.int8).view(np.uint8).reshape(m, n_blocks, QK))
 
@@ -150,7 +152,7 @@ def ggml_rtn_q4_0(w: Any) -> np.ndarray:
     """ggml's quantize_row_q4_0_ref on float rows [..., n]: per block d = (signed value of largest magnitude) / -8,
     nibble = min(15, trunc(x / d + 8.5)) with 1/d taken from the float32 d, d stored as fp16. uint8 [..., n/32*18].
     All arithmetic is float32, as in the C code, so the bytes equal gguf.quants.quantize(w, Q4_0)."""
-    blocks, out_shape = _float_blocks(w, GGML_TYPE_Q4_0)
+    blocks, out_shape = _float_blocks(w, GGMLType.Q4_0)
     pick = np.abs(blocks).argmax(axis=1)[:, None]  # first index of the largest magnitude, like the C loop
     signed_max = np.take_along_axis(blocks, pick, axis=1)
     d = signed_max / np.float32(-8)
@@ -167,7 +169,7 @@ def ggml_rtn_q4_0(w: Any) -> np.ndarray:
 def ggml_rtn_q8_0(w: Any) -> np.ndarray:
     """ggml's quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d) (half away from zero); uint8 [..., n/32*34].
     Byte-identical with gguf.quants.quantize(w, Q8_0)."""
-    blocks, out_shape = _float_blocks(w, GGML_TYPE_Q8_0)
+    blocks, out_shape = _float_blocks(w, GGMLType.Q8_0)
     d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
     with np.errstate(divide="ignore"):
         inv_d = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)

@@ -1,5 +1,5 @@
-"""The legacy whisper.cpp model file ("ggml" magic, what whisper.cpp 1.8.5 loads): its layout, a strict parser, and
-``verify`` against a lattice checkpoint.
+"""The legacy whisper.cpp model file ("ggml" magic, what whisper.cpp 1.8.5 loads): its layout and a strict parser
+(the exporter and ``verify`` are in whisper_cpp.py).
 
 Layout (all int32 little-endian, no padding):
 
@@ -17,24 +17,22 @@ and the token embedding in the header's type, conv weights F16, everything else 
 """
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from .ggml_blocks import (GGML_BLOCK, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-                          GGML_TYPE_Q8_0, tensor_nbytes)
+from .ggml_blocks import BLOCKS, GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, tensor_nbytes
+from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, ByteCursor, MappedTensors, TensorFileError, TensorRecord,
+                           TensorSlot, map_file)
 
 FILE_MAGIC = 0x67676D6C  # "ggml"
 QNT_VERSION = 2  # GGML_QNT_VERSION: the block layouts of ggml-common.h
 QNT_VERSION_FACTOR = 1000  # GGML_QNT_VERSION_FACTOR
 # ggml_ftype of a file whose weight matrices are of the given ggml type (enum ggml_ftype, ggml.h)
-FTYPE_OF_TYPE = {GGML_TYPE_F32: 0, GGML_TYPE_F16: 1, GGML_TYPE_Q4_0: 2, GGML_TYPE_Q4_1: 3, GGML_TYPE_Q8_0: 7}
+FTYPE_OF_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q8_0: 7}
 TYPE_OF_FTYPE = {ftype: t for t, ftype in FTYPE_OF_TYPE.items()}
-QUANTIZED_TYPES = (GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0)
 N_FFT_BINS = 201  # whisper.cpp's WHISPER_N_FFT 400 -> 201 frequency bins
 MAX_TOKEN_BYTES = 1024  # no real BPE token comes near; a larger length means a corrupt vocabulary
 MAX_NAME_BYTES = 256
@@ -45,19 +43,9 @@ HPARAM_LIMITS = {"n_vocab": 1 << 20, "n_audio_ctx": 1 << 16, "n_audio_state": 1 
                  "n_audio_layer": 1 << 10, "n_text_ctx": 1 << 16, "n_text_state": 1 << 16, "n_text_head": 1 << 10,
                  "n_text_layer": 1 << 10, "n_mels": 1 << 10}
 
-# tensor roles: which ggml type whisper.cpp gives the tensor
-ROLE_MATRIX = "matrix"  # the header's weight type (attention, MLP, token embedding)
-ROLE_CONV = "conv"  # F16 (F32 in an all-F32 file)
-ROLE_F32 = "f32"  # always F32: biases, LayerNorms, positional embeddings
 
-
-class GGMLFileError(ValueError):
+class GGMLFileError(TensorFileError):
     """A whisper.cpp model file that is not what whisper.cpp would load; the message names the file and the problem."""
-
-    def __init__(self, path: str | os.PathLike, problem: str):
-        super().__init__(f"{path}: {problem}")
-        self.path = str(path)
-        self.problem = problem
 
 
 # --------------------------------------------------------------------------------------------------- the layout
@@ -100,30 +88,14 @@ class WhisperHParams:
         return self.ints()[:-1] == other.ints()[:-1]
 
 
-@dataclass(frozen=True)
-class TensorSlot:
-    """One tensor whisper.cpp creates: its name, the transformers state-dict name it comes from, role and shape."""
-
-    name: str
-    hf_name: str
-    role: str
-    shape: tuple[int, ...]
-
-    def ggml_type(self, weight_type: int) -> int:
-        if self.role == ROLE_MATRIX:
-            return weight_type
-        if self.role == ROLE_CONV:
-            return GGML_TYPE_F32 if weight_type == GGML_TYPE_F32 else GGML_TYPE_F16
-        return GGML_TYPE_F32
-
-
 # transformers name piece -> whisper.cpp name piece, inside a layer (the inverse of whisper.cpp's converters)
 _ATTENTION_PARTS = {"q_proj": ("query", True), "k_proj": ("key", False), "v_proj": ("value", True),
                     "out_proj": ("out", True)}  # (name, has bias): whisper.cpp's attn.key has no bias
 
 
 def tensor_slots(h: WhisperHParams) -> list[TensorSlot]:
-    """Every tensor whisper.cpp 1.8.5 creates for these hyper-parameters, in the order we write them."""
+    """Every tensor whisper.cpp 1.8.5 creates for these hyper-parameters, in the order we write them. Roles:
+    weight matrices and the token embedding take the header's type, conv kernels F16, everything else F32."""
     d, n_mels = h.n_audio_state, h.n_mels
     slots = [
         TensorSlot("encoder.positional_embedding", "model.encoder.embed_positions.weight", ROLE_F32,
@@ -177,19 +149,8 @@ def _layer_norm_slots(prefix: str, hf_prefix: str, d: int) -> list[TensorSlot]:
 
 
 # --------------------------------------------------------------------------------------------------- the parser
-@dataclass(frozen=True)
-class TensorRecord:
-    """Where one tensor's data lies in the file."""
-
-    name: str
-    ggml_type: int
-    shape: tuple[int, ...]  # numpy order
-    offset: int
-    nbytes: int
-
-
 @dataclass
-class WhisperCppFile:
+class WhisperCppFile(MappedTensors):
     """A parsed whisper.cpp model file; tensor data stays in a read-only memory map."""
 
     path: Path
@@ -199,33 +160,13 @@ class WhisperCppFile:
     tensors: dict[str, TensorRecord]
     data: np.ndarray  # uint8 view of the whole file (read-only memory map)
 
-    def raw(self, name: str) -> np.ndarray:
-        """The tensor's bytes: uint8 [rows, row_bytes] (row = last axis)."""
-        rec = self.tensors[name]
-        flat = self.data[rec.offset:rec.offset + rec.nbytes]
-        return flat.reshape(-1, rec.nbytes // max(1, _n_rows(rec.shape)))
-
-    def dequantize(self, name: str) -> np.ndarray:
-        """float32 values in the tensor's shape, decoded by gguf-py (the reference decoder)."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        rec = self.tensors[name]
-        values = dequantize(self.raw(name), GGMLQuantizationType(rec.ggml_type))
-        return values.astype(np.float32, copy=False).reshape(rec.shape)
-
 
 def read_whisper_cpp(path: str | os.PathLike) -> WhisperCppFile:
     """Parse ``path`` strictly; any deviation from what whisper.cpp 1.8.5 loads raises GGMLFileError."""
     path = Path(path)
-    if not path.is_file():
-        raise GGMLFileError(path, "no such file")
-    if path.stat().st_size == 0:
-        raise GGMLFileError(path, "empty file")
-    with open(path, "rb") as f:
-        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    cur = _Cursor(buffer, path)
-    if cur.u32("magic") != FILE_MAGIC:
+    buffer = map_file(path, GGMLFileError)
+    cur = ByteCursor(buffer, path, GGMLFileError)
+    if cur.unpack("<I", "magic")[0] != FILE_MAGIC:
         raise GGMLFileError(path, "bad magic: not a whisper.cpp (ggml) model file")
     hparams = _read_hparams(cur)
     mel = _read_mel_filters(cur, hparams)
@@ -234,43 +175,9 @@ def read_whisper_cpp(path: str | os.PathLike) -> WhisperCppFile:
     return WhisperCppFile(path, hparams, mel, vocab, tensors, np.frombuffer(buffer, dtype=np.uint8))
 
 
-class _Cursor:
-    """Sequential little-endian reads with truncation errors that say what was being read."""
-
-    def __init__(self, buffer: mmap.mmap, path: Path):
-        self.buffer, self.path, self.pos = buffer, path, 0
-
-    @property
-    def remaining(self) -> int:
-        return len(self.buffer) - self.pos
-
-    def skip(self, n: int, what: str) -> int:
-        """Advance past ``n`` bytes; returns where they start."""
-        if n < 0 or n > self.remaining:
-            raise GGMLFileError(self.path, f"truncated: {what} needs {n} bytes at offset {self.pos}, "
-                                           f"only {self.remaining} left (file has {len(self.buffer)} bytes)")
-        start = self.pos
-        self.pos += n
-        return start
-
-    def take(self, n: int, what: str) -> bytes:
-        start = self.skip(n, what)
-        return self.buffer[start:start + n]
-
-    def i32s(self, n: int, what: str) -> list[int]:
-        start = self.skip(4 * n, what)
-        return list(struct.unpack_from(f"<{n}i", self.buffer, start))
-
-    def i32(self, what: str) -> int:
-        return self.i32s(1, what)[0]
-
-    def u32(self, what: str) -> int:
-        return struct.unpack_from("<I", self.buffer, self.skip(4, what))[0]
-
-
-def _read_hparams(cur: _Cursor) -> WhisperHParams:
+def _read_hparams(cur: ByteCursor) -> WhisperHParams:
     names = [f.name for f in fields(WhisperHParams)]
-    h = WhisperHParams(*cur.i32s(len(names), "the header"))
+    h = WhisperHParams(*cur.unpack(f"<{len(names)}i", "the header"))
     bad = [f"{n}={getattr(h, n)} (must be in 1..{HPARAM_LIMITS[n]})"
            for n in names[:-1] if not 0 < getattr(h, n) <= HPARAM_LIMITS[n]]
     if bad:
@@ -287,8 +194,8 @@ def _read_hparams(cur: _Cursor) -> WhisperHParams:
     return h
 
 
-def _read_mel_filters(cur: _Cursor, h: WhisperHParams) -> np.ndarray:
-    n_mel, n_fft = cur.i32s(2, "the mel filter dimensions")
+def _read_mel_filters(cur: ByteCursor, h: WhisperHParams) -> np.ndarray:
+    n_mel, n_fft = cur.unpack("<2i", "the mel filter dimensions")
     if n_mel != h.n_mels or n_fft != N_FFT_BINS:
         raise GGMLFileError(cur.path, f"bad mel filters: {n_mel} x {n_fft}, expected {h.n_mels} x {N_FFT_BINS}")
     mel = np.frombuffer(cur.take(4 * n_mel * n_fft, "the mel filters"), dtype="<f4").reshape(n_mel, n_fft)
@@ -297,20 +204,20 @@ def _read_mel_filters(cur: _Cursor, h: WhisperHParams) -> np.ndarray:
     return mel
 
 
-def _read_vocab(cur: _Cursor, h: WhisperHParams) -> list[bytes]:
-    count = cur.i32("the vocabulary size")
+def _read_vocab(cur: ByteCursor, h: WhisperHParams) -> list[bytes]:
+    (count,) = cur.unpack("<i", "the vocabulary size")
     if not 0 < count <= h.n_vocab:
         raise GGMLFileError(cur.path, f"bad vocabulary: {count} tokens (header n_vocab {h.n_vocab})")
     vocab = []
     for i in range(count):
-        length = cur.i32(f"the length of token {i}")
+        (length,) = cur.unpack("<i", f"the length of token {i}")
         if not 0 <= length <= MAX_TOKEN_BYTES:
             raise GGMLFileError(cur.path, f"bad vocabulary: token {i} has length {length}")
         vocab.append(cur.take(length, f"token {i}"))
     return vocab
 
 
-def _read_tensors(cur: _Cursor, h: WhisperHParams) -> dict[str, TensorRecord]:
+def _read_tensors(cur: ByteCursor, h: WhisperHParams) -> dict[str, TensorRecord]:
     expected = {slot.name: slot for slot in tensor_slots(h)}
     found: dict[str, TensorRecord] = {}
     while cur.remaining > 0:
@@ -325,16 +232,16 @@ def _read_tensors(cur: _Cursor, h: WhisperHParams) -> dict[str, TensorRecord]:
     return found
 
 
-def _read_tensor(cur: _Cursor) -> TensorRecord:
+def _read_tensor(cur: ByteCursor) -> TensorRecord:
     start = cur.pos
-    n_dims, name_len, ggml_type = cur.i32s(3, f"a tensor header at offset {start}")
+    n_dims, name_len, ggml_type = cur.unpack("<3i", f"a tensor header at offset {start}")
     if not 1 <= n_dims <= MAX_DIMS:
         raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: n_dims {n_dims}")
     if not 1 <= name_len <= MAX_NAME_BYTES:
         raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: name length {name_len}")
-    if ggml_type not in GGML_BLOCK:
+    if ggml_type not in BLOCKS:
         raise GGMLFileError(cur.path, f"bad tensor header at offset {start}: unknown ggml type {ggml_type}")
-    ne = cur.i32s(n_dims, f"the dimensions of the tensor at offset {start}")
+    ne = cur.unpack(f"<{n_dims}i", f"the dimensions of the tensor at offset {start}")
     raw_name = cur.take(name_len, f"the name of the tensor at offset {start}")
     try:
         name = raw_name.decode("utf-8")
@@ -365,57 +272,3 @@ def _check_tensor(path: Path, rec: TensorRecord, expected: dict[str, TensorSlot]
         raise GGMLFileError(path, f"tensor {rec.name} is {GGML_TYPE_NAMES[rec.ggml_type]}, but whisper.cpp expects "
                                   f"{GGML_TYPE_NAMES[want]} in a file of ftype {FTYPE_OF_TYPE[weight_type]} "
                                   f"({GGML_TYPE_NAMES[weight_type]} matrices)")
-
-
-def _n_rows(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-
-
-# ------------------------------------------------------------------------------------------------------ verify
-class VerifyError(ValueError):
-    """The model file does not belong to the checkpoint it is verified against (header or vocabulary differ)."""
-
-
-def verify(model_bin: str | os.PathLike, checkpoint_dir: str | os.PathLike) -> dict[str, float]:
-    """Decode every tensor of ``model_bin`` with gguf-py and compare it with the checkpoint's exact values (s * q for
-    lattice weights, the stored tensors otherwise; the token embedding is proj_out's lattice). Returns max |diff| per
-    array, "mel_filters" first and then every tensor in file-layout order; 0.0 everywhere for a lossless export."""
-    from tarq_deploy.checkpoint import load_checkpoint
-
-    from .whisper_cpp import checkpoint_source  # the same reading of header, vocabulary and mel filters as export
-
-    model = read_whisper_cpp(model_bin)
-    ckpt = load_checkpoint(checkpoint_dir)
-    source = checkpoint_source(ckpt, origin=str(checkpoint_dir))
-    _check_same_model(model, source.hparams(model.hparams.weight_type), source.vocab(), checkpoint_dir)
-    diffs = {"mel_filters": _max_abs_diff(model.mel_filters, source.mel_filters())}
-    exact = ckpt.dequantized_state_dict()  # s * q in float32, aliases (the tied embedding) resolved
-    for slot in tensor_slots(model.hparams):
-        if slot.hf_name not in exact:
-            raise VerifyError(f"{checkpoint_dir}: the checkpoint has no tensor {slot.hf_name} (for {slot.name})")
-        expected = exact[slot.hf_name].float().reshape(slot.shape).numpy()
-        diffs[slot.name] = _max_abs_diff(model.dequantize(slot.name), expected)
-    return diffs
-
-
-def _check_same_model(model: WhisperCppFile, expected: WhisperHParams, vocab: list[bytes],
-                      checkpoint_dir: str | os.PathLike) -> None:
-    if not model.hparams.same_model(expected):
-        raise VerifyError(f"{model.path}: header {model.hparams.ints()[:-1]} does not match the checkpoint "
-                          f"{checkpoint_dir} ({expected.ints()[:-1]})")
-    if model.vocab != vocab:
-        differing = sum(a != b for a, b in zip(model.vocab, vocab)) + abs(len(model.vocab) - len(vocab))
-        raise VerifyError(f"{model.path}: vocabulary differs from the checkpoint {checkpoint_dir}'s tokenizer "
-                          f"({differing} tokens; {len(model.vocab)} in the file, {len(vocab)} expected)")
-
-
-def _max_abs_diff(actual: np.ndarray, expected: np.ndarray) -> float:
-    """max |actual - expected| in float32 (both sides are exact float32 values, so 0.0 means bit-identical values);
-    equal infinities and NaN against NaN count as equal, any other NaN as an infinite difference."""
-    a = np.asarray(actual, dtype=np.float32)
-    e = np.asarray(expected, dtype=np.float32)
-    same = (a == e) | (np.isnan(a) & np.isnan(e))
-    if same.all():
-        return 0.0
-    diff = np.abs(a[~same] - e[~same])
-    return float("inf") if np.isnan(diff).any() else float(diff.max())

@@ -31,9 +31,9 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec
 
-from .gptq_safetensors import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_int4_spec, check_output_path, checked_layers,
-                   module_name, pack_int4_last_dim, prepare_model_files, resolve_serve_dtype,
-                   unpack_int4_last_dim, untouched_tensors, write_hf_directory)
+from .int4_checkpoint import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_int4_spec, check_output_path,
+                              checked_layers, module_name, pack_int4_last_dim, prepare_model_files,
+                              resolve_serve_dtype, unpack_int4_last_dim, untouched_tensors, write_hf_directory)
 
 TILE = 16  # Marlin tile edge (values)
 PERM_CHUNK = 1024  # values permuted together: 4 tiles of 16 x 16
@@ -99,6 +99,13 @@ def check_marlin_shape(k: int, n: int, group_size: int, name: str = "weight", le
         raise ExportError(f"{name}: group size {group_size} is not one of {groups}, which {rule} supports")
     if group_size != -1 and k % group_size != 0:
         raise ExportError(f"{name}: {k} inputs (K) are not a multiple of group size {group_size}")
+
+
+def check_runtime_shapes(ckpt: LatticeCheckpoint, layers: dict[str, tuple[int, int]]) -> None:
+    """Every quantized Linear ({weight name: (K, N)}) must fit vLLM gptq_marlin, the kernel that serves GPTQ and
+    compressed-tensors checkpoints."""
+    for name, (k, n) in layers.items():
+        check_marlin_shape(k, n, ckpt.spec.group_size, name)
 
 
 def _n_groups(k: int, group_size: int) -> int:

@@ -26,13 +26,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gguf.constants import GGUFValueType
+
 from tarq_deploy.checkpoint import LatticeCheckpoint
 
-from .gguf_common import (CheckpointValues, AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN,
-                          GGUF_FLOAT32, GGUF_UINT32, KV, PAD_TOKEN, GGUFModel, GGUFVerifyError, Qwen3ASRHParams,
-                          Qwen3ASRNames, Qwen3ASRSource, as_checkpoint, as_source, check_metadata,
-                          check_nothing_left_over, checkpoint_source, compare_tensors, default_target, file_kv,
-                          gguf_vocab, pack_tensors, qwen3_asr_slots, read_gguf, vocab_kv, weight_type_of, write_gguf)
+from .ggml_tensors import CheckpointValues, as_checkpoint, compare_tensors
+from .gguf_file import KV, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf, write_gguf
+from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
+                             Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, as_source, check_nothing_left_over,
+                             checkpoint_source, default_target, gguf_vocab, pack_tensors, qwen3_asr_slots, vocab_kv,
+                             weight_type_of)
 
 ARCH = "qwen3-asr"
 TARGET = "qwen3-asr.cpp"
@@ -50,11 +53,14 @@ STRUCTURAL_KEYS = (
     f"{ARCH}.audio.conv_channels", "audio.d_model", "audio.encoder_layers", "text.hidden_size",
     "tokenizer.ggml.tokens", "tokenizer.ggml.merges",
 )
+# the keys of the dimensions that name a model size: audio layers, audio d_model, text layers, text hidden
+SIZE_KEYS = (f"{ARCH}.audio.encoder.layer_count", f"{ARCH}.audio.encoder.embedding_length", f"{ARCH}.block_count",
+             f"{ARCH}.embedding_length")
 
 
 def model_metadata(h: Qwen3ASRHParams, source: Qwen3ASRSource) -> list[KV]:
     """Every key but the file-type ones: dimensions for both of upstream's loaders, token ids, the vocabulary."""
-    u32, f32 = GGUF_UINT32, GGUF_FLOAT32
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
     text = [  # the upstream converter's keys; upstream's text decoder reads these
         ("block_count", h.text_layers, u32), ("embedding_length", h.text_hidden, u32),
         ("feed_forward_length", h.text_ffn, u32), ("attention.head_count", h.text_heads, u32),

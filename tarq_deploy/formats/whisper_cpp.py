@@ -1,4 +1,5 @@
-"""Export Whisper to whisper.cpp's model file: a lattice checkpoint bit-exactly, or a float model.
+"""Export Whisper to whisper.cpp's model file (a lattice checkpoint bit-exactly, or a float model), and ``verify`` a
+model file against a lattice checkpoint.
 
 Targets (``target`` = the ggml type of the weight matrices):
 
@@ -12,13 +13,13 @@ Targets (``target`` = the ggml type of the weight matrices):
 
 Computing and I/O are separate: ``build_whisper_cpp`` packs every tensor in memory (and refuses anything the target
 cannot hold before a byte is written); ``write_whisper_cpp`` only writes, to a temporary name renamed when complete.
+The file layout and its strict parser are in ggml_file.py.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import secrets
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,20 +30,23 @@ import torch
 from tqdm import tqdm
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.fileio import atomic_file
 from tarq_deploy.quant.lattice import QuantizedWeight
 
-from .model_files import ModelFilesError, ModelTensors, feature_extractor_config, json_file
 from .f16_rounding import F16Rounding
-from .ggml_blocks import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_NAMES, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
-                          LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0, pack_lattice)
-from .ggml_file import FILE_MAGIC, N_FFT_BINS, QUANTIZED_TYPES, TensorSlot, WhisperHParams, tensor_slots
+from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn_q4_0,
+                          ggml_rtn_q8_0, pack_lattice)
+from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
+from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyError, as_checkpoint, compare_tensors,
+                           max_abs_diff)
+from .model_files import ModelFilesError, ModelTensors, feature_extractor_config, json_file
 
 log = logging.getLogger(__name__)
 
-TARGET_TYPES = {"f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
+TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 BASELINES = ("rtn",)
-GGML_RTN = {GGML_TYPE_Q4_0: ggml_rtn_q4_0, GGML_TYPE_Q8_0: ggml_rtn_q8_0}
-TORCH_DTYPES = {GGML_TYPE_F32: torch.float32, GGML_TYPE_F16: torch.float16}
+GGML_RTN = {GGMLType.Q4_0: ggml_rtn_q4_0, GGMLType.Q8_0: ggml_rtn_q8_0}
+TORCH_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16}
 EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file
 TOKEN_EMBEDDING = "model.decoder.embed_tokens.weight"
 OUTPUT_PROJECTION = "proj_out.weight"  # tied to the token embedding; whisper.cpp has no separate tensor for it
@@ -192,16 +196,6 @@ def base_vocab_bytes(tokenizer: dict, origin: str = "tokenizer") -> list[bytes]:
 
 # ------------------------------------------------------------------------------------------------------ packing
 @dataclass
-class PackedTensor:
-    """One tensor ready to write: ``data`` holds exactly its bytes (float32 / float16 values or uint8 blocks)."""
-
-    name: str
-    ggml_type: int
-    shape: tuple[int, ...]  # numpy order
-    data: np.ndarray
-
-
-@dataclass
 class WhisperCppModel:
     """Everything a whisper.cpp model file holds, computed and validated, nothing written yet."""
 
@@ -263,7 +257,7 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
     else:
         values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
         stored = values.to(TORCH_DTYPES[ggml_type]).contiguous()  # torch converts to fp16 several times faster
-        if ggml_type == GGML_TYPE_F16:
+        if ggml_type == GGMLType.F16:
             rounding.count(slot.name, values, stored)
         data = stored.numpy()
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
@@ -308,20 +302,12 @@ def write_whisper_cpp(model: WhisperCppModel, out_path: str | os.PathLike, progr
     """Write ``model`` to ``out_path`` through a temporary file in the same directory, renamed when complete;
     nothing is left behind on error."""
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, as for any new file
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_preamble_bytes(model))
-            with tqdm(total=model.nbytes, desc=f"write {out.name}", unit="B", unit_scale=True,
-                      disable=not progress, leave=False) as bar:
-                for tensor in model.tensors:
-                    bar.update(_write_tensor(f, tensor))
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(out) as f:
+        f.write(_preamble_bytes(model))
+        with tqdm(total=model.nbytes, desc=f"write {out.name}", unit="B", unit_scale=True,
+                  disable=not progress, leave=False) as bar:
+            for tensor in model.tensors:
+                bar.update(_write_tensor(f, tensor))
     return out
 
 
@@ -366,3 +352,26 @@ def default_target(source: WhisperSource, baseline: str | None) -> str:
     raise WhisperExportError(f"{source.origin}: a {'/'.join(map(str, sorted(bits)))}-bit lattice has no exact "
                              f"whisper.cpp type (Q4_0 holds 4-bit, Q8_0 8-bit lattices); use target f16")
 
+
+# ------------------------------------------------------------------------------------------------------ verify
+def verify(model_bin: str | os.PathLike, checkpoint: str | os.PathLike | LatticeCheckpoint) -> dict[str, float]:
+    """Decode every tensor of ``model_bin`` with gguf-py and compare it with the checkpoint's exact values (s * q for
+    lattice weights, the stored tensors otherwise; the token embedding is proj_out's lattice). Returns max |diff| per
+    array, "mel_filters" first and then every tensor in file-layout order; 0.0 everywhere for a lossless export."""
+    model = read_whisper_cpp(model_bin)
+    ckpt, origin = as_checkpoint(checkpoint)
+    source = checkpoint_source(ckpt, origin=origin)  # the same reading of header, vocabulary and mel filters as export
+    _check_same_model(model, source.hparams(model.hparams.weight_type), source.vocab(), origin)
+    diffs = {"mel_filters": max_abs_diff(model.mel_filters, source.mel_filters())}
+    diffs.update(compare_tensors(model, tensor_slots(model.hparams), CheckpointValues(ckpt), origin))
+    return diffs
+
+
+def _check_same_model(model: WhisperCppFile, expected: WhisperHParams, vocab: list[bytes], checkpoint: str) -> None:
+    if not model.hparams.same_model(expected):
+        raise VerifyError(f"{model.path}: header {model.hparams.ints()[:-1]} does not match the checkpoint "
+                          f"{checkpoint} ({expected.ints()[:-1]})")
+    if model.vocab != vocab:
+        differing = sum(a != b for a, b in zip(model.vocab, vocab)) + abs(len(model.vocab) - len(vocab))
+        raise VerifyError(f"{model.path}: vocabulary differs from the checkpoint {checkpoint}'s tokenizer "
+                          f"({differing} tokens; {len(model.vocab)} in the file, {len(vocab)} expected)")

@@ -1,0 +1,394 @@
+"""The Qwen3-ASR model as both GGUF runtimes (qwen3-asr.cpp, CrispASR) take it: hyper-parameters, the source as the
+exporters see it, the tensor table (each runtime names the audio tower's tensors its own way), the tokenizer arrays
+and the packing of every tensor. The runtime flavours are qwen3_asr_cpp.py and crispasr.py; qwen3_asr_targets.py
+picks one.
+
+Tensor roles decide the stored type: weight matrices take the file's weight type (Q4_0 / Q8_0 blocks straight from
+the lattice, see ggml_blocks.py; F16 in an F16 file or for a matrix the checkpoint kept in 16 bits), Conv2d kernels
+are F16 (what ggml convolutions take), norms, biases and the mel front-end tables F32. Computing and I/O are
+separate: ``pack_tensors`` builds every tensor in memory (refusing what the target cannot hold before a byte is
+written); ``gguf_file.write_gguf`` only writes.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from gguf.constants import GGUFValueType
+
+from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.quant.lattice import QuantizedWeight
+
+from .f16_rounding import F16Rounding
+from .ggml_blocks import GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, pack_lattice
+from .ggml_tensors import ROLE_CONV, ROLE_F32, ROLE_MATRIX, PackedTensor, TensorSlot
+from .gguf_file import KV, GGUFExportError
+from .model_files import ModelTensors, feature_extractor_config, json_file
+
+TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+TORCH_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16}
+
+# tokenizer.ggml.token_type values (llama.cpp llama_token_type)
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+UNUSED_TOKEN = "[PAD{}]"  # name of an id the tokenizer leaves empty (as the upstream converters write it)
+
+# ---------------------------------------------------------------------------------- Qwen3-ASR, one place for names
+# Special tokens the runtimes look for (token strings of the Qwen tokenizer).
+AUDIO_START_TOKEN, AUDIO_END_TOKEN, AUDIO_PAD_TOKEN = "<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"
+EOS_TOKEN, PAD_TOKEN = "<|im_end|>", "<|endoftext|>"
+TOKENIZER_MODEL, TOKENIZER_PRE = "gpt2", "qwen2"
+# transformers state-dict names
+HF_AUDIO = "model.audio_tower"
+HF_TEXT = "model.language_model"
+HF_PROJECTOR = "model.multi_modal_projector"
+HF_EMBEDDING = f"{HF_TEXT}.embed_tokens.weight"
+HF_LM_HEAD = "lm_head.weight"
+# audio encoder layer parts: runtime suffix -> transformers suffix (both runtimes use these suffixes)
+AUDIO_LAYER_PARTS = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_out": "self_attn.out_proj", "attn_norm": "self_attn_layer_norm", "ffn_norm": "final_layer_norm",
+    "ffn_up": "fc1", "ffn_down": "fc2",
+}
+# text decoder layer parts: runtime suffix -> transformers suffix (llama.cpp names, both runtimes)
+TEXT_LAYER_PARTS = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+# ---------------------------------------------------------------------------------------------------- hparams
+@dataclass(frozen=True)
+class Qwen3ASRHParams:
+    """The dimensions both runtimes need, read from a transformers Qwen3-ASR config."""
+
+    n_mels: int
+    audio_layers: int
+    audio_d_model: int
+    audio_heads: int
+    audio_ffn: int
+    conv_channels: int
+    n_window_infer: int
+    text_layers: int
+    text_hidden: int
+    text_heads: int
+    text_kv_heads: int
+    head_dim: int
+    text_ffn: int
+    vocab_size: int
+    text_positions: int
+    rope_theta: float
+    rms_norm_eps: float
+
+    @classmethod
+    def from_config(cls, config: dict, origin: str) -> "Qwen3ASRHParams":
+        try:
+            audio, text = config["audio_config"], config["text_config"]
+            rope = text.get("rope_parameters") or {}
+            return cls(
+                n_mels=audio["num_mel_bins"], audio_layers=audio["encoder_layers"], audio_d_model=audio["d_model"],
+                audio_heads=audio["encoder_attention_heads"], audio_ffn=audio["encoder_ffn_dim"],
+                conv_channels=audio["downsample_hidden_size"], n_window_infer=audio.get("n_window_infer", 800),
+                text_layers=text["num_hidden_layers"],
+                text_hidden=text["hidden_size"], text_heads=text["num_attention_heads"],
+                text_kv_heads=text["num_key_value_heads"],
+                head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
+                text_ffn=text["intermediate_size"], vocab_size=text["vocab_size"],
+                text_positions=text.get("max_position_embeddings", 65536),
+                rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 1e6))),
+                rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)))
+        except (KeyError, TypeError) as e:
+            raise GGUFExportError(f"{origin}: config.json is not a Qwen3-ASR config (model_type 'qwen3_asr' with "
+                                  f"audio_config and text_config): missing {e}") from None
+
+    @property
+    def conv_freq_bins(self) -> int:
+        """Frequency bins after the three stride-2 convolutions (128 mel bins -> 16)."""
+        bins = self.n_mels
+        for _ in range(3):
+            bins = (bins + 1) // 2
+        return bins
+
+
+# ------------------------------------------------------------------------------------------------------ sources
+@dataclass
+class Qwen3ASRSource(ModelTensors):
+    """A Qwen3-ASR model as the exporters see it, whatever it was read from."""
+
+    config: dict
+    tokenizer: dict  # parsed tokenizer.json
+    feature_extractor: dict
+    floats: dict[str, torch.Tensor]
+    lattice: dict[str, QuantizedWeight] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    chat_template: str | None = None
+    origin: str = "model"
+    error = GGUFExportError
+
+    def hparams(self) -> Qwen3ASRHParams:
+        if self.config.get("model_type") not in (None, "qwen3_asr"):
+            raise GGUFExportError(f"{self.origin}: model_type {self.config.get('model_type')!r} is not 'qwen3_asr'")
+        return Qwen3ASRHParams.from_config(self.config, self.origin)
+
+    @functools.cached_property
+    def token_ids(self) -> dict[str, int]:
+        return token_ids(self.tokenizer)
+
+    def token_id(self, token: str) -> int:
+        ids = self.token_ids
+        if token not in ids:
+            raise GGUFExportError(f"{self.origin}: the tokenizer has no {token!r} (not a Qwen3-ASR tokenizer)")
+        return ids[token]
+
+
+def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Qwen3ASRSource:
+    files = ckpt.model_files
+    tokenizer_config = json_file(files, "tokenizer_config.json", origin) if "tokenizer_config.json" in files else {}
+    return Qwen3ASRSource(json_file(files, "config.json", origin), json_file(files, "tokenizer.json", origin),
+                          feature_extractor_config(files, origin), dict(ckpt.tensors), dict(ckpt.quantized),
+                          dict(ckpt.aliases), _chat_template(files, tokenizer_config), origin)
+
+
+def model_source(model: Any, processor: Any, origin: str = "model") -> Qwen3ASRSource:
+    """A transformers Qwen3ASRForConditionalGeneration and its Qwen3ASRProcessor (a float model: F16 export)."""
+    backend = getattr(processor.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise GGUFExportError(f"{origin}: the tokenizer is not a fast (tokenizers) tokenizer")
+    floats = {k: v.detach() for k, v in model.state_dict().items()}
+    template = processor.chat_template if isinstance(processor.chat_template, str) else None
+    return Qwen3ASRSource(json.loads(model.config.to_json_string()), json.loads(backend.to_str()),
+                          processor.feature_extractor.to_dict(), floats, chat_template=template, origin=origin)
+
+
+def as_source(source: Any) -> Qwen3ASRSource:
+    """A source from a Qwen3ASRSource, LatticeCheckpoint, checkpoint directory or (model, processor)."""
+    if isinstance(source, Qwen3ASRSource):
+        return source
+    if isinstance(source, LatticeCheckpoint):
+        return checkpoint_source(source)
+    if isinstance(source, (str, os.PathLike)):
+        return checkpoint_source(load_checkpoint(source), origin=str(source))
+    if isinstance(source, (tuple, list)) and len(source) == 2:
+        return model_source(*source)
+    raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "
+                    f"(model, processor)")
+
+
+def float_model_source(directory: str) -> Qwen3ASRSource:
+    """A float transformers Qwen3-ASR directory (the export command's ``--model``)."""
+    from tarq_deploy.models.qwen3_asr import load_qwen3_asr
+
+    try:
+        return model_source(*load_qwen3_asr(directory), origin=directory)
+    except (OSError, ValueError) as e:
+        raise GGUFExportError(f"--model {directory}: cannot load it as a transformers Qwen3-ASR directory "
+                              f"({e})") from None
+
+
+def _chat_template(files: dict[str, bytes], tokenizer_config: dict) -> str | None:
+    if "chat_template.jinja" in files:
+        return files["chat_template.jinja"].decode("utf-8")
+    template = tokenizer_config.get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+# --------------------------------------------------------------------------------------------------- vocabulary
+def token_ids(tokenizer: dict) -> dict[str, int]:
+    """token string -> id over the BPE vocabulary and the added tokens of a parsed tokenizer.json."""
+    ids = dict(tokenizer.get("model", {}).get("vocab", {}))
+    for added in tokenizer.get("added_tokens", []):
+        ids[added["content"]] = added["id"]
+    return ids
+
+
+@dataclass(frozen=True)
+class GGUFVocab:
+    tokens: list[str]  # byte-level BPE strings, one per id up to the model's vocabulary size
+    types: list[int]
+    merges: list[str]  # "left right", by rank
+
+
+def gguf_vocab(tokenizer: dict, vocab_size: int, origin: str) -> GGUFVocab:
+    """The tokenizer.ggml.* arrays for a byte-level BPE tokenizer.json, padded to ``vocab_size`` ids."""
+    tokens: list[str | None] = [None] * vocab_size
+    types = [TOKEN_UNUSED] * vocab_size
+    for token, i in tokenizer.get("model", {}).get("vocab", {}).items():
+        _place(tokens, types, i, token, TOKEN_NORMAL, origin)
+    for added in tokenizer.get("added_tokens", []):
+        kind = TOKEN_CONTROL if added.get("special", True) else TOKEN_USER_DEFINED
+        _place(tokens, types, added["id"], added["content"], kind, origin)
+    names = [t if t is not None else UNUSED_TOKEN.format(i) for i, t in enumerate(tokens)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tokenizer.get("model", {}).get("merges", [])]
+    if not merges:
+        raise GGUFExportError(f"{origin}: tokenizer.json has no BPE merges (not a byte-level BPE tokenizer)")
+    return GGUFVocab(names, types, merges)
+
+
+def _place(tokens: list, types: list[int], i: int, token: str, kind: int, origin: str) -> None:
+    if not 0 <= i < len(tokens):
+        raise GGUFExportError(f"{origin}: token {token!r} has id {i}, outside the model's {len(tokens)}-entry "
+                              f"vocabulary")
+    tokens[i], types[i] = token, kind
+
+
+# ------------------------------------------------------------------------------------------- the tensor table
+@dataclass(frozen=True)
+class Qwen3ASRNames:
+    """How a runtime names the audio tower's tensors (the text decoder uses llama.cpp's names in both)."""
+
+    conv: str  # "...{i}" for conv 1, 2, 3
+    conv_out: str
+    audio_block: str  # "...{i}" for encoder layer i
+    ln_post: str
+    proj: str  # "...{i}" for projector 1, 2
+
+
+def qwen3_asr_slots(h: Qwen3ASRHParams, names: Qwen3ASRNames) -> list[TensorSlot]:
+    """Every model tensor of a Qwen3-ASR runtime file, in the order written."""
+    slots = _frontend_slots(h, names)
+    for i in range(h.audio_layers):
+        slots += _audio_layer_slots(h, names.audio_block.format(i=i), f"{HF_AUDIO}.layers.{i}")
+    slots += _norm_slots(names.ln_post, f"{HF_AUDIO}.ln_post", h.audio_d_model, bias=True)
+    slots += _linear_slots(names.proj.format(i=1), f"{HF_PROJECTOR}.linear_1", (h.audio_d_model, h.audio_d_model))
+    slots += _linear_slots(names.proj.format(i=2), f"{HF_PROJECTOR}.linear_2", (h.text_hidden, h.audio_d_model))
+    slots.append(TensorSlot("token_embd.weight", HF_EMBEDDING, ROLE_MATRIX, (h.vocab_size, h.text_hidden)))
+    for i in range(h.text_layers):
+        slots += _text_layer_slots(h, f"blk.{i}", f"{HF_TEXT}.layers.{i}")
+    slots.append(TensorSlot("output_norm.weight", f"{HF_TEXT}.norm.weight", ROLE_F32, (h.text_hidden,)))
+    slots.append(TensorSlot("output.weight", HF_LM_HEAD, ROLE_MATRIX, (h.vocab_size, h.text_hidden)))
+    return slots
+
+
+def _frontend_slots(h: Qwen3ASRHParams, names: Qwen3ASRNames) -> list[TensorSlot]:
+    slots = []
+    for i in (1, 2, 3):
+        in_channels = 1 if i == 1 else h.conv_channels
+        prefix, hf = names.conv.format(i=i), f"{HF_AUDIO}.conv2d{i}"
+        slots.append(TensorSlot(f"{prefix}.weight", f"{hf}.weight", ROLE_CONV, (h.conv_channels, in_channels, 3, 3)))
+        slots.append(TensorSlot(f"{prefix}.bias", f"{hf}.bias", ROLE_F32, (h.conv_channels,)))
+    slots.append(TensorSlot(f"{names.conv_out}.weight", f"{HF_AUDIO}.conv_out.weight", ROLE_MATRIX,
+                            (h.audio_d_model, h.conv_channels * h.conv_freq_bins)))
+    return slots
+
+
+def _audio_layer_slots(h: Qwen3ASRHParams, prefix: str, hf_prefix: str) -> list[TensorSlot]:
+    d, ffn, parts = h.audio_d_model, h.audio_ffn, AUDIO_LAYER_PARTS
+    slots = []
+    for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        slots += _linear_slots(f"{prefix}.{part}", f"{hf_prefix}.{parts[part]}", (d, d))
+    slots += _norm_slots(f"{prefix}.attn_norm", f"{hf_prefix}.{parts['attn_norm']}", d, bias=True)
+    slots += _linear_slots(f"{prefix}.ffn_up", f"{hf_prefix}.{parts['ffn_up']}", (ffn, d))
+    slots += _linear_slots(f"{prefix}.ffn_down", f"{hf_prefix}.{parts['ffn_down']}", (d, ffn))
+    slots += _norm_slots(f"{prefix}.ffn_norm", f"{hf_prefix}.{parts['ffn_norm']}", d, bias=True)
+    return slots
+
+
+def _text_layer_slots(h: Qwen3ASRHParams, prefix: str, hf_prefix: str) -> list[TensorSlot]:
+    hidden, q_width, kv_width = h.text_hidden, h.text_heads * h.head_dim, h.text_kv_heads * h.head_dim
+    shapes = {"attn_norm": (hidden,), "attn_q": (q_width, hidden), "attn_k": (kv_width, hidden),
+              "attn_v": (kv_width, hidden), "attn_output": (hidden, q_width), "attn_q_norm": (h.head_dim,),
+              "attn_k_norm": (h.head_dim,), "ffn_norm": (hidden,), "ffn_gate": (h.text_ffn, hidden),
+              "ffn_up": (h.text_ffn, hidden), "ffn_down": (hidden, h.text_ffn)}
+    return [TensorSlot(f"{prefix}.{part}.weight", f"{hf_prefix}.{TEXT_LAYER_PARTS[part]}.weight",
+                       ROLE_MATRIX if len(shape) == 2 else ROLE_F32, shape) for part, shape in shapes.items()]
+
+
+def _linear_slots(prefix: str, hf_prefix: str, shape: tuple[int, int]) -> list[TensorSlot]:
+    return [TensorSlot(f"{prefix}.weight", f"{hf_prefix}.weight", ROLE_MATRIX, shape),
+            TensorSlot(f"{prefix}.bias", f"{hf_prefix}.bias", ROLE_F32, (shape[0],))]
+
+
+def _norm_slots(prefix: str, hf_prefix: str, width: int, bias: bool) -> list[TensorSlot]:
+    parts = ("weight", "bias") if bias else ("weight",)
+    return [TensorSlot(f"{prefix}.{p}", f"{hf_prefix}.{p}", ROLE_F32, (width,)) for p in parts]
+
+
+def check_nothing_left_over(source: Qwen3ASRSource, slots: list[TensorSlot], target: str) -> None:
+    """Refuse a source with tensors the runtime has no place for (another architecture, extra heads)."""
+    used = {s.hf_name for s in slots} | {source.resolve(s.hf_name) for s in slots}
+    extra = sorted(n for n in [*source.floats, *source.lattice] if n not in used and source.resolve(n) not in used)
+    if extra:
+        raise GGUFExportError(f"{source.origin}: tensors {target} has no place for: {', '.join(extra[:5])}"
+                              + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
+
+
+# ------------------------------------------------------------------------------------------------------ packing
+def weight_type_of(target: str) -> int:
+    if target not in TARGET_TYPES:
+        raise GGUFExportError(f"unknown weight type {target!r}; choose one of {', '.join(TARGET_TYPES)}")
+    return TARGET_TYPES[target]
+
+
+def default_target(source: Qwen3ASRSource) -> str:
+    """The weight type a source naturally exports to: its lattice's type, f16 for a float model."""
+    bits = {q.spec.bits for q in source.lattice.values()}
+    if not bits:
+        return "f16"
+    if bits in ({4}, {8}):
+        return "q4_0" if bits == {4} else "q8_0"
+    raise GGUFExportError(f"{source.origin}: a {'/'.join(map(str, sorted(bits)))}-bit lattice has no single exact "
+                          f"ggml type (Q4_0 holds 4-bit, Q8_0 8-bit lattices); use f16")
+
+
+def pack_tensors(slots: list[TensorSlot], source: Qwen3ASRSource, weight_type: int) -> list[PackedTensor]:
+    """Pack every slot; raises before anything is written if the source does not fit."""
+    if weight_type in QUANTIZED_TYPES and not source.lattice:
+        raise LatticeNotRepresentable(f"{source.origin}: no lattice weights; a {GGML_TYPE_NAMES[weight_type]} export "
+                                      f"stores a lattice checkpoint exactly (quantize first, or export f16)")
+    rounding = F16Rounding()
+    packed = [_pack_slot(slot, source, weight_type, rounding) for slot in slots]
+    rounding.report(source.origin)
+    return packed
+
+
+def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, rounding: F16Rounding) -> PackedTensor:
+    key = source.resolve(slot.hf_name)
+    if not source.has(slot.hf_name):
+        raise GGUFExportError(f"{source.origin}: tensor {slot.hf_name} missing (the runtime needs {slot.name})")
+    if slot.role == ROLE_MATRIX and weight_type in QUANTIZED_TYPES and key in source.lattice:
+        return PackedTensor(slot.name, weight_type, slot.shape, _pack_lattice_slot(slot, source.lattice[key], source,
+                                                                                   weight_type))
+    ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
+    values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
+    stored = values.to(TORCH_DTYPES[ggml_type]).contiguous()
+    if ggml_type == GGMLType.F16:
+        rounding.count(slot.name, values, stored)
+    return PackedTensor(slot.name, ggml_type, slot.shape, stored.numpy())
+
+
+def _pack_lattice_slot(slot: TensorSlot, q: QuantizedWeight, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
+    if tuple(q.shape) != slot.shape:
+        raise GGUFExportError(f"{source.origin}: {slot.hf_name} has shape {list(q.shape)}, the runtime expects "
+                              f"{list(slot.shape)} for {slot.name}")
+    try:
+        return pack_lattice(q.codes, q.scales, q.spec.bits, weight_type)
+    except LatticeNotRepresentable as e:
+        raise LatticeNotRepresentable(f"{source.origin}: {slot.hf_name} cannot be stored exactly as "
+                                      f"{GGML_TYPE_NAMES[weight_type]}: {e}") from None
+
+
+def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
+    if tuple(t.shape) != slot.shape:
+        raise GGUFExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, the runtime expects "
+                              f"{list(slot.shape)} for {slot.name}")
+    return t.detach().cpu().float()
+
+
+def vocab_kv(vocab: GGUFVocab, eos_id: int, pad_id: int, chat_template: str | None) -> list[KV]:
+    string, int32, uint32 = GGUFValueType.STRING, GGUFValueType.INT32, GGUFValueType.UINT32
+    kv = [KV("tokenizer.ggml.model", TOKENIZER_MODEL, string),
+          KV("tokenizer.ggml.pre", TOKENIZER_PRE, string),
+          KV("tokenizer.ggml.tokens", vocab.tokens, string, True),
+          KV("tokenizer.ggml.token_type", vocab.types, int32, True),
+          KV("tokenizer.ggml.merges", vocab.merges, string, True),
+          KV("tokenizer.ggml.eos_token_id", eos_id, uint32),
+          KV("tokenizer.ggml.padding_token_id", pad_id, uint32)]
+    if chat_template:
+        kv.append(KV("tokenizer.chat_template", chat_template, string))
+    return kv
