@@ -25,14 +25,12 @@ machine's load -- other jobs on a shared box -- spreads over all cells instead o
 ``OMP_WAIT_POLICY=PASSIVE`` by default: ggml's OpenMP workers otherwise spin, and on a shared machine 2 threads ran
 5-15x slower. Every environment knob the child sees (OMP_*, GGML_*, ...) is recorded.
 
-Runtimes are pluggable (``register_runtime``): a runtime = a parser that validates a model file and describes it, and
-a worker function the child calls. whisper.cpp (pywhispercpp) is wired; qwen3-asr.cpp and CrispASR land with their
-exporters.
+The runtimes come from the one registry (``tarq_deploy.runtimes.registry``): those with a ``bench`` part, which is a
+parser that validates a model file and describes it, and a measuring function the child calls
+(``tarq_deploy.runtimes.child``): whisper.cpp (pywhispercpp), CrispASR and qwen3-asr.cpp.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -49,6 +47,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tarq_deploy.runtimes.base import SAMPLE_RATE, BenchRuntime, ModelInfo, dist_version
+from tarq_deploy.runtimes.child import CHILD_CODE, proc_status_mb
+from tarq_deploy.runtimes.registry import bench_runtimes
+from tarq_deploy.runtimes.worker import with_package_on_path
 
 
 def default_threads(cores: int | None = None) -> tuple[int, ...]:
@@ -69,26 +71,13 @@ DEFAULT_RUNS = 3
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_OMP_WAIT_POLICY = "PASSIVE"
 ORDERS = ("interleaved", "grouped")
-SAMPLE_RATE = 16_000  # whisper.cpp wants 16 kHz mono float32; we accept 16-bit PCM WAV of exactly that
 # environment variables that change how a runtime runs; every one set in the child's environment is recorded
 ENV_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GGML_", "WHISPER_", "LLAMA_", "CUDA_", "MALLOC_",
                      "LD_PRELOAD")
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# the child runs this: it imports bench.cpu only (stdlib at module level), then the runtime's worker
-_CHILD_CODE = "import sys; from tarq_deploy.bench.cpu import worker_main; sys.exit(worker_main(sys.argv[1:]))"
 _MB = 1024 * 1024
 
 
 # ------------------------------------------------------------------------------------------------------- records
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the harness learns about a model file by validating it."""
-
-    backbone: str  # e.g. "tiny.en"; files of one backbone are compared side by side
-    precision: str  # e.g. "F16", "Q4_0"
-    details: dict = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class AudioInfo:
     path: str
@@ -206,160 +195,14 @@ class BenchConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------------ runtimes
-@dataclass(frozen=True)
-class Runtime:
-    """A runtime the CPU bench can drive: validate + describe a model file (in the harness), measure (in the child)."""
-
-    name: str
-    describe_model: Callable[[Path], ModelInfo]  # raises ValueError naming the problem
-    worker: str  # "module:function", called in the child with the run spec (dict); returns measurements (dict)
-    settings: dict  # decode settings passed to the runtime, recorded in the output
-    description: str = ""
+# The bench's runtimes by name; a test may add one (a runtime whose worker crashes, say).
+RUNTIMES: dict[str, BenchRuntime] = bench_runtimes()
 
 
-RUNTIMES: dict[str, Runtime] = {}
-
-
-def register_runtime(runtime: Runtime) -> None:
-    RUNTIMES[runtime.name] = runtime
-
-
-def get_runtime(name: str) -> Runtime:
+def get_runtime(name: str) -> BenchRuntime:
     if name in RUNTIMES:
         return RUNTIMES[name]
     raise BenchConfigError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}")
-
-
-# ---------------------------------------------------------------------------------------- whisper.cpp (pywhispercpp)
-# Reproducible greedy English decoding: no language detection, no temperature fallback (a fallback re-decodes the
-# window and would make latency depend on the weights' confidence, not only their speed). Everything else stays at
-# whisper.cpp's defaults (timestamps on, flash attention per its context defaults), as whisper-cli runs.
-WHISPER_CPP_DECODE = {"language": "en", "temperature": 0.0, "temperature_inc": 0.0, "print_progress": False,
-                      "print_realtime": False, "print_timestamps": False}
-# (n_audio_layer, n_audio_state) -> Whisper size
-_WHISPER_SIZES = {(4, 384): "tiny", (6, 512): "base", (12, 768): "small", (24, 1024): "medium", (32, 1280): "large"}
-_ENGLISH_ONLY_VOCAB = 51864
-
-
-def whisper_backbone(n_audio_layer: int, n_audio_state: int, n_text_layer: int, n_vocab: int, n_mels: int) -> str:
-    """Whisper's size name from a whisper.cpp header (tiny.en, base, large-v3, large-v3-turbo, ...)."""
-    size = _WHISPER_SIZES.get((n_audio_layer, n_audio_state), f"whisper-L{n_audio_layer}-d{n_audio_state}")
-    if size == "large":
-        size = "large-v3" if n_mels == 128 else "large"
-        if n_text_layer == 4:
-            size += "-turbo"
-    return size + (".en" if n_vocab == _ENGLISH_ONLY_VOCAB else "")
-
-
-def describe_whisper_cpp_file(path: Path) -> ModelInfo:
-    """Validate with our strict parser (raises GGMLFileError, a ValueError naming the problem)."""
-    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-    from tarq_deploy.formats.ggml_file import read_whisper_cpp
-
-    h = read_whisper_cpp(path).hparams
-    backbone = whisper_backbone(h.n_audio_layer, h.n_audio_state, h.n_text_layer, h.n_vocab, h.n_mels)
-    return ModelInfo(backbone, GGML_TYPE_NAMES[h.weight_type], {"hparams": asdict(h)})
-
-
-def measure_whisper_cpp(spec: dict) -> dict:
-    """Child side: import pywhispercpp, read the audio, load the model, transcribe once. With no model: baseline."""
-    started = time.perf_counter()
-    import _pywhispercpp as pw
-    from pywhispercpp.model import Model
-
-    out: dict[str, Any] = {"import_s": time.perf_counter() - started}
-    audio = read_wav_float32(spec["audio"])
-    if spec.get("model") is None:
-        out["runtime_info"] = whisper_cpp_runtime_info()
-        return out
-    model_path = Path(spec["model"])
-    if not model_path.is_file():  # pywhispercpp would take the string as a model name and download it
-        raise FileNotFoundError(f"{model_path}: no such model file")
-    started = time.perf_counter()
-    model = Model(str(model_path), redirect_whispercpp_logs_to=None, n_threads=spec["threads"], **spec["settings"])
-    out["load_s"] = time.perf_counter() - started
-    out["rss_after_load_mb"] = proc_status_mb("VmRSS")
-    started = time.perf_counter()
-    segments = model.transcribe(audio)
-    out["transcribe_s"] = time.perf_counter() - started
-    # tokens of the output segments (text and timestamp tokens): the decoder steps that produced the transcript
-    out["tokens"] = sum(pw.whisper_full_n_tokens(model._ctx, i) for i in range(len(segments)))
-    out["text"] = " ".join(s.text.strip() for s in segments).strip()
-    return out
-
-
-def whisper_cpp_runtime_info() -> dict:
-    """Versions of the whisper.cpp and ggml libraries pywhispercpp actually loaded, and its build's CPU features."""
-    import _pywhispercpp as pw
-
-    info: dict[str, Any] = {"pywhispercpp": _dist_version("pywhispercpp"),
-                            "system_info": pw.whisper_print_system_info().strip()}
-    defaults = pw.whisper_context_default_params()
-    info["context_defaults"] = {"flash_attn": defaults.flash_attn, "use_gpu": defaults.use_gpu}
-    for library, symbols in (("libwhisper", ("whisper_version",)), ("libggml-base", ("ggml_version", "ggml_commit"))):
-        info.update(_loaded_library_strings(library, symbols))
-    return info
-
-
-def _loaded_library_strings(library: str, symbols: tuple[str, ...]) -> dict[str, str]:
-    """Call ``const char *f(void)`` symbols of a shared library this process has loaded (found in /proc/self/maps:
-    the wheel vendors its own copies under mangled names, and other packages may ship another libwhisper)."""
-    import ctypes
-
-    try:
-        maps = Path("/proc/self/maps").read_text().split("\n")
-    except OSError:
-        return {}
-    paths = sorted({line.split()[-1] for line in maps if f"/{library}" in line and ".so" in line})
-    found: dict[str, str] = {}
-    for path in paths:
-        lib = ctypes.CDLL(path)  # already loaded: this only returns its handle
-        for symbol in symbols:
-            fn = getattr(lib, symbol, None)
-            if fn is not None and symbol not in found:
-                fn.restype = ctypes.c_char_p
-                found[symbol] = fn().decode()
-        found.setdefault(f"{library}_path", path)
-    return found
-
-
-register_runtime(Runtime("whisper.cpp", describe_whisper_cpp_file, "tarq_deploy.bench.cpu:measure_whisper_cpp",
-                         WHISPER_CPP_DECODE, "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)"))
-
-
-# ---------------------------------------------------------------------------------------------------- child side
-def worker_main(argv: list[str]) -> int:
-    """Entry of the child: ``python -c '<_CHILD_CODE>' SPEC.json``; writes the measurements to spec["result"]."""
-    spec = json.loads(Path(argv[0]).read_text())
-    module_name, function_name = spec["worker"].split(":")
-    measure = getattr(importlib.import_module(module_name), function_name)
-    out = measure(spec)
-    out["peak_rss_mb"] = proc_status_mb("VmHWM")  # last, after everything the run allocated
-    result = Path(spec["result"])
-    tmp = result.with_name(result.name + ".part")
-    tmp.write_text(json.dumps(out))
-    os.replace(tmp, result)
-    return 0
-
-
-def read_wav_float32(path: str | os.PathLike) -> Any:
-    """16-bit PCM mono 16 kHz WAV -> float32 numpy array in [-1, 1) (what whisper.cpp's whisper_full takes)."""
-    import numpy as np
-
-    with wave.open(str(path), "rb") as wav:
-        frames = wav.readframes(wav.getnframes())
-    return np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def proc_status_mb(key: str) -> float | None:
-    """A memory line of /proc/self/status (VmHWM = peak RSS, VmRSS = current) in MiB; None off Linux."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return None
 
 
 # --------------------------------------------------------------------------------------------------- parent side
@@ -404,8 +247,8 @@ def child_environment(config: BenchConfig) -> dict[str, str]:
     env = dict(os.environ)
     if config.omp_wait_policy is not None:
         env["OMP_WAIT_POLICY"] = config.omp_wait_policy
-    # the child imports bench.cpu from this checkout whatever its working directory
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # the child imports tarq_deploy from this checkout whatever its working directory
+    env["PYTHONPATH"] = with_package_on_path(env.get("PYTHONPATH"))
     return env
 
 
@@ -430,7 +273,7 @@ def spawn_worker(spec: dict, env: dict[str, str], timeout_s: float) -> _ChildOut
         stderr_path = work / "stderr.txt"
         started = time.perf_counter()
         with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(work / "spec.json")], cwd=work, env=env,
+            proc = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(work / "spec.json")], cwd=work, env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         watchdog = _Watchdog(proc.pid, timeout_s)
         try:
@@ -486,12 +329,12 @@ def _child_error(returncode: int, timed_out: bool, timeout_s: float, stderr_path
     return f"worker exited with status {returncode}{detail}"
 
 
-def _run_spec(runtime: Runtime, config: BenchConfig, model: str | None, audio: str, threads: int) -> dict:
+def _run_spec(runtime: BenchRuntime, config: BenchConfig, model: str | None, audio: str, threads: int) -> dict:
     return {"worker": runtime.worker, "model": model, "audio": audio, "threads": threads,
             "settings": {**runtime.settings, **config.decode}}
 
 
-def measure_baseline(runtime: Runtime, config: BenchConfig, audio: AudioInfo,
+def measure_baseline(runtime: BenchRuntime, config: BenchConfig, audio: AudioInfo,
                      env: dict[str, str]) -> tuple[Baseline, dict]:
     """The baseline child, and what the runtime reported about itself (versions, build) from inside it."""
     outcome = spawn_worker(_run_spec(runtime, config, None, audio.path, 1), env, config.timeout_s)
@@ -510,7 +353,7 @@ class _CheckedModel:
     error: str | None
 
 
-def check_model(runtime: Runtime, model: str) -> _CheckedModel:
+def check_model(runtime: BenchRuntime, model: str) -> _CheckedModel:
     """Validate a model file with the runtime's parser; a failure is recorded, not raised (it becomes error rows)."""
     path = Path(model)
     size = path.stat().st_size / _MB if path.is_file() else None
@@ -522,7 +365,7 @@ def check_model(runtime: Runtime, model: str) -> _CheckedModel:
         return _CheckedModel(name, label, size, None, f"invalid model file: {e}")
 
 
-def new_cell(runtime: Runtime, model: _CheckedModel, audio: AudioInfo, threads: int) -> CellResult:
+def new_cell(runtime: BenchRuntime, model: _CheckedModel, audio: AudioInfo, threads: int) -> CellResult:
     """A cell; one whose model failed validation is an error from the start and is never run."""
     info = model.info
     return CellResult(runtime.name, model.path, model.label, model.size_mb, info and info.backbone,
@@ -620,8 +463,8 @@ def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> Cp
                  "settings": {**runtime.settings, **config.decode}, "info": runtime_info},
         machine=machine_description(), versions=package_versions(runtime_info), environment=environment_knobs(env),
         harness=harness, baselines=[b for b, _ in baselines.values()], cells=cells, loadavg=loadavg,
-        notes=bench_notes(config, cells, loadavg["other_processes_cpu_share"]), started=started, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        elapsed_s=time.perf_counter() - t0)
+        notes=bench_notes(config, cells, loadavg["other_processes_cpu_share"]), started=started,
+        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), elapsed_s=time.perf_counter() - t0)
 
 
 def _progress_line(step: int, total: int, cell: CellResult, run: RunRecord) -> str:
@@ -670,20 +513,13 @@ def _meminfo_mb(key: str) -> float | None:
     return None
 
 
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def package_versions(runtime_info: dict) -> dict:
     """Installed versions, read from package metadata (importing torch would cost the harness ~300 MB and seconds)."""
-    versions = {name: _dist_version(name) for name in ("pywhispercpp", "torch", "transformers", "numpy", "gguf")}
+    versions = {name: dist_version(name) for name in ("pywhispercpp", "torch", "transformers", "numpy", "gguf")}
     versions["whisper.cpp"] = runtime_info.get("whisper_version")
     versions["ggml"] = runtime_info.get("ggml_version")
     versions["ggml_commit"] = runtime_info.get("ggml_commit")
-    versions["tarq-deploy"] = _dist_version("tarq-deploy")
+    versions["tarq-deploy"] = dist_version("tarq-deploy")
     return versions
 
 
@@ -737,8 +573,3 @@ def bench_notes(config: BenchConfig, cells: list[CellResult], foreign_share: flo
         notes.append(f"other processes used {100 * foreign_share:.0f}% of the {cores} usable cores during the bench "
                      "(the load average also counts the bench's own oversubscribed runs)")
     return notes
-
-
-# The GGUF runtimes register themselves; imported last because they build on the definitions above.
-import tarq_deploy.bench.crispasr_runtime  # noqa: E402,F401
-import tarq_deploy.bench.qwen3_asr_cpp_runtime  # noqa: E402,F401

@@ -32,7 +32,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .cpu import AudioInfo, Stat, check_audio, machine_description, read_wav_float32
+from tarq_deploy.runtimes.base import dist_version
+from tarq_deploy.runtimes.child import read_wav_float32
+from tarq_deploy.runtimes.whisper_cpp import whisper_backbone
+
+from .cpu import AudioInfo, Stat, check_audio, machine_description
 
 KERNELS = ("tinygemm", "marlin")
 MARLIN_PROVIDERS = ("vllm", "gptqmodel")
@@ -208,8 +212,6 @@ def _load_checkpoint_floats(model: Any, ckpt: Any) -> None:
 
 
 def _backbone_name(model_config: Any) -> str:
-    from .cpu import whisper_backbone
-
     return whisper_backbone(model_config.encoder_layers, model_config.d_model, model_config.decoder_layers,
                             model_config.vocab_size, model_config.num_mel_bins)
 
@@ -338,10 +340,8 @@ def _gpu_machine() -> dict:
 
 
 def _versions() -> dict:
-    from .cpu import _dist_version
-
     names = ("torch", "transformers", "vllm", "gptqmodel", "nvidia-ml-py", "tarq-deploy")
-    return {name: _dist_version(name) for name in names}
+    return {name: dist_version(name) for name in names}
 
 
 def _notes(config: GpuBenchConfig) -> list[str]:

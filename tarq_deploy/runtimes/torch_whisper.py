@@ -1,0 +1,176 @@
+"""transformers Whisper in PyTorch, on CPU (or CUDA): a plain model (``packaged:NAME``, a transformers or CTranslate2
+directory, a hub id), a lattice checkpoint directory (every lattice weight dequantized to s * q, the tied token
+embedding / output projection honoured), or a whisper.cpp model file dequantized tensor by tensor (so ggml's own Q4_0
+rounding can be run in PyTorch too; its tokenizer and configs come from a companion model, ``--tokenizer``).
+
+Greedy: ``<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>`` as the decoder prompt (the multilingual
+models need the language and task tokens or they loop), no sampling, one beam, no temperature fallback. It claims every
+source no other runtime claims.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+from .base import SAMPLE_RATE, DecodeOptions, ModelSpec, RuntimeAdapter, torch_stack_info
+from .sources import is_lattice_checkpoint, is_whisper_cpp_file
+
+if TYPE_CHECKING:
+    import numpy as np
+
+NAME = "torch"
+
+
+class TorchTranscriber:
+    """Greedy transcription with a transformers Whisper model, one utterance at a time (batching did not pay off
+    on CPU: the 30 s encoder pass dominates, and single items keep results independent of batch composition)."""
+
+    def __init__(self, bundle, options: DecodeOptions, origin: dict) -> None:
+        import torch
+
+        from ..models.whisper import WhisperBackbone
+
+        model, processor, generation_config = bundle
+        torch.set_num_threads(options.threads)
+        self.backbone = WhisperBackbone(model, processor, generation_config, options.device)
+        self.generation_config = _greedy_config(generation_config, options.max_new_tokens)
+        self.prompt = torch.tensor([self.backbone.prompt_ids()], device=self.backbone.device)
+        self.origin = {**origin, "threads": options.threads, "device": options.device,
+                       "max_new_tokens": options.max_new_tokens}
+
+    def transcribe(self, audio: "np.ndarray", utterance_id: str) -> str:
+        import torch
+
+        with torch.inference_mode():
+            ids = self.backbone.model.generate(self._features(audio), decoder_input_ids=self.prompt,
+                                               generation_config=self.generation_config)
+        return self.backbone.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+
+    def continuation_margin(self, audio: "np.ndarray", other_text: str) -> float | None:
+        """How close a disagreement is to a tie for this model: at the first token where its own greedy transcript
+        and ``other_text`` part, log p(own token) - log p(other's token) given the shared prefix (teacher forcing,
+        raw log-probabilities). A margin near zero is a near-tie that tiny numerical differences between runtimes can
+        flip; None when the token sequences do not differ."""
+        import torch
+
+        features = self._features(audio)
+        with torch.inference_mode():
+            generated = self.backbone.model.generate(features, decoder_input_ids=self.prompt,
+                                                     generation_config=self.generation_config)[0].tolist()
+            prompt, eos = self.prompt[0].tolist(), self.backbone.generation_config.eos_token_id
+            if generated[: len(prompt)] == prompt:  # transformers returns the new tokens only, older versions all
+                generated = generated[len(prompt):]
+            own = [t for t in generated if t != eos]
+            other = self.backbone.processor.tokenizer.encode(" " + other_text.strip(), add_special_tokens=False)
+            split = next((i for i, (x, y) in enumerate(zip(own, other)) if x != y), min(len(own), len(other)))
+            if split == len(own) == len(other):
+                return None
+            prefix = torch.cat([self.prompt, torch.tensor([own[:split]], dtype=self.prompt.dtype,
+                                                          device=self.prompt.device)], dim=1)
+            logits = self.backbone.model(input_features=features, decoder_input_ids=prefix).logits[0, -1]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        own_next = own[split] if split < len(own) else eos
+        other_next = other[split] if split < len(other) else eos
+        return float(log_probs[own_next] - log_probs[other_next])
+
+    def _features(self, audio: "np.ndarray"):
+        processor = self.backbone.processor
+        features = processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return features.to(self.backbone.device)
+
+    def describe(self) -> dict:
+        return self.origin
+
+    def close(self) -> None:
+        self.backbone = None  # type: ignore[assignment]
+
+
+def _greedy_config(generation_config, max_new_tokens: int):
+    config = generation_config.__class__.from_dict(generation_config.to_dict())
+    config.do_sample, config.num_beams, config.max_new_tokens, config.max_length = False, 1, max_new_tokens, None
+    config.temperature = None
+    return config
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def open_torch(spec: ModelSpec, options: DecodeOptions) -> TorchTranscriber:
+    bundle, loaded_as = load_torch_bundle(spec)
+    origin = {"loaded_as": loaded_as, **({"tokenizer": spec.tokenizer} if is_whisper_cpp_file(spec.source) else {})}
+    return TorchTranscriber(bundle, options, origin)
+
+
+def load_torch_bundle(spec: ModelSpec) -> tuple[tuple, str]:
+    """(model, processor, generation_config) of any source this runtime takes, and how it was loaded: a lattice
+    checkpoint (s * q exactly), a whisper.cpp file (dequantized by gguf-py) or a float model."""
+    _quiet_transformers()
+    source = spec.source
+    try:
+        if is_lattice_checkpoint(source):
+            from ..models.from_checkpoint import load_dequantized_whisper
+
+            return load_dequantized_whisper(source), "lattice checkpoint, dequantized (s * q)"
+        if is_whisper_cpp_file(source):
+            return load_whisper_cpp_in_torch(source, spec.tokenizer), "whisper.cpp file, dequantized"
+        from ..models.loader import load_whisper
+
+        return load_whisper(source), "float model"
+    except (ValueError, OSError) as error:
+        raise UserError(f"model {spec.label!r} ({source}): cannot load it for the torch backend: {error}") from None
+
+
+def load_whisper_cpp_in_torch(path: str, companion: str | None):
+    """A transformers Whisper whose every tensor is the whisper.cpp file's value (dequantized by gguf-py);
+    config, generation config and tokenizer come from ``companion`` (any source load_whisper takes, or a lattice
+    checkpoint), which must have the file's dimensions and vocabulary size."""
+    import torch
+
+    from tarq_deploy.formats.ggml_file import read_whisper_cpp, tensor_slots
+
+    if companion is None:
+        raise UserError(f"{path}: the torch backend needs a tokenizer and config for a whisper.cpp file; give "
+                        f"--tokenizer SOURCE (e.g. packaged:tiny.en)")
+    model, processor, generation_config = _load_companion(companion)
+    ggml = read_whisper_cpp(path)
+    expected = _hparams_of(model.config, ggml.hparams.weight_type)
+    if not ggml.hparams.same_model(expected):
+        raise UserError(f"{path}: its dimensions {ggml.hparams.ints()[:-1]} differ from --tokenizer {companion}'s "
+                        f"{expected.ints()[:-1]}")
+    state = {}
+    for slot in tensor_slots(ggml.hparams):
+        values = torch.from_numpy(ggml.dequantize(slot.name).copy())
+        state[slot.hf_name] = values.reshape(model.state_dict()[slot.hf_name].shape)
+    state["proj_out.weight"] = state["model.decoder.embed_tokens.weight"]  # tied, as whisper.cpp computes logits
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise UserError(f"{path}: tensors do not fit the Whisper model (missing {missing[:3]}, unexpected "
+                        f"{unexpected[:3]})")
+    return model.float().eval(), processor, generation_config
+
+
+def _load_companion(source: str):
+    if is_lattice_checkpoint(source):
+        from ..models.from_checkpoint import load_dequantized_whisper
+
+        return load_dequantized_whisper(source)
+    from ..models.loader import load_whisper
+
+    return load_whisper(source)
+
+
+def _hparams_of(config, weight_type: int):
+    from tarq_deploy.formats.ggml_file import WhisperHParams
+
+    return WhisperHParams.from_config(config.to_dict(), weight_type)
+
+
+def _claims_everything(source: str) -> bool:
+    return True  # the fallback: inference asks the other runtimes first
+
+
+ADAPTER = RuntimeAdapter(NAME, "transformers Whisper (float model, lattice checkpoint or whisper.cpp file dequantized)",
+                         _claims_everything, open_torch, torch_stack_info)

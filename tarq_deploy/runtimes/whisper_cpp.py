@@ -1,0 +1,169 @@
+"""whisper.cpp through pywhispercpp, on a legacy ggml whisper.cpp model file.
+
+Evaluation: a worker subprocess (:class:`WhisperCppTranscriber`) decodes with language "en", temperature 0 with no
+fallback (temperature_inc 0), no timestamps, no context carried between utterances, fixed threads, and non-speech
+tokens suppressed (``suppress_nst``: the symbols OpenAI's ``suppress_tokens="-1"`` list names, which transformers'
+generation config suppresses too; without it whisper.cpp emits quote marks where the PyTorch decoder cannot, and the
+two greedy paths part). The file is parsed by our strict reader first: pywhispercpp does not raise on a file it cannot
+load (the first transcribe() segfaults), and it takes a path that does not exist as a model *name* and downloads it.
+
+CPU bench: :func:`measure_whisper_cpp` runs in the bench's child with :data:`WHISPER_CPP_DECODE`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter, dist_version
+from .child import proc_status_mb, read_wav_float32
+from .sources import is_whisper_cpp_file
+from .worker import WorkerTranscriber, serve_worker
+
+NAME = "whisper.cpp"
+MODULE = "tarq_deploy.runtimes.whisper_cpp"  # what worker and bench child import (there __name__ is __main__)
+WORKER_FLAG = "--whisper-cpp-worker"
+# Decoding settings of every evaluation run (pywhispercpp names); they are part of a cached hypothesis's identity.
+WHISPER_CPP_PARAMS = {"language": "en", "translate": False, "temperature": 0.0, "temperature_inc": 0.0,
+                      "no_timestamps": True, "no_context": True, "suppress_nst": True}
+# The CPU bench's reproducible greedy English decoding: no language detection, no temperature fallback (a fallback
+# re-decodes the window and would make latency depend on the weights' confidence, not only their speed). Everything
+# else stays at whisper.cpp's defaults (timestamps on, flash attention per its context defaults), as whisper-cli runs.
+WHISPER_CPP_DECODE = {"language": "en", "temperature": 0.0, "temperature_inc": 0.0, "print_progress": False,
+                      "print_realtime": False, "print_timestamps": False}
+# (n_audio_layer, n_audio_state) -> Whisper size
+_WHISPER_SIZES = {(4, 384): "tiny", (6, 512): "base", (12, 768): "small", (24, 1024): "medium", (32, 1280): "large"}
+_ENGLISH_ONLY_VOCAB = 51864
+
+
+# ----------------------------------------------------------------------------------------------- the model file
+def whisper_backbone(n_audio_layer: int, n_audio_state: int, n_text_layer: int, n_vocab: int, n_mels: int) -> str:
+    """Whisper's size name from a whisper.cpp header (tiny.en, base, large-v3, large-v3-turbo, ...)."""
+    size = _WHISPER_SIZES.get((n_audio_layer, n_audio_state), f"whisper-L{n_audio_layer}-d{n_audio_state}")
+    if size == "large":
+        size = "large-v3" if n_mels == 128 else "large"
+        if n_text_layer == 4:
+            size += "-turbo"
+    return size + (".en" if n_vocab == _ENGLISH_ONLY_VOCAB else "")
+
+
+def describe_whisper_cpp_file(path: Path) -> ModelInfo:
+    """Validate with our strict parser (raises GGMLFileError, a ValueError naming the problem)."""
+    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
+    from tarq_deploy.formats.ggml_file import read_whisper_cpp
+
+    h = read_whisper_cpp(path).hparams
+    backbone = whisper_backbone(h.n_audio_layer, h.n_audio_state, h.n_text_layer, h.n_vocab, h.n_mels)
+    return ModelInfo(backbone, GGML_TYPE_NAMES[h.weight_type], {"hparams": asdict(h)})
+
+
+# ------------------------------------------------------------------------------------------------- evaluation
+class WhisperCppTranscriber(WorkerTranscriber):
+    """A pywhispercpp worker process holding one model; utterances go in as raw samples, text comes back."""
+
+    def __init__(self, model_file: Path, options: DecodeOptions) -> None:
+        super().__init__(model_file, options, "whisper.cpp",
+                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads)])
+
+    def describe(self) -> dict:
+        import importlib.metadata
+
+        return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
+                + importlib.metadata.version("pywhispercpp"),
+                "threads": self.options.threads, **WHISPER_CPP_PARAMS}
+
+
+def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
+    from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
+
+    path = Path(spec.source).expanduser()
+    try:
+        read_whisper_cpp(path)  # whisper.cpp must never see a file our parser rejects
+    except GGMLFileError as error:
+        raise UserError(f"model {spec.label!r}: {error}") from None
+    return WhisperCppTranscriber(path.resolve(), options).start()
+
+
+def _worker_main(model_file: str, threads: int) -> int:
+    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
+    from pywhispercpp.model import Model
+
+    model = Model(model_file, redirect_whispercpp_logs_to=None, n_threads=threads, print_progress=False,
+                  print_realtime=False, print_timestamps=False, **WHISPER_CPP_PARAMS)
+    return serve_worker(lambda audio: " ".join(s.text.strip() for s in model.transcribe(audio)).strip())
+
+
+# -------------------------------------------------------------------------------------------------- CPU bench
+def measure_whisper_cpp(spec: dict) -> dict:
+    """Child side: import pywhispercpp, read the audio, load the model, transcribe once. With no model: baseline."""
+    started = time.perf_counter()
+    import _pywhispercpp as pw
+    from pywhispercpp.model import Model
+
+    out: dict[str, Any] = {"import_s": time.perf_counter() - started}
+    audio = read_wav_float32(spec["audio"])
+    if spec.get("model") is None:
+        out["runtime_info"] = whisper_cpp_runtime_info()
+        return out
+    model_path = Path(spec["model"])
+    if not model_path.is_file():  # pywhispercpp would take the string as a model name and download it
+        raise FileNotFoundError(f"{model_path}: no such model file")
+    started = time.perf_counter()
+    model = Model(str(model_path), redirect_whispercpp_logs_to=None, n_threads=spec["threads"], **spec["settings"])
+    out["load_s"] = time.perf_counter() - started
+    out["rss_after_load_mb"] = proc_status_mb("VmRSS")
+    started = time.perf_counter()
+    segments = model.transcribe(audio)
+    out["transcribe_s"] = time.perf_counter() - started
+    # tokens of the output segments (text and timestamp tokens): the decoder steps that produced the transcript
+    out["tokens"] = sum(pw.whisper_full_n_tokens(model._ctx, i) for i in range(len(segments)))
+    out["text"] = " ".join(s.text.strip() for s in segments).strip()
+    return out
+
+
+def whisper_cpp_runtime_info() -> dict:
+    """Versions of the whisper.cpp and ggml libraries pywhispercpp actually loaded, and its build's CPU features."""
+    import _pywhispercpp as pw
+
+    info: dict[str, Any] = {"pywhispercpp": dist_version("pywhispercpp"),
+                            "system_info": pw.whisper_print_system_info().strip()}
+    defaults = pw.whisper_context_default_params()
+    info["context_defaults"] = {"flash_attn": defaults.flash_attn, "use_gpu": defaults.use_gpu}
+    for library, symbols in (("libwhisper", ("whisper_version",)), ("libggml-base", ("ggml_version", "ggml_commit"))):
+        info.update(_loaded_library_strings(library, symbols))
+    return info
+
+
+def _loaded_library_strings(library: str, symbols: tuple[str, ...]) -> dict[str, str]:
+    """Call ``const char *f(void)`` symbols of a shared library this process has loaded (found in /proc/self/maps:
+    the wheel vendors its own copies under mangled names, and other packages may ship another libwhisper)."""
+    import ctypes
+
+    try:
+        maps = Path("/proc/self/maps").read_text().split("\n")
+    except OSError:
+        return {}
+    paths = sorted({line.split()[-1] for line in maps if f"/{library}" in line and ".so" in line})
+    found: dict[str, str] = {}
+    for path in paths:
+        lib = ctypes.CDLL(path)  # already loaded: this only returns its handle
+        for symbol in symbols:
+            fn = getattr(lib, symbol, None)
+            if fn is not None and symbol not in found:
+                fn.restype = ctypes.c_char_p
+                found[symbol] = fn().decode()
+        found.setdefault(f"{library}_path", path)
+    return found
+
+
+ADAPTER = RuntimeAdapter(
+    NAME, "whisper.cpp model file through pywhispercpp (worker subprocess)", is_whisper_cpp_file, open_whisper_cpp,
+    whisper_cpp_runtime_info,
+    BenchRuntime(NAME, describe_whisper_cpp_file, f"{MODULE}:measure_whisper_cpp", WHISPER_CPP_DECODE,
+                 "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)"))
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3])))
