@@ -148,7 +148,8 @@ def test_nan_weight_rtn_is_refused_with_its_name(models, tmp_path, capsys):
 def test_solver_refuses_non_finite_weights_and_statistics():
     from tarq_deploy.quant.lattice import LatticeSpec
     from tarq_deploy.quant.stats import LayerStats
-    from tarq_deploy.quant.tarq import TarqConfig, solve_layer
+    from tarq_deploy.quant.calibrate import solve_layer
+    from tarq_deploy.quant.tarq import TarqConfig
 
     W = torch.randn(8, 32)
     stats = LayerStats(32)
@@ -214,7 +215,8 @@ def test_n_calib_zero_is_refused(models, corpus, tmp_path, capsys, monkeypatch):
 def test_a_layer_no_position_reached_is_an_error_and_no_tail_keeps_its_fallback():
     from tarq_deploy.quant.lattice import LatticeSpec
     from tarq_deploy.quant.stats import LayerStats
-    from tarq_deploy.quant.tarq import TarqConfig, solve_layer
+    from tarq_deploy.quant.calibrate import solve_layer
+    from tarq_deploy.quant.tarq import TarqConfig
 
     W = torch.randn(8, 32)
     with pytest.raises(CalibrationDataError, match="layer.y: no calibration positions"):

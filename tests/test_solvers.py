@@ -9,8 +9,9 @@ from tarq_deploy.quant.gptq import gptq_quantize, weighted_loss
 from tarq_deploy.quant.lattice import (LatticeSpec, check_on_lattice, codes_for, dequantize, quantize_rtn,
                                        scales_for)
 from tarq_deploy.quant.stats import LayerStats
+from tarq_deploy.quant.calibrate import solve_layer
 from tarq_deploy.quant.tarq import (
-    TarqConfig, group_losses, optimal_alpha, rarebal_metric, residual_direction, reweighting_mask, solve_layer,
+    TarqConfig, group_losses, optimal_alpha, rarebal_metric, residual_direction, reweighting_mask,
 )
 from tarq_deploy.quant.gptq import prepare_metric
 

@@ -22,7 +22,8 @@ import torch
 from tarq_deploy.fileio import write_json_atomic
 from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.stats import LayerStats
-from tarq_deploy.quant.tarq import TarqConfig, solve_layer
+from tarq_deploy.quant.calibrate import solve_layer
+from tarq_deploy.quant.tarq import TarqConfig
 
 # (out_features, in_features) of the distinct Linear shapes in each model's blocks.
 WHISPER_SHAPES: dict[str, dict[str, tuple[int, int]]] = {

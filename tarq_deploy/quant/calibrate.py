@@ -8,7 +8,8 @@ For every block, in the backbone's calibration order:
      matching x_fp into H_common / H_tail / H_delta; each Linear of the group is solved and its weight replaced by
      the lattice's exact value, so later groups see the quantization of earlier ones;
   3. both streams advance through their block.
-After each block the lattice of its Linears and the per-layer records are saved to a work directory, so an interrupted
+The solvers (tarq.py) return each Linear's lattice and the figures they computed; ``solve_layer`` turns those into
+the per-layer log record. After each block the lattice of its Linears and the per-layer records are saved to a work directory, so an interrupted
 run resumes from the last finished block: the streams are recomputed through the finished blocks (the same
 arithmetic as the uninterrupted run), which gives the same final bytes. A block file that does not read back as
 what was saved (its sha256 is kept in progress.json) is named in a warning, discarded and recomputed, together with
@@ -24,9 +25,9 @@ import copy
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from safetensors import SafetensorError
@@ -34,10 +35,11 @@ from safetensors.torch import load, save
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
 from .lattice import LatticeSpec, QuantizedWeight, check_on_lattice
 from .stats import LayerStats
-from .tarq import LayerRecord, TarqConfig, reweighting_mask, solve_layer
+from .tarq import TarqConfig, quantize_weight, reweighting_mask, rounding_losses
 
 
 @dataclass
@@ -97,6 +99,55 @@ class CalibrationConfig:
 
 class _StopForward(Exception):
     """Raised from a hook once the inputs of the current group are captured: the rest of the block is not needed."""
+
+
+# ---------------------------------------------------------------------------------------------- per-layer records
+@dataclass
+class LayerRecord:
+    """What the solver did to one Linear, for the per-layer JSON log (the field order is the log's key order)."""
+
+    name: str
+    shape: tuple[int, int]
+    method: str
+    lam: float | None = None
+    alpha: float | None = None
+    p: float | None = None
+    n_common: int = 0
+    n_tail: int = 0
+    tr_common: float | None = None
+    tr_tail: float | None = None
+    fallback: str | None = None
+    loss_rtn: float | None = None
+    loss_final: float | None = None
+    tail_loss_rtn: float | None = None
+    tail_loss_final: float | None = None
+    common_loss_rtn: float | None = None
+    common_loss_final: float | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def solve_layer(
+    name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig,
+    identity_weight: float = 0.0,
+) -> tuple[QuantizedWeight, LayerRecord]:
+    """Quantize one Linear weight W [m, n] (tarq.quantize_weight) after checking its inputs, and write its log
+    record: the solver's figures, the seconds it took and, with ``config.record_losses``, the group losses of plain
+    rounding and of the answer."""
+    require_finite(f"{name}.weight", W, "; refusing to quantize non-finite weights")
+    if config.needs_data:
+        if stats is None:
+            raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
+        stats.check_usable(name)  # positions reached it, and its statistics are finite
+    start = time.perf_counter()
+    W_hat, info = quantize_weight(W, stats, spec, config, identity_weight)
+    seconds = time.perf_counter() - start
+    losses = rounding_losses(W, W_hat, stats) if config.record_losses and stats is not None else {}
+    record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method,  # type: ignore[arg-type]
+                         **asdict(info), **losses, seconds=seconds)
+    return W_hat, record
 
 
 # --------------------------------------------------------------------------------------------------------- work dir
@@ -425,9 +476,3 @@ class _input_hooks:
         for handle in self.handles:
             handle.remove()
 
-
-def iter_linears(blocks: list[Block]) -> Iterator[tuple[str, nn.Linear]]:
-    for block in blocks:
-        for group in block.groups:
-            for rel in group:
-                yield f"{block.full_name(rel)}.weight", block.linear(rel)

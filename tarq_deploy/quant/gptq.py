@@ -149,6 +149,6 @@ def _round_column(w: torch.Tensor, s: torch.Tensor, spec: LatticeSpec) -> torch.
 
 
 def weighted_loss(delta_W: torch.Tensor, H: torch.Tensor) -> float:
-    """tr(dW H dW^T): the H-weighted reconstruction loss of eq. (5)."""
+    """tr(dW H dW^T): the H-weighted reconstruction loss (the paper's group loss, with H for H_g)."""
     dW = delta_W.to(torch.float64)
     return float(torch.einsum("ij,jk,ik->", dW, H.to(dW.device, torch.float64), dW))

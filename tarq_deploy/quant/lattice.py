@@ -1,4 +1,4 @@
-"""The symmetric b-bit weight lattice of the paper's eq. (1).
+"""The symmetric b-bit weight lattice of the paper's weight-only uniform quantizer (Preliminaries).
 
 A Linear weight W (m rows = outputs, n columns = inputs) is cut into row-wise groups of ``group_size`` contiguous
 input columns (``group_size = -1``: one group per row, i.e. per-channel). Each (row, group) has one scale s and every

@@ -1,4 +1,5 @@
-"""Streaming second moments per Linear: H_common, H_tail (eq. 4) and the input-error cross-moment H_delta (eq. 7).
+"""Streaming second moments per Linear: H_common, H_tail (the paper's per-group second moments, which the rareBAL
+metric weighs) and the input-error cross-moment H_delta (of the propagation-aware direction D).
 
 Memory is O(n^2) per layer whatever the number of calibration positions: each batch of activations is folded into
 the running sums and dropped. Each batch's product is formed in float32 (the paper stores its second moments in fp32;
@@ -77,7 +78,7 @@ class LayerStats:
 
     @property
     def tail_share(self) -> float:
-        """p = N_tail / N of eq. (3)."""
+        """The tail share p = N_tail / N (the paper's frequency-weighted reconstruction mixture)."""
         total = self.n_common + self.n_tail
         return self.n_tail / total if total else 0.0
 

@@ -12,16 +12,18 @@ Methods (paper, "Component analysis"):
 Reweighting source (Appendix "Reweighting source and cost-ratio ablations"): which positions form the re-weighted
 slice: ``rare`` (the rarity tags), ``random`` (as many positions drawn uniformly) or ``common`` (as many drawn from
 the common positions). ``c`` is the cost ratio: lam = c * tr(H_common) / (tr(H_tail) + eps).
+
+The solvers are pure: they return the quantized weight and a ``SolveInfo`` of the figures they computed (lam, alpha,
+the group sizes and traces, why a step was skipped). The calibration driver (calibrate.py) checks the inputs, times
+the solver and writes the per-layer log record.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
-from ..errors import require_finite
 from .choices import ALPHA_RULES, METHODS, SCALE_RULES, SOURCES  # torch-free, for the CLI's --help
 from .ggml_quants import quantize_q4_0_imatrix
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
@@ -40,7 +42,7 @@ class TarqConfig:
     c: float = 1.0
     percdamp: float = PERCDAMP
     blocksize: int = BLOCKSIZE
-    record_losses: bool = True
+    record_losses: bool = True  # read by the driver: log the group losses before and after (costs two products)
     scale_rule: str = "search"  # group scales: the search weighted by the metric's diagonal, or lattice.py's max rule
     act_order: bool = True  # sweep columns by decreasing diag(H), group scales fixed up front
     alpha_rule: str = "one"  # residual step: "one" (the exact target; measured), or the paper's closed-form alpha*
@@ -77,40 +79,28 @@ class TarqConfig:
 
 
 @dataclass
-class LayerRecord:
-    """What the solver did to one Linear, for the per-layer JSON log."""
+class SolveInfo:
+    """The figures a solver reports about one Linear; the driver copies them into the per-layer log record."""
 
-    name: str
-    shape: tuple[int, int]
-    method: str
-    lam: float | None = None
-    alpha: float | None = None
-    p: float | None = None
+    lam: float | None = None  # rareBAL weight of the tail slice (None: the plain metric was used)
+    alpha: float | None = None  # residual step size (None: no residual step)
+    p: float | None = None  # tail share N_tail / N
     n_common: int = 0
     n_tail: int = 0
     tr_common: float | None = None
     tr_tail: float | None = None
-    fallback: str | None = None
-    loss_rtn: float | None = None
-    loss_final: float | None = None
-    tail_loss_rtn: float | None = None
-    tail_loss_final: float | None = None
-    common_loss_rtn: float | None = None
-    common_loss_final: float | None = None
-    seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        return asdict(self)
+    fallback: str | None = None  # why a step of the configured method was skipped
 
 
 def rarebal_metric(H_common: torch.Tensor, H_tail: torch.Tensor, c: float = 1.0) -> tuple[torch.Tensor, float]:
-    """Eq. (4): lam = c tr(H_common) / (tr(H_tail) + eps) and H_rB = H_common + lam H_tail."""
+    """The rareBAL metric: lam = c tr(H_common) / (tr(H_tail) + eps) and H_rB = H_common + lam H_tail."""
     lam = c * float(torch.trace(H_common)) / (float(torch.trace(H_tail)) + EPS)
     return H_common + lam * H_tail, lam
 
 
 def residual_direction(W: torch.Tensor, H_delta: torch.Tensor, metric: PreparedMetric) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. (7): D = W H_delta G with G = (H + delta I)^-1 (the damped inverse the sweep already holds).
+    """The propagation-aware direction D = W H_delta G with G = (H + delta I)^-1 (the damped inverse the sweep
+    already holds).
 
     Also returns D H, needed by the closed-form alpha, without another m x n x n product: since G (H + delta I) = I,
     D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them does not matter).
@@ -121,7 +111,8 @@ def residual_direction(W: torch.Tensor, H_delta: torch.Tensor, metric: PreparedM
 
 
 def optimal_alpha(E: torch.Tensor, D: torch.Tensor, DH: torch.Tensor) -> float:
-    """Eq. (8): alpha* = <E, D>_H / <D, D>_H (0 when D = 0), with <A, B>_H = tr(A H B^T) and DH = D H."""
+    """The closed-form step alpha* = <E, D>_H / <D, D>_H (0 when D = 0), with <A, B>_H = tr(A H B^T) and
+    DH = D H."""
     numerator = float((DH.double() * E.double()).sum())
     denominator = float((DH.double() * D.double()).sum())
     # The paper's eps only guards D = 0; an absolute eps shifts alpha when D is small (it moved alpha by 2% with
@@ -129,85 +120,84 @@ def optimal_alpha(E: torch.Tensor, D: torch.Tensor, DH: torch.Tensor) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
-def solve_layer(
-    name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig,
-    identity_weight: float = 0.0,
-) -> tuple[QuantizedWeight, LayerRecord]:
-    """Quantize one Linear weight W [m, n] with the configured method.
+def quantize_weight(
+    W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig, identity_weight: float = 0.0,
+) -> tuple[QuantizedWeight, SolveInfo]:
+    """Quantize one Linear weight W [m, n] with the configured method; ``stats`` may be None only for rtn. The
+    inputs are taken as checked (finite weights, usable statistics): calibrate.solve_layer checks them.
 
     ``identity_weight`` mu adds mu * tr(H_common)/n * I to the final metric (after lam is computed, so it does not
     inflate lam): the tied head's second role as a token lookup, which sees every row alike."""
-    require_finite(f"{name}.weight", W, "; refusing to quantize non-finite weights")
-    if config.needs_data and stats is not None:
-        stats.check_usable(name)  # positions reached it, and its statistics are finite
-    record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method)  # type: ignore[arg-type]
-    start = time.perf_counter()
     if not config.needs_data:
-        W_hat = quantize_rtn(W, spec)
-    elif stats is None:
-        raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
-    elif config.method == "imatrix":
-        W_hat = quantize_q4_0_imatrix(W.float(), torch.diag(stats.H) / max(stats.n_common + stats.n_tail, 1), spec)
-    else:
-        W_hat = _solve_with_data(W.float(), stats, spec, config, record, identity_weight)
-    record.seconds = time.perf_counter() - start
-    if config.record_losses and stats is not None:
-        _record_losses(record, W, W_hat, stats)
-    return W_hat, record
+        return quantize_rtn(W, spec), SolveInfo()
+    if stats is None:
+        raise ValueError(f"method {config.method!r} needs calibration statistics")
+    if config.method == "imatrix":
+        importance = torch.diag(stats.H) / max(stats.n_common + stats.n_tail, 1)
+        return quantize_q4_0_imatrix(W.float(), importance, spec), SolveInfo()
+    return tarq_solve(W.float(), stats, spec, config, identity_weight)
 
 
-def _solve_with_data(
-    W: torch.Tensor, stats: LayerStats, spec: LatticeSpec, config: TarqConfig, record: LayerRecord,
-    identity_weight: float = 0.0,
-) -> QuantizedWeight:
+def tarq_solve(
+    W: torch.Tensor, stats: LayerStats, spec: LatticeSpec, config: TarqConfig, identity_weight: float = 0.0,
+) -> tuple[QuantizedWeight, SolveInfo]:
     """Algorithm 1, with the metric and the residual step switched by the method."""
     H_common, H_tail = stats.H_common.to(W.device), stats.H_tail.to(W.device)
-    record.n_common, record.n_tail, record.p = stats.n_common, stats.n_tail, stats.tail_share
-    record.tr_common, record.tr_tail = float(torch.trace(H_common)), float(torch.trace(H_tail))
+    info = SolveInfo(p=stats.tail_share, n_common=stats.n_common, n_tail=stats.n_tail,
+                     tr_common=float(torch.trace(H_common)), tr_tail=float(torch.trace(H_tail)))
 
-    if config.uses_rarebal and stats.n_tail > 0 and record.tr_tail > 0:
-        H_rB, record.lam = rarebal_metric(H_common, H_tail, config.c)
+    lam: float | None = None
+    if config.uses_rarebal and stats.n_tail > 0 and info.tr_tail > 0:
+        H_rB, lam = rarebal_metric(H_common, H_tail, config.c)
     else:
         if config.uses_rarebal:
-            record.fallback = "no tail positions reached this layer: plain metric"
+            info.fallback = "no tail positions reached this layer: plain metric"
         H_rB = H_common + H_tail
+    info.lam = lam
     if identity_weight > 0:
-        H_rB = H_rB + identity_weight * record.tr_common / H_rB.shape[0] * torch.eye(
+        H_rB = H_rB + identity_weight * info.tr_common / H_rB.shape[0] * torch.eye(
             H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
-    metric = prepare_metric(H_rB, config.percdamp, config.act_order)
-    sweep = lambda target: gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)  # noqa: E731
+    metric = prepare_metric(H_rB, config.percdamp, config.act_order)  # holds G = (H_rB + delta I)^-1
+
+    def GPTQ(target: torch.Tensor) -> QuantizedWeight:  # the in-lattice projection under H_rB
+        return gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)
+
     if not config.uses_residual:
-        return sweep(W)
+        return GPTQ(W), info
     if stats.n_delta == 0:
-        record.fallback = "no paired full-precision stream: residual step skipped"
-        return sweep(W)
+        info.fallback = "no paired full-precision stream: residual step skipped"
+        return GPTQ(W), info
     if config.alpha_rule == "one":  # no pilot sweep needed: the step size does not depend on it
         # The exact minimiser of sum_t w_t |W x_fp,t - V x_t|^2 (w_t = lam on tail positions, 1 elsewhere) is
         # V = W + W H_delta,w (H_w)^-1: the full residual direction, with H_delta weighted like the metric.
-        H_delta = stats.H_delta + ((record.lam or 1.0) - 1.0) * stats.H_delta_tail
+        H_delta = stats.H_delta + ((lam or 1.0) - 1.0) * stats.H_delta_tail
         D, _ = residual_direction(W, H_delta.to(W.device), metric)
-        record.alpha = 1.0
-        return sweep(W + D.float())
-    W_hat0 = sweep(W)  # pilot (the whole answer without the residual step)
-    D, DH = residual_direction(W, stats.H_delta, metric)
-    E = W_hat0.dequantize() - W
-    alpha = optimal_alpha(E, D, DH)
-    record.alpha = alpha
-    W_tar = W + alpha * D.float()
-    return sweep(W_tar)
+        alpha = 1.0
+    else:
+        W_hat0 = GPTQ(W)  # pilot (the whole answer without the residual step)
+        D, DH = residual_direction(W, stats.H_delta, metric)
+        E = W_hat0.dequantize() - W
+        alpha = optimal_alpha(E, D, DH)
+    info.alpha = alpha
+    W_tar = W + alpha * D.float()  # alpha = 1 multiplies exactly: the same target as W + D
+    return GPTQ(W_tar), info
 
 
-def _record_losses(record: LayerRecord, W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> None:
-    """Group losses tr(dW H_g dW^T) / N_g of eq. (2) for plain rounding and for the solver's answer."""
+def rounding_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> dict[str, float]:
+    """The group losses tr(dW H_g dW^T) / N_g (the paper's group-wise reconstruction loss) of plain rounding
+    ("rtn") and of the solver's answer ("final"), and their position-weighted sums, keyed as in the per-layer log."""
+    losses: dict[str, float] = {}
     for label, candidate in (("rtn", quantize_rtn(W, W_hat.spec)), ("final", W_hat)):
         common, tail = group_losses(W, candidate, stats)
-        setattr(record, f"common_loss_{label}", common)
-        setattr(record, f"tail_loss_{label}", tail)
-        setattr(record, f"loss_{label}", common * stats.n_common + tail * stats.n_tail)
+        losses[f"common_loss_{label}"] = common
+        losses[f"tail_loss_{label}"] = tail
+        losses[f"loss_{label}"] = common * stats.n_common + tail * stats.n_tail
+    return losses
 
 
 def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> tuple[float, float]:
-    """Per-position common and tail losses L^C and L^T (eq. 2); 0 for an empty group."""
+    """Per-position common and tail losses L^C and L^T (the group-wise reconstruction loss); 0 for an empty
+    group."""
     # float32 products summed in float64: a log figure, where a float64 product of the 51864-row head costs seconds.
     dW = W.float() - W_hat.dequantize().to(W.device)
     common = float(((dW @ stats.H_common.to(dW.device, torch.float32)) * dW).sum(dtype=torch.float64))
