@@ -26,11 +26,10 @@ def infer_runtime(source: str) -> str:
     """The runtime a source runs on by default: the first that claims it (the fallback claims the rest). A GGUF file
     no runtime claims is an error: the fallback cannot read one."""
     if is_gguf_file(source):
-        # Every adapter is asked here, the fallback included, and it comes first in ADAPTERS: so a GGUF infers the
-        # fallback today, as it did before the registries were merged (an explicit --backend picks the GGUF runtime).
-        claiming = [adapter.name for adapter in ADAPTERS if adapter.claims(source)]
+        # The fallback claims every source but cannot read a GGUF: only the GGUF runtimes are asked.
+        claiming = [adapter.name for adapter in ADAPTERS if adapter.name != FALLBACK and adapter.claims(source)]
         if not claiming:
-            raise UserError(f"{source}: a GGUF file, and no GGUF runtime backend is registered yet "
+            raise UserError(f"{source}: a GGUF file of an architecture no runtime here runs "
                             f"(available: {runtime_names()})")
         return claiming[0]
     for adapter in ADAPTERS:
