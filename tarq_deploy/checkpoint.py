@@ -21,8 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .fileio import naming_os_errors, replace_directory
+from .fileio import atomic_directory
 from .quant.lattice import LatticeSpec, QuantizedWeight, check_on_lattice
 
 FORMAT_NAME = "tarq-lattice"
@@ -97,15 +95,9 @@ def _packs_to_nibbles(spec: LatticeSpec, n_cols: int) -> bool:
 def save_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike) -> Path:
     """Write ``ckpt`` to ``out_dir`` atomically (temporary directory, then rename); returns the final path."""
     out = Path(out_dir)
-    with naming_os_errors(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        try:
-            _write_contents(ckpt, tmp)
-            _replace_directory(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    with atomic_directory(out) as tmp:
+        _write_contents(ckpt, tmp)
+        _check_replaceable(out)
     return out
 
 
@@ -151,11 +143,10 @@ def _payload_files(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def _replace_directory(tmp: Path, out: Path) -> None:
-    """Move ``tmp`` to ``out``; an existing ``out`` is set aside first and removed only after the move."""
+def _check_replaceable(out: Path) -> None:
+    """Only an earlier checkpoint may be replaced (atomic_directory sets it aside, removed after the move)."""
     if out.exists() and not (out / MANIFEST).is_file():
         raise CheckpointError(f"{out}: exists and is not a lattice checkpoint; refusing to overwrite it")
-    replace_directory(tmp, out)
 
 
 def _sha256(path: Path) -> str:

@@ -55,7 +55,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +64,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from .errors import UserError
-from .fileio import replace_directory
+from .fileio import atomic_directory
 
 PIPELINE_TAG = "automatic-speech-recognition"
 TASK_NAME = "Automatic Speech Recognition"
@@ -200,7 +199,7 @@ def describe_runtime_file(path: Path) -> RuntimeFile:
 
 
 def _describe_whisper_cpp(path: Path) -> RuntimeFile:
-    from tarq_deploy.bench.cpu import describe_whisper_cpp_file
+    from tarq_deploy.runtimes.whisper_cpp import describe_whisper_cpp_file
     from tarq_deploy.formats.ggml_file import GGMLFileError
 
     try:
@@ -740,16 +739,10 @@ def stage(out_dir: Path, card_text: str, files: list[RuntimeFile]) -> StagedFold
     and never modified in place). Built in a temporary sibling and renamed over ``out_dir`` when complete."""
     _check_names(files)
     _check_replaceable(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         (tmp / CARD_FILE).write_text(card_text, encoding="utf-8")
         for f in files:
             _place(f.source, tmp / f.name)
-        replace_directory(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return staged_folder(out_dir)
 
 

@@ -16,9 +16,10 @@ import csv
 import io
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any, Iterable
+
+from tarq_deploy.fileio import write_bytes_atomic
 
 CPU_STATS = ("transcribe_s", "rtf", "wall_s", "load_s", "peak_rss_mb", "model_rss_mb", "ru_maxrss_mb", "tokens")
 GPU_STATS = ("generate_ms", "end_to_end_ms", "ms_per_token", "tokens", "peak_vram_mb", "nvml_used_mb", "load_s")
@@ -26,27 +27,15 @@ REFERENCE_PRECISION = "F16"
 
 
 # ---------------------------------------------------------------------------------------------------- file output
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_reports(doc: dict, out_dir: str | os.PathLike, stem: str = "bench", plot: bool = True) -> dict[str, Path]:
     """Write STEM.json, STEM.md and, when anything was measured, STEM.csv and STEM.png; returns {kind: path}."""
     out = Path(out_dir)
-    written = {"json": atomic_write_bytes(out / f"{stem}.json", json_text(doc).encode()),
-               "md": atomic_write_bytes(out / f"{stem}.md", markdown_report(doc).encode())}
+    written = {"json": write_bytes_atomic(out / f"{stem}.json", json_text(doc).encode()),
+               "md": write_bytes_atomic(out / f"{stem}.md", markdown_report(doc).encode())}
     if doc.get("cells"):
-        written["csv"] = atomic_write_bytes(out / f"{stem}.csv", csv_text(doc).encode())
+        written["csv"] = write_bytes_atomic(out / f"{stem}.csv", csv_text(doc).encode())
         if plot:
-            written["png"] = atomic_write_bytes(out / f"{stem}.png", plot_png(doc))
+            written["png"] = write_bytes_atomic(out / f"{stem}.png", plot_png(doc))
     return written
 
 

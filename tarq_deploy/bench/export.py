@@ -18,7 +18,6 @@ small tensor ops 5-15x slower. Goal from the issue: exporting whisper small fini
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -34,6 +33,7 @@ import torch  # noqa: E402
 
 from tarq_deploy.formats.whisper_cpp import as_source, build_whisper_cpp, export_whisper_cpp, write_whisper_cpp  # noqa: E402
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from tarq_deploy.fileio import write_json_atomic  # noqa: E402
 from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn  # noqa: E402
 
 SPEC = LatticeSpec(bits=4, group_size=32)  # one lattice group per Q4_0 block: the natural ggml lattice
@@ -155,11 +155,7 @@ def main() -> None:
             print(f"{name:8s} {target:15s} export {r['export_s']:5.2f} s (pack {r['pack_s']:.2f} s, write "
                   f"{r['write_s']:.2f} s), I/O floor {r['io_s']:.2f} s, ratio {r['ratio']:4.1f}x, "
                   f"output {r['output_bytes'] / 1e6:6.1f} MB")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    out = write_json_atomic(args.out, result, indent=2)
     print(f"wrote {out}")
 
 

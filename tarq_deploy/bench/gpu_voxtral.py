@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from tarq_deploy.fileio import write_json_atomic
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, codes_for, scales_for
 from tarq_deploy.runtimes.int4_linear import Int4Linear, replace_linears
 
@@ -250,11 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print("CUDA not available: nothing measured")
         return 0
     result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
+    out = write_json_atomic(args.out, result, indent=2)
     f, q = result["fp16"], result["int4"]
     print(f"e2e (30 s audio, {args.new_tokens} tokens): fp16 {f['median']['e2e_ms']:.0f} ms, "
           f"int4 {q['median']['e2e_ms']:.0f} ms (x{result['speedup_e2e']:.2f}); peak VRAM fp16 "

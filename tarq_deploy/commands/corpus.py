@@ -11,14 +11,13 @@ OUT/calib.jsonl with disjoint sentences, OUT/README.md with the licences and sta
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from ..data.corpus import Utterance, corpus_statistics, write_manifest
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
+from ..fileio import atomic_path, write_text_atomic
 
 HELP = "write a corpus manifest: the real clips (real) or an offline TTS rare-word corpus (synth)"
 
@@ -103,7 +102,7 @@ def run_real(args: argparse.Namespace) -> int:
         utterances.append(Utterance(clip.id, str(target), clip.text, "real"))
     manifest = write_manifest(utterances, out / "eval.jsonl")
     stats = corpus_statistics(utterances)
-    _write_text_atomically(out / "README.md", _real_readme(clips, stats))
+    write_text_atomic(out / "README.md", _real_readme(clips, stats))
     print(f"real: {stats.utterances} clips, {stats.words} words, {stats.rare_words} rare "
           f"({100 * stats.rare_share:.1f}%) -> {manifest}")
     return 0
@@ -121,18 +120,5 @@ def _real_readme(clips, stats) -> str:
 
 
 def _copy_atomically(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-    os.close(fd)
-    shutil.copyfile(source, tmp)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
-
-
-def _write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)

