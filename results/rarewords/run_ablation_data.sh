@@ -34,6 +34,7 @@ variant() {  # LABEL METHOD FLAGS...
 variant GPTQ gptq
 variant TARQ tarq
 variant TARQ-n512 tarq --n-calib 512
+variant GPTQ-n512 gptq --n-calib 512
 variant TARQ-rtop tarq --pool r-top
 variant RESIDUAL residual
 variant TARQ-c0.25 tarq --cost-ratio 0.25
@@ -42,4 +43,3 @@ variant TARQ-mu0 tarq --head-identity-weight 0
 variant TARQ-enc-none tarq --encoder-tagging none
 variant RTN rtn
 variant IMATRIX imatrix
-variant GPTQ-n512 gptq --n-calib 512
