@@ -11,29 +11,30 @@ whisper.cpp, anything else in PyTorch) unless a ``--backend`` follows the ``--mo
 --backend torch`` runs ggml's rounding in PyTorch); a ``--backend`` before every ``--model`` is the default for all.
 The same label through two backends is the same model; their texts are compared. Hypotheses are cached
 under OUT/hypotheses, so an interrupted run resumes where it stopped.
+
+This module parses the arguments and runs the steps in order; the steps live in ``tarq_deploy/evaluate/``
+(transcribe.py, near_ties.py, teacher_forced_runs.py, report.py, with their caches in cache.py).
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import re
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from ..data.corpus import Utterance, load_audio, load_corpus
+from ..data.corpus import load_audio, load_corpus
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
-from ..evaluate.backends import (BACKENDS, WHISPER_CPP_PARAMS, BackendError, DecodeOptions, ModelSpec,
-                                 infer_backend, is_whisper_cpp_file, open_transcriber)
+from ..evaluate.backends import (BACKENDS, BackendError, DecodeOptions, ModelSpec, infer_backend,
+                                 is_whisper_cpp_file)
+from ..evaluate.dataset import Dataset
+from ..evaluate.near_ties import near_tie_margins
 from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DEFAULT_NEAR_TIE_MARGIN, DatasetRuns,
                                ModelRun, ReportOptions, build_report, render_markdown)
-from ..evaluate.wer import DEFAULT_RESAMPLES, normalized_words, normalizer_description, score_utterance
+from ..evaluate.teacher_forced_runs import teacher_forced_figures
+from ..evaluate.transcribe import transcribe_models
+from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
+from ..fileio import write_text_atomic
 
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
 GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
@@ -164,18 +165,6 @@ def comparisons(values: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 # ------------------------------------------------------------------------------------------------------ datasets
-@dataclass
-class Dataset:
-    name: str
-    manifest: str
-    utterances: list[Utterance]
-    audio: list[np.ndarray]
-
-    @property
-    def audio_seconds(self) -> float:
-        return sum(len(a) for a in self.audio) / 16_000
-
-
 def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
     datasets = []
     for value in values:
@@ -190,146 +179,6 @@ def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
             raise UserError(f"two datasets are named {name!r}; name them NAME=MANIFEST")
         datasets.append(Dataset(name, source, utterances, [load_audio(u) for u in utterances]))
     return datasets
-
-
-# --------------------------------------------------------------------------------------------- hypothesis cache
-def source_fingerprint(source: str) -> str:
-    """Identifies a model's bytes: a file's sha256 (so re-exporting identical bytes keeps the cache, and changed bytes
-    never reuse it), a checkpoint's manifest (it holds the sha256 of every file), or the name itself."""
-    path = Path(source).expanduser()
-    if path.is_file():
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                digest.update(chunk)
-        return f"sha256:{digest.hexdigest()}"
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        return f"{path.resolve()}:{hashlib.sha256(manifest.read_bytes()).hexdigest()}"
-    return source
-
-
-def audio_digest(audio: np.ndarray) -> str:
-    return hashlib.sha1(np.ascontiguousarray(audio, dtype="<f4").tobytes()).hexdigest()
-
-
-class _IdentityJsonl:
-    """A JSONL cache whose first line is the identity of what made its records (model, settings); the records count
-    only while that identity matches, and an unreadable file (a torn last line) is started over."""
-
-    def __init__(self, path: Path, identity: dict) -> None:
-        self.path = path
-        self.identity = identity
-        self.valid = False  # the file exists and holds this identity
-
-    def read(self) -> list[dict]:
-        if not self.path.is_file():
-            return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        try:
-            header = json.loads(lines[0]) if lines else {}
-            records = [json.loads(line) for line in lines[1:] if line.strip()]
-        except json.JSONDecodeError:
-            return []
-        self.valid = header == self.identity and bool(records)
-        return records if self.valid else []
-
-    def append(self, records: list[dict]) -> None:
-        """Append records, starting the file (identity line first) when it holds nothing valid."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a" if self.valid else "w", encoding="utf-8") as f:
-            if not self.valid:
-                f.write(json.dumps(self.identity) + "\n")
-            f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-        self.valid = True
-
-
-class HypothesisCache(_IdentityJsonl):
-    """JSONL of {id, audio, text, seconds} per (model, dataset), valid while the model and decode settings match."""
-
-    def __init__(self, directory: Path, spec: ModelSpec, dataset: Dataset, options: DecodeOptions) -> None:
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{spec.label}__{spec.backend}__{dataset.name}")
-        super().__init__(directory / f"{slug}.jsonl",
-                         {"model": source_fingerprint(spec.source), "backend": spec.backend,
-                          "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
-                          "threads": options.threads, "max_new_tokens": options.max_new_tokens,
-                          "whisper_cpp": WHISPER_CPP_PARAMS if spec.backend == "whisper.cpp" else None})
-        self.entries = {(r["id"], r["audio"]): r for r in self.read()}
-
-    def get(self, utterance_id: str, digest: str) -> dict | None:
-        return self.entries.get((utterance_id, digest))
-
-    def add(self, record: dict) -> None:
-        self.entries[(record["id"], record["audio"])] = record
-        self.append([record])
-
-
-# ------------------------------------------------------------------------------------------ teacher-forced figures
-def teacher_forced_specs(specs: list[ModelSpec], reference: str) -> tuple[ModelSpec, list[ModelSpec]]:
-    """One spec per label, loaded in PyTorch (a label's backends share its weights): the reference and the rest."""
-    by_label: dict[str, ModelSpec] = {}
-    for spec in specs:
-        if spec.label not in by_label or spec.backend == "torch":
-            by_label[spec.label] = spec
-    if reference not in by_label:
-        raise UserError(f"--reference {reference}: no model has that label ({', '.join(by_label)})")
-    torch_specs = {label: ModelSpec(s.label, s.source, "torch", s.tokenizer) for label, s in by_label.items()}
-    return torch_specs.pop(reference), list(torch_specs.values())
-
-
-def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], reference_label: str, k: float,
-                           device: str, cache_dir: Path, progress: bool) -> dict[str, dict[str, list]]:
-    """{dataset: {label: [UtteranceFigures]}}; cached per (reference, model, utterance), models loaded only when
-    something is missing."""
-    from tqdm.auto import tqdm
-
-    from ..evaluate.backends import load_torch_bundle
-    from ..evaluate.teacher_forced import TeacherForcedScorer, UtteranceFigures, score_utterances
-
-    reference, models = teacher_forced_specs(specs, reference_label)
-    identity = {spec.label: {"reference": source_fingerprint(reference.source), "model": source_fingerprint(spec.source),
-                             "tokenizer": spec.tokenizer, "zipf_threshold": k, "windows": "packed 30 s"}
-                for spec in models}
-    caches = {spec.label: _FigureCache(cache_dir, spec.label, identity[spec.label]) for spec in models}
-    # Utterances are scored in packed windows, so a figure depends on the whole dataset's composition: the cache
-    # key includes it, and a dataset with anything missing is scored again whole (the same windows every time).
-    keys = {d.name: _dataset_keys(d) for d in datasets}
-    missing = [d for d in datasets if any(c.get(k) is None for c in caches.values() for k in keys[d.name])]
-    if missing:
-        scorers = {spec.label: TeacherForcedScorer(load_torch_bundle(spec)[0], device, k) for spec in models}
-        ref_scorer = TeacherForcedScorer(load_torch_bundle(reference)[0], device, k)
-        bar = tqdm(total=sum(len(d.utterances) for d in missing), desc="teacher-forced", unit="utt",
-                   disable=not progress)
-        for d in missing:
-            scored = score_utterances(ref_scorer, scorers, [(u.id, a, u.text) for u, a in zip(d.utterances, d.audio)],
-                                      bar.update)
-            for label, rows in scored.items():
-                caches[label].add_all([(key, row.record()) for key, row in zip(keys[d.name], rows)])
-        bar.close()
-    return {d.name: {label: [UtteranceFigures.from_record(cache.get(key)) for key in keys[d.name]]
-                     for label, cache in caches.items()} for d in datasets}
-
-
-def _dataset_keys(d: Dataset) -> list[str]:
-    """One key per utterance: the dataset's name and every utterance's (id, audio, text), then the utterance's id."""
-    items = [(u.id, audio_digest(a), u.text) for u, a in zip(d.utterances, d.audio)]
-    whole = hashlib.sha256(json.dumps([d.name, items]).encode()).hexdigest()
-    return [hashlib.sha256(f"{whole}:{u_id}".encode()).hexdigest() for u_id, _, _ in items]
-
-
-class _FigureCache(_IdentityJsonl):
-    """JSONL of teacher-forced figures per (reference, model), keyed by utterance within its whole dataset."""
-
-    def __init__(self, directory: Path, label: str, identity: dict) -> None:
-        super().__init__(directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', label)}.jsonl", identity)
-        self.entries: dict[str, dict] = {r["key"]: r["figures"] for r in self.read()}
-
-    def get(self, key: str) -> dict | None:
-        return self.entries.get(key)
-
-    def add_all(self, rows: list[tuple[str, dict]]) -> None:
-        self.entries.update(rows)
-        self.append([{"key": key, "figures": figures} for key, figures in rows])
 
 
 def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
@@ -349,140 +198,13 @@ def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datas
                            for d in datasets]}
     markdown = "\n".join(line for d in report["datasets"]
                           for line in [f"## {d['name']}", *render_teacher_forced(d["teacher_forced"]), ""]) + "\n"
-    _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    _write_atomically(out / "report.md", markdown)
+    write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(out / "report.md", markdown)
     sys.stdout.write(markdown)
     return 0
 
 
 # ---------------------------------------------------------------------------------------------------------- run
-def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
-                     progress: bool) -> dict[str, list[dict]]:
-    """{dataset name: [{id, text, seconds}]} for one model; the model is loaded only if something is missing."""
-    from tqdm.auto import tqdm
-
-    caches = {d.name: HypothesisCache(cache_dir, spec, d, options) for d in datasets}
-    digests = {d.name: [audio_digest(a) for a in d.audio] for d in datasets}
-    missing = sum(caches[d.name].get(u.id, h) is None for d in datasets for u, h in zip(d.utterances, digests[d.name]))
-    transcriber = open_transcriber(spec, options) if missing else None
-    info = transcriber.describe() if transcriber else {}
-    results: dict[str, list[dict]] = {}
-    try:
-        with tqdm(total=missing, desc=spec.key, unit="utt", disable=not progress or not missing) as bar:
-            for d in datasets:
-                rows = []
-                for u, audio, digest in zip(d.utterances, d.audio, digests[d.name]):
-                    record = caches[d.name].get(u.id, digest)
-                    if record is None:
-                        record = {**_transcribe_one(transcriber, u, audio, digest), "info": info}
-                        caches[d.name].add(record)
-                        bar.update()
-                    rows.append(record)
-                results[d.name] = rows
-    finally:
-        if transcriber is not None:
-            transcriber.close()
-    return results
-
-
-def transcribe_models(specs: list[ModelSpec], datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
-                      jobs: int, progress: bool) -> dict[str, dict[str, list[dict]]]:
-    """Every model's hypotheses, ``jobs`` models at a time (each model's decoding is independent of the others)."""
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1 (got {jobs})")
-    if jobs == 1:
-        return {spec.key: transcribe_model(spec, datasets, options, cache_dir, progress) for spec in specs}
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    try:
-        futures = {spec.key: pool.submit(transcribe_model, spec, datasets, options, cache_dir, progress)
-                   for spec in specs}
-        return {key: future.result() for key, future in futures.items()}
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def near_tie_margins(specs: list[ModelSpec], datasets: list[Dataset], hypotheses: dict, options: DecodeOptions,
-                     cache_dir: Path) -> dict[str, dict[str, dict[str, float | None]]]:
-    """{run key: {dataset: {utterance id: margin}}} for every non-PyTorch run of a label that also has a PyTorch run,
-    over the utterances whose normalised texts differ; the PyTorch model is loaded only when a margin is missing
-    from the cache (keyed by the PyTorch model, the audio and the other run's text)."""
-    torch_runs = {s.label: s for s in specs if s.backend == "torch"}
-    margins: dict[str, dict[str, dict[str, float | None]]] = {}
-    for spec in specs:
-        reference = torch_runs.get(spec.label)
-        if spec.backend == "torch" or reference is None:
-            continue
-        cache = MarginCache(cache_dir, reference, spec)
-        todo = []
-        margins[spec.key] = {d.name: {} for d in datasets}
-        for d in datasets:
-            for i, u in enumerate(d.utterances):
-                other = hypotheses[spec.key][d.name][i]
-                if normalized_words(hypotheses[reference.key][d.name][i]["text"]) == normalized_words(other["text"]):
-                    continue
-                key = cache.key(d.name, u.id, other["audio"], other["text"])
-                if key in cache.entries:
-                    margins[spec.key][d.name][u.id] = cache.entries[key]
-                else:
-                    todo.append((d, i, key))
-        if todo and not _score_margins(reference, options, todo, hypotheses[spec.key], margins[spec.key], cache):
-            del margins[spec.key]
-    return margins
-
-
-def _score_margins(reference: ModelSpec, options: DecodeOptions, todo: list, other_rows: dict, into: dict,
-                   cache: "MarginCache") -> bool:
-    transcriber = open_transcriber(reference, options)
-    try:
-        if not hasattr(transcriber, "continuation_margin"):  # a runtime that cannot score a given continuation
-            return False
-        for d, i, key in todo:
-            margin = transcriber.continuation_margin(d.audio[i], other_rows[d.name][i]["text"])
-            into[d.name][d.utterances[i].id] = cache.entries[key] = margin
-        cache.save()
-        return True
-    finally:
-        transcriber.close()
-
-
-class MarginCache:
-    """{dataset/id/audio digest/text hash: margin} of one (PyTorch model, other run) pair, as one JSON file."""
-
-    def __init__(self, directory: Path, reference: ModelSpec, other: ModelSpec) -> None:
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"margins__{other.label}__{other.backend}")
-        self.path = directory / f"{slug}.json"
-        self.identity = source_fingerprint(reference.source)
-        stored = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        self.entries: dict[str, float | None] = stored.get("entries", {}) if stored.get("model") == self.identity \
-            else {}
-
-    @staticmethod
-    def key(dataset: str, utterance_id: str, audio: str, text: str) -> str:
-        return f"{dataset}/{utterance_id}/{audio}/{hashlib.sha1(text.encode()).hexdigest()}"
-
-    def save(self) -> None:
-        _write_atomically(self.path, json.dumps({"model": self.identity, "entries": self.entries}) + "\n")
-
-
-def _transcribe_one(transcriber, utterance: Utterance, audio: np.ndarray, digest: str) -> dict:
-    import time
-
-    started = time.perf_counter()
-    text = transcriber.transcribe(audio, utterance.id)
-    return {"id": utterance.id, "audio": digest, "text": text, "seconds": round(time.perf_counter() - started, 4)}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def run(args: argparse.Namespace) -> int:
     specs = model_specs(args)
     pairs = comparisons(args.compare)
@@ -526,9 +248,9 @@ def run(args: argparse.Namespace) -> int:
                                                       args.context, near_tie_margin=args.near_tie_margin,
                                                       reference=args.reference), settings)
     markdown = render_markdown(report)
-    _write_atomically(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
-    _write_atomically(out / "report.md", markdown)
-    _write_atomically(out / "utterances.jsonl", "\n".join(utterance_lines) + "\n")
+    write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(out / "report.md", markdown)
+    write_text_atomic(out / "utterances.jsonl", "\n".join(utterance_lines) + "\n")
     sys.stdout.write(markdown)
     print(f"wrote {out / 'report.md'}, {out / 'report.json'} and {out / 'utterances.jsonl'}")
     return 0

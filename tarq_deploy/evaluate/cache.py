@@ -1,0 +1,125 @@
+"""The evaluation's caches on disk, so an interrupted or repeated ``tarq-deploy eval`` redoes only what is missing:
+decoded hypotheses, teacher-forced figures and near-tie margins. Each cache is valid only for the model bytes and
+settings that made it (its identity); anything else is started over."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..fileio import write_text_atomic
+from .backends import WHISPER_CPP_PARAMS, DecodeOptions, ModelSpec
+from .dataset import Dataset
+
+
+def source_fingerprint(source: str) -> str:
+    """Identifies a model's bytes: a file's sha256 (so re-exporting identical bytes keeps the cache, and changed bytes
+    never reuse it), a checkpoint's manifest (it holds the sha256 of every file), or the name itself."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 24), b""):
+                digest.update(chunk)
+        return f"sha256:{digest.hexdigest()}"
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        return f"{path.resolve()}:{hashlib.sha256(manifest.read_bytes()).hexdigest()}"
+    return source
+
+
+def audio_digest(audio: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(audio, dtype="<f4").tobytes()).hexdigest()
+
+
+def file_stem(text: str) -> str:
+    """A cache file name made of ``text``: every run of characters unsafe in a file name becomes one underscore."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+class IdentityJsonl:
+    """A JSONL cache whose first line is the identity of what made its records (model, settings); the records count
+    only while that identity matches, and an unreadable file (a torn last line) is started over."""
+
+    def __init__(self, path: Path, identity: dict) -> None:
+        self.path = path
+        self.identity = identity
+        self.valid = False  # the file exists and holds this identity
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else {}
+            records = [json.loads(line) for line in lines[1:] if line.strip()]
+        except json.JSONDecodeError:
+            return []
+        self.valid = header == self.identity and bool(records)
+        return records if self.valid else []
+
+    def append(self, records: list[dict]) -> None:
+        """Append records, starting the file (identity line first) when it holds nothing valid."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a" if self.valid else "w", encoding="utf-8") as f:
+            if not self.valid:
+                f.write(json.dumps(self.identity) + "\n")
+            f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        self.valid = True
+
+
+class HypothesisCache(IdentityJsonl):
+    """JSONL of {id, audio, text, seconds} per (model, dataset), valid while the model and decode settings match."""
+
+    def __init__(self, directory: Path, spec: ModelSpec, dataset: Dataset, options: DecodeOptions) -> None:
+        stem = file_stem(f"{spec.label}__{spec.backend}__{dataset.name}")
+        super().__init__(directory / f"{stem}.jsonl",
+                         {"model": source_fingerprint(spec.source), "backend": spec.backend,
+                          "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
+                          "threads": options.threads, "max_new_tokens": options.max_new_tokens,
+                          "whisper_cpp": WHISPER_CPP_PARAMS if spec.backend == "whisper.cpp" else None})
+        self.entries = {(r["id"], r["audio"]): r for r in self.read()}
+
+    def get(self, utterance_id: str, digest: str) -> dict | None:
+        return self.entries.get((utterance_id, digest))
+
+    def add(self, record: dict) -> None:
+        self.entries[(record["id"], record["audio"])] = record
+        self.append([record])
+
+
+class FigureCache(IdentityJsonl):
+    """JSONL of teacher-forced figures per (reference, model), keyed by utterance within its whole dataset."""
+
+    def __init__(self, directory: Path, label: str, identity: dict) -> None:
+        super().__init__(directory / f"{file_stem(label)}.jsonl", identity)
+        self.entries: dict[str, dict] = {r["key"]: r["figures"] for r in self.read()}
+
+    def get(self, key: str) -> dict | None:
+        return self.entries.get(key)
+
+    def add_all(self, rows: list[tuple[str, dict]]) -> None:
+        self.entries.update(rows)
+        self.append([{"key": key, "figures": figures} for key, figures in rows])
+
+
+class MarginCache:
+    """{dataset/id/audio digest/text hash: margin} of one (PyTorch model, other run) pair, as one JSON file."""
+
+    def __init__(self, directory: Path, reference: ModelSpec, other: ModelSpec) -> None:
+        stem = file_stem(f"margins__{other.label}__{other.backend}")
+        self.path = directory / f"{stem}.json"
+        self.identity = source_fingerprint(reference.source)
+        stored = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.entries: dict[str, float | None] = stored.get("entries", {}) if stored.get("model") == self.identity \
+            else {}
+
+    @staticmethod
+    def key(dataset: str, utterance_id: str, audio: str, text: str) -> str:
+        return f"{dataset}/{utterance_id}/{audio}/{hashlib.sha1(text.encode()).hexdigest()}"
+
+    def save(self) -> None:
+        write_text_atomic(self.path, json.dumps({"model": self.identity, "entries": self.entries}) + "\n")

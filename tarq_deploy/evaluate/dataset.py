@@ -1,0 +1,20 @@
+"""One evaluation corpus as the scorers see it: its utterances and their audio, decoded once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..data.corpus import Utterance
+
+
+@dataclass
+class Dataset:
+    name: str
+    manifest: str
+    utterances: list[Utterance]
+    audio: list[np.ndarray]  # float32 16 kHz, one per utterance
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(len(a) for a in self.audio) / 16_000

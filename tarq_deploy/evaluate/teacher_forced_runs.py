@@ -1,0 +1,63 @@
+"""Teacher-forced figures (:mod:`.teacher_forced`) of every label against the reference label, through the figure
+cache: the models are loaded in PyTorch only when some dataset has a figure missing."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..errors import UserError
+from .backends import ModelSpec, load_torch_bundle
+from .cache import FigureCache, audio_digest, source_fingerprint
+from .dataset import Dataset
+
+
+def teacher_forced_specs(specs: list[ModelSpec], reference: str) -> tuple[ModelSpec, list[ModelSpec]]:
+    """One spec per label, loaded in PyTorch (a label's backends share its weights): the reference and the rest."""
+    by_label: dict[str, ModelSpec] = {}
+    for spec in specs:
+        if spec.label not in by_label or spec.backend == "torch":
+            by_label[spec.label] = spec
+    if reference not in by_label:
+        raise UserError(f"--reference {reference}: no model has that label ({', '.join(by_label)})")
+    torch_specs = {label: ModelSpec(s.label, s.source, "torch", s.tokenizer) for label, s in by_label.items()}
+    return torch_specs.pop(reference), list(torch_specs.values())
+
+
+def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], reference_label: str, k: float,
+                           device: str, cache_dir: Path, progress: bool) -> dict[str, dict[str, list]]:
+    """{dataset: {label: [UtteranceFigures]}}; cached per (reference, model, utterance), models loaded only when
+    something is missing."""
+    from tqdm.auto import tqdm
+
+    from .teacher_forced import TeacherForcedScorer, UtteranceFigures, score_utterances
+
+    reference, models = teacher_forced_specs(specs, reference_label)
+    identity = {spec.label: {"reference": source_fingerprint(reference.source), "model": source_fingerprint(spec.source),
+                             "tokenizer": spec.tokenizer, "zipf_threshold": k, "windows": "packed 30 s"}
+                for spec in models}
+    caches = {spec.label: FigureCache(cache_dir, spec.label, identity[spec.label]) for spec in models}
+    # Utterances are scored in packed windows, so a figure depends on the whole dataset's composition: the cache
+    # key includes it, and a dataset with anything missing is scored again whole (the same windows every time).
+    keys = {d.name: dataset_keys(d) for d in datasets}
+    missing = [d for d in datasets if any(c.get(k) is None for c in caches.values() for k in keys[d.name])]
+    if missing:
+        scorers = {spec.label: TeacherForcedScorer(load_torch_bundle(spec)[0], device, k) for spec in models}
+        ref_scorer = TeacherForcedScorer(load_torch_bundle(reference)[0], device, k)
+        bar = tqdm(total=sum(len(d.utterances) for d in missing), desc="teacher-forced", unit="utt",
+                   disable=not progress)
+        for d in missing:
+            scored = score_utterances(ref_scorer, scorers, [(u.id, a, u.text) for u, a in zip(d.utterances, d.audio)],
+                                      bar.update)
+            for label, rows in scored.items():
+                caches[label].add_all([(key, row.record()) for key, row in zip(keys[d.name], rows)])
+        bar.close()
+    return {d.name: {label: [UtteranceFigures.from_record(cache.get(key)) for key in keys[d.name]]
+                     for label, cache in caches.items()} for d in datasets}
+
+
+def dataset_keys(d: Dataset) -> list[str]:
+    """One key per utterance: the dataset's name and every utterance's (id, audio, text), then the utterance's id."""
+    items = [(u.id, audio_digest(a), u.text) for u, a in zip(d.utterances, d.audio)]
+    whole = hashlib.sha256(json.dumps([d.name, items]).encode()).hexdigest()
+    return [hashlib.sha256(f"{whole}:{u_id}".encode()).hexdigest() for u_id, _, _ in items]
