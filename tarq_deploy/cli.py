@@ -41,7 +41,7 @@ USER_ERROR_CLASSES = frozenset({
     "tarq_deploy.models.packaged.PackagedModelError",
     "tarq_deploy.data.real_clips.RealClipError",
     "tarq_deploy.data.synth.SynthError",
-    "tarq_deploy.evaluate.backends.BackendError",
+    "tarq_deploy.runtimes.base.BackendError",
     "tarq_deploy.quant.ggml_quants.GgmlUnavailable",
     "tarq_deploy.formats.model_files.ModelFilesError",
     "tarq_deploy.formats.ggml_file.GGMLFileError",

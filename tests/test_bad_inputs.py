@@ -530,7 +530,7 @@ def test_bench_out_that_is_a_file(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------- eval backends
 def test_qwen3_asr_cpp_output_with_broken_utf8_is_kept(tmp_path):
-    from tarq_deploy.evaluate.qwen3_asr_backend import run_qwen3_asr_cpp
+    from tarq_deploy.runtimes.qwen3_asr_cpp import run_qwen3_asr_cpp
 
     fake = tmp_path / "qwen3-asr-cli"
     fake.write_text("#!/bin/sh\nprintf 'caf\\303 au lait\\n'\nprintf 'tokens: 1 2\\342\\202\\n' >&2\n")

@@ -18,15 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tarq_deploy.bench.cpu import (RUNTIMES, BenchConfig, BenchConfigError, CellResult, ModelInfo, RunRecord, Runtime,
-                       check_audio, run_cpu_bench, schedule, summarize_cell, whisper_backbone)
+from tarq_deploy.bench.cpu import (RUNTIMES, BenchConfig, BenchConfigError, CellResult, RunRecord, check_audio,
+                                   run_cpu_bench, schedule, summarize_cell)
 from tarq_deploy.bench.gpu import GpuBenchConfig, KernelUnavailable, build_variant, generated_token_count, run_gpu_bench
 from tarq_deploy.bench.bench_report import csv_text, markdown_report, variant_of
 from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
 from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
 from tarq_deploy.commands import bench as bench_command
 from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn
+from tarq_deploy.runtimes.base import BenchRuntime, ModelInfo
 from tarq_deploy.runtimes.int4_linear import Int4Linear
+from tarq_deploy.runtimes.whisper_cpp import whisper_backbone
 
 THREADS = "1,2"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -156,7 +158,7 @@ def test_a_crashing_worker_is_an_error_row_and_the_bench_goes_on(monkeypatch, tm
     fake_model.write_bytes(b"x")
     (tmp_path / "crashing_worker.py").write_text("import ctypes\n\ndef measure(spec):\n    ctypes.string_at(0)\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the child finds the worker module there
-    crashing = Runtime("crashing", lambda path: ModelInfo("fake", "F16"), "crashing_worker:measure", {})
+    crashing = BenchRuntime("crashing", lambda path: ModelInfo("fake", "F16"), "crashing_worker:measure", {})
     monkeypatch.setitem(RUNTIMES, "crashing", crashing)
     result = run_cpu_bench(BenchConfig([str(fake_model)], [jfk_wav], threads=[1], runtime="crashing", warmup=1,
                                        runs=3), log=lambda line: None)

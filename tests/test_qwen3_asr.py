@@ -266,7 +266,7 @@ def _visible(tokens: list[str]) -> list[str]:
 
 
 def _crispasr_tokens(path: Path, audio: np.ndarray, max_new_tokens: int) -> list[str]:
-    from tarq_deploy.evaluate.crispasr_backend import open_session
+    from tarq_deploy.runtimes.crispasr import open_session
 
     session = open_session(str(path), threads=2, max_new_tokens=max_new_tokens)
     segments = session.transcribe(audio, language="en")
@@ -308,8 +308,6 @@ def test_real_dimension_configuration_exports_and_verifies(size, real_dimension_
 
 # --------------------------------------------------------------------------------------------- eval and bench
 def test_eval_backends_claim_and_run_the_new_files(exports, tarq_checkpoint, tiny_dir, clip):
-    import tarq_deploy.evaluate.crispasr_backend  # noqa: F401  (registers the backends)
-    import tarq_deploy.evaluate.qwen3_asr_backend  # noqa: F401
     from tarq_deploy.evaluate.backends import BACKENDS, DecodeOptions, ModelSpec, infer_backend, open_transcriber
 
     claimed = {name: [b for b in ("crispasr", "qwen3-asr.cpp") if BACKENDS[b].claims(str(exports[name]))]
@@ -327,8 +325,6 @@ def test_eval_backends_claim_and_run_the_new_files(exports, tarq_checkpoint, tin
 
 
 def test_bench_runtimes_describe_and_measure_the_new_files(exports, jfk_wav, tmp_path):
-    import tarq_deploy.bench.crispasr_runtime  # noqa: F401  (registers the runtime)
-    import tarq_deploy.bench.qwen3_asr_cpp_runtime  # noqa: F401
     from tarq_deploy.bench.cpu import BenchConfig, get_runtime, run_cpu_bench
 
     info = get_runtime("qwen3-asr.cpp").describe_model(exports["qwen3-asr.cpp-q4_0"])
@@ -387,8 +383,6 @@ def _token_lines(stderr: str) -> list[str]:
 
 def test_patched_binary_through_eval_and_bench(exports, jfk_wav, clip):
     _binary()
-    import tarq_deploy.bench.qwen3_asr_cpp_runtime  # noqa: F401  (registers the runtime)
-    import tarq_deploy.evaluate.qwen3_asr_backend  # noqa: F401  (registers the backends)
     from tarq_deploy.bench.cpu import BenchConfig, run_cpu_bench
     from tarq_deploy.evaluate.backends import DecodeOptions, ModelSpec, open_transcriber
 
