@@ -17,11 +17,12 @@ from typing import Callable
 
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight
 
-GGML_TYPE_Q4_0 = 2  # gguf.constants.GGMLQuantizationType.Q4_0
-Q4_0_BLOCK, Q4_0_BYTES = 32, 18  # values per block; bytes per block: fp16 d + 16 bytes of nibbles
+GGML_TYPE_Q4_0 = int(GGMLQuantizationType.Q4_0)
+Q4_0_BLOCK, Q4_0_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0]  # values per block; bytes (fp16 d + 16 nibble bytes)
 
 
 class GgmlUnavailable(RuntimeError):
