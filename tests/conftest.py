@@ -27,6 +27,15 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    """Whisper tiny.en as (model, processor, generation_config), from the packaged copy; loaded once per module
+    (the modules that use it change nothing in it)."""
+    from tarq_deploy.models.loader import load_whisper
+
+    return load_whisper("packaged:tiny.en")
+
+
 def _or_fail(what: str, error: RealClipError) -> None:
     pytest.fail(f"real clip source unavailable ({what}): {error}", pytrace=False)
 

@@ -45,13 +45,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small t
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from tarq_deploy.models.loader import load_whisper
-
-    return load_whisper("packaged:tiny.en")
-
-
-@pytest.fixture(scope="module")
 def model_files(tiny, tmp_path_factory) -> dict[str, Path]:
     """tiny.en as whisper.cpp F16 and Q4_0 (ggml's own rounding, what its quantize tool makes), and a Q4_0 file
     cut in half (what an interrupted copy leaves)."""

@@ -104,13 +104,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small t
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from tarq_deploy.models.loader import load_whisper
-
-    return load_whisper("packaged:tiny.en")
-
-
-@pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("whisper_cpp")
 

@@ -24,12 +24,10 @@ from pathlib import Path
 import torch
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
-from tarq_deploy.quant.lattice import CODE_DTYPE, LatticeSpec
+from tarq_deploy.quant.lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight
 
-from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, SERVE_DTYPES, WEIGHTS_FILE, ExportError,
-                              check_int4_spec, check_output_path, checked_layers, module_name, pack_int4_last_dim,
-                              prepare_model_files, resolve_serve_dtype, unpack_int4_last_dim, untouched_tensors,
-                              write_hf_directory)
+from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, SERVE_DTYPES, ExportError, Int4Layout,
+                              pack_int4_last_dim, unpack_int4_last_dim, write_int4_checkpoint)
 from .marlin import check_runtime_shapes
 
 QUANT_METHOD = "compressed-tensors"
@@ -108,6 +106,18 @@ def modules_kept_in_16_bit(tensors: dict[str, torch.Tensor]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------------- writing
+def _pack_layer(q: QuantizedWeight, spec: LatticeSpec, serve_dtype: str) -> dict[str, torch.Tensor]:
+    return compressed_tensors_layer(q.codes, q.scales, SERVE_DTYPES[serve_dtype])
+
+
+def _quantization_config(spec: LatticeSpec, untouched: dict[str, torch.Tensor], quantized: list[str]) -> dict:
+    return compressed_tensors_config(spec, modules_kept_in_16_bit(untouched))
+
+
+COMPRESSED_TENSORS_LAYOUT = Int4Layout("compressed-tensors pack-quantized", _pack_layer, _quantization_config,
+                                       check_runtime_shapes)
+
+
 def write_compressed_tensors_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike,
                                         serve_dtype: str | None = None, require_marlin_shapes: bool = True,
                                         overwrite: bool = False) -> Path:
@@ -117,17 +127,5 @@ def write_compressed_tensors_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | 
     ``weight_scale`` and of the runtime (written into config.json); bf16 is refused unless every scale is exact in
     bf16. ``require_marlin_shapes`` refuses layers vLLM's Marlin kernel cannot serve (N % 64, K % 128). Everything
     is checked before anything is written."""
-    check_output_path(out_dir, overwrite)
-    check_int4_spec(ckpt.spec, "compressed-tensors pack-quantized")
-    layers = checked_layers(ckpt)
-    if require_marlin_shapes:
-        check_runtime_shapes(ckpt, layers)
-    serve = resolve_serve_dtype(ckpt, serve_dtype)
-    tensors = untouched_tensors(ckpt)
-    ignore = modules_kept_in_16_bit(tensors)
-    for name, q in sorted(ckpt.quantized.items()):
-        prefix = module_name(name)
-        for suffix, tensor in compressed_tensors_layer(q.codes, q.scales, SERVE_DTYPES[serve]).items():
-            tensors[f"{prefix}.{suffix}"] = tensor
-    files = prepare_model_files(ckpt, compressed_tensors_config(ckpt.spec, ignore), serve)
-    return write_hf_directory(out_dir, tensors, files, WEIGHTS_FILE, overwrite=overwrite)
+    return write_int4_checkpoint(COMPRESSED_TENSORS_LAYOUT, ckpt, out_dir, serve_dtype, require_marlin_shapes,
+                                 overwrite)

@@ -18,24 +18,13 @@ Layout (CrispASR's qwen3-asr backend; its models/convert-qwen3-asr-to-gguf.py wr
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
-from tarq_deploy.checkpoint import LatticeCheckpoint
-
-from .ggml_blocks import GGMLType
-from .ggml_tensors import CheckpointValues, PackedTensor, as_checkpoint, compare_tensors, max_abs_diff
-from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
-                        write_gguf)
+from .gguf_file import KV, GGUFExportError
 from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
-                             Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, as_source, check_nothing_left_over,
-                             checkpoint_source, default_target, gguf_vocab, pack_tensors, qwen3_asr_slots, vocab_kv,
-                             weight_type_of)
+                             Qwen3ASRFlavour, Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, gguf_vocab, vocab_kv)
 
 ARCH = "qwen3asr"
 TARGET = "crispasr"
@@ -96,37 +85,9 @@ def model_metadata(h: Qwen3ASRHParams, source: Qwen3ASRSource) -> list[KV]:
             + vocab_kv(vocab, source.token_id(EOS_TOKEN), source.token_id(PAD_TOKEN), source.chat_template))
 
 
-def build_crispasr(source: Any, target: str | None = None) -> GGUFModel:
-    """Pack every tensor for ``target`` (q4_0 | q8_0 | f16; default: the lattice's type, f16 for a float model)."""
-    source = as_source(source)
-    h = source.hparams()
-    weight_type = weight_type_of(target or default_target(source))
-    slots = qwen3_asr_slots(h, NAMES)
-    check_nothing_left_over(source, slots, TARGET)
-    tables = [PackedTensor(name, GGMLType.F32, values.shape, values) for name, values in front_end(source).items()]
-    kv = file_kv(MODEL_NAME, weight_type) + model_metadata(h, source)
-    return GGUFModel(ARCH, kv, tables + pack_tensors(slots, source, weight_type))
-
-
-def export_crispasr(source: Any, out_path: str | os.PathLike, target: str | None = None) -> Path:
-    """Export a LatticeCheckpoint, a checkpoint directory or (model, processor) to ``out_path``; returns the path."""
-    return write_gguf(build_crispasr(source, target), out_path)
-
-
-def verify(model_file: str | os.PathLike, checkpoint: str | os.PathLike | LatticeCheckpoint) -> dict[str, float]:
-    """Decode every tensor of ``model_file`` with gguf-py and compare it with the checkpoint's exact values and the
-    feature extractor's mel filters and window; max |diff| per array, 0.0 everywhere for an exact export."""
-    model = read_gguf(model_file)
-    if model.arch != ARCH:
-        raise GGUFVerifyError(f"{model_file}: architecture {model.arch!r}, not a CrispASR Qwen3-ASR file ({ARCH!r})")
-    ckpt, origin = as_checkpoint(checkpoint)
-    source = checkpoint_source(ckpt, origin=origin)
-    h = source.hparams()
-    check_metadata(model, model_metadata(h, source), STRUCTURAL_KEYS, origin)
-    diffs = {}
-    for name, values in front_end(source).items():
-        if name not in model.tensors:
-            raise GGUFVerifyError(f"{model_file}: tensor {name} missing")
-        diffs[name] = max_abs_diff(model.dequantize(name), values)
-    diffs.update(compare_tensors(model, qwen3_asr_slots(h, NAMES), CheckpointValues(ckpt), origin))
-    return diffs
+FLAVOUR = Qwen3ASRFlavour(target=TARGET, arch=ARCH, file_kind="CrispASR Qwen3-ASR", model_name=MODEL_NAME, names=NAMES,
+                          metadata=model_metadata, structural_keys=STRUCTURAL_KEYS, size_keys=SIZE_KEYS,
+                          tables=front_end)
+build_crispasr = FLAVOUR.build
+export_crispasr = FLAVOUR.export
+verify = FLAVOUR.verify  # also compares the mel filters and window with the feature extractor's

@@ -18,7 +18,8 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
-from .ggml_blocks import GGMLType
+from .f16_rounding import F16Rounding
+from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, LatticeNotRepresentable, pack_lattice
 
 # tensor roles: which ggml type a runtime stores the tensor in (TensorSlot.ggml_type)
 ROLE_MATRIX = "matrix"  # the file's weight type (lattice blocks, or F16 / F32 in a float file)
@@ -230,3 +231,25 @@ def max_abs_diff(actual: np.ndarray, expected: np.ndarray | torch.Tensor) -> flo
         return 0.0
     diff = np.abs(a[~same] - e[~same])
     return float("inf") if np.isnan(diff).any() else float(diff.max())
+
+
+# ----------------------------------------------------------------------------------------- packing, both files
+TORCH_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16}
+
+
+def pack_float(name: str, values: torch.Tensor, ggml_type: int, rounding: F16Rounding) -> np.ndarray:
+    """Float32 ``values`` stored as ``ggml_type`` (F16 or F32); fp16 roundings are counted for ``rounding``'s
+    warning."""
+    stored = values.to(TORCH_DTYPES[ggml_type]).contiguous()  # torch converts to fp16 several times faster
+    if ggml_type == GGMLType.F16:
+        rounding.count(name, values, stored)
+    return stored.numpy()
+
+
+def pack_exact(q: QuantizedWeight, ggml_type: int, hf_name: str, origin: str) -> np.ndarray:
+    """A lattice weight as ``ggml_type`` blocks, exactly; LatticeNotRepresentable names the tensor otherwise."""
+    try:
+        return pack_lattice(q.codes, q.scales, q.spec.bits, ggml_type)
+    except LatticeNotRepresentable as e:
+        raise LatticeNotRepresentable(f"{origin}: {hf_name} cannot be stored exactly as {GGML_TYPE_NAMES[ggml_type]}: "
+                                      f"{e}") from None

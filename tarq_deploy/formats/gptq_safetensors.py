@@ -26,11 +26,10 @@ from pathlib import Path
 import torch
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
-from tarq_deploy.quant.lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec
+from tarq_deploy.quant.lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight
 
-from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, WEIGHTS_FILE, ExportError, check_int4_spec,
-                              check_output_path, checked_layers, module_name, pack_int4_last_dim, prepare_model_files,
-                              resolve_serve_dtype, unpack_int4_last_dim, untouched_tensors, write_hf_directory)
+from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, ExportError, Int4Layout, pack_int4_last_dim,
+                              unpack_int4_last_dim, write_int4_checkpoint)
 from .marlin import check_runtime_shapes
 
 GPTQ_V1_ZERO_SHIFT = 1  # v1 stores zero point minus one
@@ -118,6 +117,17 @@ def _block_container(module: str) -> str | None:
     return None
 
 
+def _pack_layer(q: QuantizedWeight, spec: LatticeSpec, serve_dtype: str) -> dict[str, torch.Tensor]:
+    return gptq_tensors(q.codes, q.scales, spec)  # GPTQ scales are fp16 whatever the serving dtype
+
+
+def _quantization_config(spec: LatticeSpec, untouched: dict[str, torch.Tensor], quantized: list[str]) -> dict:
+    return gptq_quantization_config(spec, quantized)
+
+
+GPTQ_LAYOUT = Int4Layout("GPTQ", _pack_layer, _quantization_config, check_runtime_shapes, quantize_config_json=True)
+
+
 def write_gptq_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike, serve_dtype: str | None = None,
                           require_marlin_shapes: bool = True, overwrite: bool = False) -> Path:
     """Write ``ckpt`` as a GPTQ v1 safetensors checkpoint in ``out_dir`` (atomically); returns the path.
@@ -126,17 +136,4 @@ def write_gptq_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike, s
     will run in, written into config.json; bf16 is refused unless every scale is exact in bf16.
     ``require_marlin_shapes`` refuses layers vLLM's Marlin kernel cannot serve (N % 64, K % 128). Everything is
     checked before anything is written."""
-    check_output_path(out_dir, overwrite)
-    check_int4_spec(ckpt.spec, "GPTQ")
-    layers = checked_layers(ckpt)
-    if require_marlin_shapes:
-        check_runtime_shapes(ckpt, layers)
-    serve = resolve_serve_dtype(ckpt, serve_dtype)
-    tensors = untouched_tensors(ckpt)
-    for name, q in sorted(ckpt.quantized.items()):
-        prefix = module_name(name)
-        for suffix, tensor in gptq_tensors(q.codes, q.scales, ckpt.spec).items():
-            tensors[f"{prefix}.{suffix}"] = tensor
-    qconfig = gptq_quantization_config(ckpt.spec, [module_name(n) for n in layers])
-    files = prepare_model_files(ckpt, qconfig, serve, quantize_config_json=True)
-    return write_hf_directory(out_dir, tensors, files, WEIGHTS_FILE, overwrite=overwrite)
+    return write_int4_checkpoint(GPTQ_LAYOUT, ckpt, out_dir, serve_dtype, require_marlin_shapes, overwrite)

@@ -13,14 +13,16 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import save_file
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.fileio import atomic_directory
-from tarq_deploy.quant.lattice import LatticeSpec
+from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight
 
 log = logging.getLogger(__name__)
 
@@ -230,3 +232,38 @@ def write_hf_directory(out_dir: str | os.PathLike, tensors: dict[str, torch.Tens
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
     return out
+
+
+# ------------------------------------------------------------------------------------------ one writer for all
+@dataclass(frozen=True)
+class Int4Layout:
+    """How one int4 format stores a lattice checkpoint; ``write_int4_checkpoint`` does the rest the same way."""
+
+    name: str  # names the format in errors
+    # one quantized Linear -> {tensor suffix: tensor}, given the lattice spec and the serving dtype's name
+    pack_layer: Callable[[QuantizedWeight, LatticeSpec, str], dict[str, torch.Tensor]]
+    # (spec, the untouched tensors, the quantized modules' names) -> config.json's quantization_config
+    quantization_config: Callable[[LatticeSpec, dict[str, torch.Tensor], list[str]], dict]
+    # refuses quantized Linears ({weight name: (K, N)}) the serving kernel cannot run; the caller may skip it
+    check_shapes: Callable[[LatticeCheckpoint, dict[str, tuple[int, int]]], None]
+    quantize_config_json: bool = False  # also write quantization_config as quantize_config.json
+    weights_file: str = WEIGHTS_FILE
+
+
+def write_int4_checkpoint(layout: Int4Layout, ckpt: LatticeCheckpoint, out_dir: str | os.PathLike,
+                          serve_dtype: str | None, check_shapes: bool, overwrite: bool) -> Path:
+    """Write ``ckpt`` in ``layout`` into ``out_dir`` (atomically); every check runs before anything is written."""
+    check_output_path(out_dir, overwrite)
+    check_int4_spec(ckpt.spec, layout.name)
+    layers = checked_layers(ckpt)
+    if check_shapes:
+        layout.check_shapes(ckpt, layers)
+    serve = resolve_serve_dtype(ckpt, serve_dtype)
+    tensors = untouched_tensors(ckpt)
+    qconfig = layout.quantization_config(ckpt.spec, tensors, [module_name(n) for n in layers])
+    for name, q in sorted(ckpt.quantized.items()):
+        prefix = module_name(name)
+        for suffix, tensor in layout.pack_layer(q, ckpt.spec, serve).items():
+            tensors[f"{prefix}.{suffix}"] = tensor
+    files = prepare_model_files(ckpt, qconfig, serve, quantize_config_json=layout.quantize_config_json)
+    return write_hf_directory(out_dir, tensors, files, layout.weights_file, overwrite=overwrite)

@@ -5,7 +5,12 @@ JSON parsing and the transformers-version differences, with errors that name the
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+from typing import Any, Callable, TypeVar
+
+from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+
+Source = TypeVar("Source")
 
 
 class ModelFilesError(ValueError):
@@ -37,6 +42,23 @@ class ModelTensors:
         if key in self.floats:
             return self.floats[key]
         raise self.error(f"{self.origin}: tensor {name} missing")
+
+
+def as_model_source(source: Any, source_type: type[Source], checkpoint_source: Callable[..., Source],
+                    model_source: Callable[[Any, Any], Source], model_items: tuple[int, ...]) -> Source:
+    """An exporter's source from one already made, a LatticeCheckpoint, a checkpoint directory, or a (model,
+    processor, ...) tuple whose length is in ``model_items`` (items after the processor are not needed).
+    ``checkpoint_source(ckpt, origin=...)`` and ``model_source(model, processor)`` make the exporter's own."""
+    if isinstance(source, source_type):
+        return source
+    if isinstance(source, LatticeCheckpoint):
+        return checkpoint_source(source)
+    if isinstance(source, (str, os.PathLike)):
+        return checkpoint_source(load_checkpoint(source), origin=str(source))
+    if isinstance(source, (tuple, list)) and len(source) in model_items:
+        return model_source(source[0], source[1])
+    raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "
+                    f"(model, processor)")
 
 
 def json_file(files: dict[str, bytes], name: str, origin: str) -> dict:

@@ -1,6 +1,7 @@
 """The Qwen3-ASR model as both GGUF runtimes (qwen3-asr.cpp, CrispASR) take it: hyper-parameters, the source as the
-exporters see it, the tensor table (each runtime names the audio tower's tensors its own way), the tokenizer arrays
-and the packing of every tensor. The runtime flavours are qwen3_asr_cpp.py and crispasr.py; qwen3_asr_targets.py
+exporters see it, the tensor table (each runtime names the audio tower's tensors its own way), the tokenizer arrays,
+the packing of every tensor, and the build and verify every runtime flavour shares (``Qwen3ASRFlavour``). The
+flavours are records in qwen3_asr_cpp.py and crispasr.py (names, metadata, extra tables); qwen3_asr_targets.py
 picks one.
 
 Tensor roles decide the stored type: weight matrices take the file's weight type (Q4_0 / Q8_0 blocks straight from
@@ -15,23 +16,25 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
-from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
 from .f16_rounding import F16Rounding
-from .ggml_blocks import GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, pack_lattice
-from .ggml_tensors import ROLE_CONV, ROLE_F32, ROLE_MATRIX, PackedTensor, TensorSlot
-from .gguf_file import KV, GGUFExportError
-from .model_files import ModelTensors, feature_extractor_config, json_file
+from .ggml_blocks import GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable
+from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
+                           compare_tensors, max_abs_diff, pack_exact, pack_float)
+from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
+                        write_gguf)
+from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
 
 TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
-TORCH_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16}
 
 # tokenizer.ggml.token_type values (llama.cpp llama_token_type)
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
@@ -168,16 +171,7 @@ def model_source(model: Any, processor: Any, origin: str = "model") -> Qwen3ASRS
 
 def as_source(source: Any) -> Qwen3ASRSource:
     """A source from a Qwen3ASRSource, LatticeCheckpoint, checkpoint directory or (model, processor)."""
-    if isinstance(source, Qwen3ASRSource):
-        return source
-    if isinstance(source, LatticeCheckpoint):
-        return checkpoint_source(source)
-    if isinstance(source, (str, os.PathLike)):
-        return checkpoint_source(load_checkpoint(source), origin=str(source))
-    if isinstance(source, (tuple, list)) and len(source) == 2:
-        return model_source(*source)
-    raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "
-                    f"(model, processor)")
+    return as_model_source(source, Qwen3ASRSource, checkpoint_source, model_source, model_items=(2,))
 
 
 def float_model_source(directory: str) -> Qwen3ASRSource:
@@ -356,21 +350,14 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
                                                                                    weight_type))
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
     values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
-    stored = values.to(TORCH_DTYPES[ggml_type]).contiguous()
-    if ggml_type == GGMLType.F16:
-        rounding.count(slot.name, values, stored)
-    return PackedTensor(slot.name, ggml_type, slot.shape, stored.numpy())
+    return PackedTensor(slot.name, ggml_type, slot.shape, pack_float(slot.name, values, ggml_type, rounding))
 
 
 def _pack_lattice_slot(slot: TensorSlot, q: QuantizedWeight, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
     if tuple(q.shape) != slot.shape:
         raise GGUFExportError(f"{source.origin}: {slot.hf_name} has shape {list(q.shape)}, the runtime expects "
                               f"{list(slot.shape)} for {slot.name}")
-    try:
-        return pack_lattice(q.codes, q.scales, q.spec.bits, weight_type)
-    except LatticeNotRepresentable as e:
-        raise LatticeNotRepresentable(f"{source.origin}: {slot.hf_name} cannot be stored exactly as "
-                                      f"{GGML_TYPE_NAMES[weight_type]}: {e}") from None
+    return pack_exact(q, weight_type, slot.hf_name, source.origin)
 
 
 def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
@@ -392,3 +379,60 @@ def vocab_kv(vocab: GGUFVocab, eos_id: int, pad_id: int, chat_template: str | No
     if chat_template:
         kv.append(KV("tokenizer.chat_template", chat_template, string))
     return kv
+
+
+# ------------------------------------------------------------------------------------------- runtime flavours
+@dataclass(frozen=True)
+class Qwen3ASRFlavour:
+    """One runtime's Qwen3-ASR GGUF: what tells it from the other flavour (names, metadata, extra tables). Packing,
+    the file's layout and the checks are the same for every flavour, so ``build`` and ``verify`` live here."""
+
+    target: str  # the export command's --target; errors name the runtime by it
+    arch: str  # general.architecture
+    file_kind: str  # how verify names a file of this flavour ("a <file_kind> file")
+    model_name: str  # general.name
+    names: Qwen3ASRNames
+    metadata: Callable[[Qwen3ASRHParams, Qwen3ASRSource], list[KV]]  # every key but the file-type ones
+    structural_keys: tuple[str, ...]  # keys that pin the model's structure: verify compares them
+    size_keys: tuple[str, str, str, str]  # audio layers, audio d_model, text layers, text hidden
+    # F32 arrays written before the model tensors (CrispASR's mel front end); verify compares them too
+    tables: Callable[[Qwen3ASRSource], dict[str, np.ndarray]] = lambda source: {}  # none by default
+
+    def build(self, source: Any, target: str | None = None) -> GGUFModel:
+        """Pack every tensor for ``target`` (q4_0 | q8_0 | f16; default: the lattice's type, f16 for a float
+        model)."""
+        source = as_source(source)
+        h = source.hparams()
+        weight_type = weight_type_of(target or default_target(source))
+        slots = qwen3_asr_slots(h, self.names)
+        check_nothing_left_over(source, slots, self.target)
+        tables = [PackedTensor(name, GGMLType.F32, values.shape, values)
+                  for name, values in self.tables(source).items()]
+        kv = file_kv(self.model_name, weight_type) + self.metadata(h, source)
+        return GGUFModel(self.arch, kv, tables + pack_tensors(slots, source, weight_type))
+
+    def export(self, source: Any, out_path: str | os.PathLike, target: str | None = None) -> Path:
+        """Export a LatticeCheckpoint, a checkpoint directory or (model, processor) to ``out_path``; returns the
+        path."""
+        return write_gguf(self.build(source, target), out_path)
+
+    def verify(self, model_file: str | os.PathLike, checkpoint: str | os.PathLike | LatticeCheckpoint
+               ) -> dict[str, float]:
+        """Decode every tensor of ``model_file`` with gguf-py and compare it with the checkpoint's exact values (s * q
+        for lattice weights, the stored tensors otherwise) and the flavour's tables; max |diff| per array, 0.0
+        everywhere for an exact export."""
+        model = read_gguf(model_file)
+        if model.arch != self.arch:
+            raise GGUFVerifyError(f"{model_file}: architecture {model.arch!r}, not a {self.file_kind} file "
+                                  f"({self.arch!r})")
+        ckpt, origin = as_checkpoint(checkpoint)
+        source = checkpoint_source(ckpt, origin=origin)
+        h = source.hparams()
+        check_metadata(model, self.metadata(h, source), self.structural_keys, origin)
+        diffs = {}
+        for name, values in self.tables(source).items():
+            if name not in model.tensors:
+                raise GGUFVerifyError(f"{model_file}: tensor {name} missing")
+            diffs[name] = max_abs_diff(model.dequantize(name), values)
+        diffs.update(compare_tensors(model, qwen3_asr_slots(h, self.names), CheckpointValues(ckpt), origin))
+        return diffs

@@ -1,37 +1,20 @@
-"""The Qwen3-ASR GGUF targets, one table: each runtime flavour (qwen3-asr.cpp, CrispASR) with its builder, its
-``verify`` and the metadata keys of its dimensions; export, verify and describe pick the flavour from it."""
+"""The Qwen3-ASR GGUF targets, one table: each runtime flavour (qwen3-asr.cpp, CrispASR, a ``Qwen3ASRFlavour``
+record with its build, verify and the metadata keys of its dimensions); export, verify and describe pick the
+flavour from it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 
 from . import crispasr, qwen3_asr_cpp
 from .ggml_blocks import GGML_TYPE_NAMES
-from .gguf_file import (FILE_TYPE_NAMES, GGUFExportError, GGUFFileError, GGUFModel, GGUFVerifyError, read_gguf,
-                        write_gguf)
+from .gguf_file import FILE_TYPE_NAMES, GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
 
 
-@dataclass(frozen=True)
-class GGUFTarget:
-    """One runtime flavour of the Qwen3-ASR GGUF."""
-
-    name: str  # the export command's --target
-    arch: str  # general.architecture
-    build: Callable[[Any, str | None], GGUFModel]  # (source, weight type or None) -> the file's contents
-    verify: Callable[[str | os.PathLike, str | os.PathLike | LatticeCheckpoint], dict[str, float]]
-    size_keys: tuple[str, str, str, str]  # audio layers, audio d_model, text layers, text hidden
-
-
-TARGETS = {target.name: target for target in (
-    GGUFTarget(qwen3_asr_cpp.TARGET, qwen3_asr_cpp.ARCH, qwen3_asr_cpp.build_qwen3_asr_cpp, qwen3_asr_cpp.verify,
-               qwen3_asr_cpp.SIZE_KEYS),
-    GGUFTarget(crispasr.TARGET, crispasr.ARCH, crispasr.build_crispasr, crispasr.verify, crispasr.SIZE_KEYS),
-)}
+TARGETS = {flavour.target: flavour for flavour in (qwen3_asr_cpp.FLAVOUR, crispasr.FLAVOUR)}
 ARCH_TARGETS = {target.arch: target for target in TARGETS.values()}
 # known sizes: (audio layers, audio d_model, text layers, text hidden) -> name
 QWEN3_ASR_SIZES = {(18, 896, 28, 1024): "qwen3-asr-0.6B", (24, 1024, 28, 2048): "qwen3-asr-1.7B"}

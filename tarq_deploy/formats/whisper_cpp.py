@@ -29,24 +29,23 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.fileio import atomic_file
 from tarq_deploy.quant.lattice import QuantizedWeight
 
 from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn_q4_0,
-                          ggml_rtn_q8_0, pack_lattice)
+                          ggml_rtn_q8_0)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
 from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyError, as_checkpoint, compare_tensors,
-                           max_abs_diff)
-from .model_files import ModelFilesError, ModelTensors, feature_extractor_config, json_file
+                           max_abs_diff, pack_exact, pack_float)
+from .model_files import ModelFilesError, ModelTensors, as_model_source, feature_extractor_config, json_file
 
 log = logging.getLogger(__name__)
 
 TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 BASELINES = ("rtn",)
 GGML_RTN = {GGMLType.Q4_0: ggml_rtn_q4_0, GGMLType.Q8_0: ggml_rtn_q8_0}
-TORCH_DTYPES = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16}
 EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file
 TOKEN_EMBEDDING = "model.decoder.embed_tokens.weight"
 OUTPUT_PROJECTION = "proj_out.weight"  # tied to the token embedding; whisper.cpp has no separate tensor for it
@@ -113,16 +112,7 @@ def model_source(model: Any, processor: Any, origin: str = "model") -> WhisperSo
 
 def as_source(source: Any) -> WhisperSource:
     """A WhisperSource from a LatticeCheckpoint, a checkpoint directory, or (model, processor[, generation_config])."""
-    if isinstance(source, WhisperSource):
-        return source
-    if isinstance(source, LatticeCheckpoint):
-        return checkpoint_source(source)
-    if isinstance(source, (str, os.PathLike)):
-        return checkpoint_source(load_checkpoint(source), origin=str(source))
-    if isinstance(source, (tuple, list)) and len(source) in (2, 3):
-        return model_source(source[0], source[1])
-    raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "
-                    f"(model, processor)")
+    return as_model_source(source, WhisperSource, checkpoint_source, model_source, model_items=(2, 3))
 
 
 def _tokenizer_of(files: dict[str, bytes], origin: str) -> dict:
@@ -255,11 +245,8 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
     if ggml_type in QUANTIZED_TYPES:
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
     else:
-        values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
-        stored = values.to(TORCH_DTYPES[ggml_type]).contiguous()  # torch converts to fp16 several times faster
-        if ggml_type == GGMLType.F16:
-            rounding.count(slot.name, values, stored)
-        data = stored.numpy()
+        data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type,
+                          rounding)
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
 
 
@@ -275,11 +262,7 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
     if tuple(q.shape) != slot.shape:
         raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(q.shape)}, whisper.cpp expects "
                                  f"{list(slot.shape)}")
-    try:
-        return pack_lattice(q.codes, q.scales, q.spec.bits, ggml_type)
-    except LatticeNotRepresentable as e:
-        raise LatticeNotRepresentable(f"{source.origin}: {slot.hf_name} cannot be stored exactly as {name}: "
-                                      f"{e}") from None
+    return pack_exact(q, ggml_type, slot.hf_name, source.origin)
 
 
 def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:

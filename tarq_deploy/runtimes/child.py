@@ -2,17 +2,18 @@
 level, so the child's baseline is the interpreter, the runtime and the audio), then the runtime's measuring function
 named in the spec ("module:function"), and writes what it measured to spec["result"].
 
-The helpers the measuring functions share live here too: the audio as whisper.cpp takes it, and the process's own
-memory figures from /proc/self/status.
+The helpers the measuring functions share live here too: the audio as whisper.cpp takes it, the process's own
+memory figures from /proc/self/status, and the run of an in-process runtime (:func:`measure_transcription`).
 """
 from __future__ import annotations
 
 import importlib
 import json
 import os
+import time
 import wave
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..fileio import write_text_atomic
 
@@ -48,3 +49,26 @@ def proc_status_mb(key: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+def measure_transcription(spec: dict, import_started: float, runtime_info: Callable[[], dict],
+                          load: Callable[[str], Any], transcribe: Callable[[Any, Any], list],
+                          count_tokens: Callable[[Any, list], int]) -> dict:
+    """One bench run of a runtime that works in process, once the caller has imported it (timed from
+    ``import_started``): read the audio, then with no model only the runtime's info (the baseline); else load
+    spec["model"], transcribe once, and report the timings, RSS after load, tokens and text of the segments."""
+    out: dict[str, Any] = {"import_s": time.perf_counter() - import_started}
+    audio = read_wav_float32(spec["audio"])
+    if spec.get("model") is None:
+        out["runtime_info"] = runtime_info()
+        return out
+    started = time.perf_counter()
+    model = load(spec["model"])
+    out["load_s"] = time.perf_counter() - started
+    out["rss_after_load_mb"] = proc_status_mb("VmRSS")
+    started = time.perf_counter()
+    segments = transcribe(model, audio)
+    out["transcribe_s"] = time.perf_counter() - started
+    out["tokens"] = count_tokens(model, segments)
+    out["text"] = " ".join(s.text.strip() for s in segments).strip()
+    return out

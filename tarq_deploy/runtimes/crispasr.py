@@ -16,10 +16,10 @@ import importlib.metadata
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
-from .child import proc_status_mb, read_wav_float32
+from .child import measure_transcription
 from .sources import checked_gguf, is_gguf_of_arch
 from .worker import WorkerTranscriber, serve_worker
 
@@ -105,23 +105,15 @@ def measure_crispasr(spec: dict) -> dict:
     started = time.perf_counter()
     import crispasr  # noqa: F401  (timed: the import is part of what a run costs)
 
-    out: dict[str, Any] = {"import_s": time.perf_counter() - started}
-    audio = read_wav_float32(spec["audio"])
-    if spec.get("model") is None:
-        out["runtime_info"] = crispasr_info()
-        return out
-    settings = spec["settings"]
-    started = time.perf_counter()
-    session = open_session(spec["model"], spec["threads"], int(settings["max_new_tokens"]),
-                           float(settings["temperature"]), float(settings["frequency_penalty"]))
-    out["load_s"] = time.perf_counter() - started
-    out["rss_after_load_mb"] = proc_status_mb("VmRSS")
-    started = time.perf_counter()
-    segments = session.transcribe(audio, language=settings["language"])
-    out["transcribe_s"] = time.perf_counter() - started
-    out["tokens"] = sum(len(s.tokens) for s in segments)
-    out["text"] = " ".join(s.text.strip() for s in segments).strip()
-    return out
+    def load(model_file: str):
+        settings = spec["settings"]
+        return open_session(model_file, spec["threads"], int(settings["max_new_tokens"]),
+                            float(settings["temperature"]), float(settings["frequency_penalty"]))
+
+    return measure_transcription(
+        spec, started, crispasr_info, load,
+        transcribe=lambda session, audio: session.transcribe(audio, language=spec["settings"]["language"]),
+        count_tokens=lambda session, segments: sum(len(s.tokens) for s in segments))
 
 
 ADAPTER = RuntimeAdapter(

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import UserError
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter, dist_version
-from .child import proc_status_mb, read_wav_float32
+from .child import measure_transcription
 from .sources import is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
@@ -103,25 +103,17 @@ def measure_whisper_cpp(spec: dict) -> dict:
     import _pywhispercpp as pw
     from pywhispercpp.model import Model
 
-    out: dict[str, Any] = {"import_s": time.perf_counter() - started}
-    audio = read_wav_float32(spec["audio"])
-    if spec.get("model") is None:
-        out["runtime_info"] = whisper_cpp_runtime_info()
-        return out
-    model_path = Path(spec["model"])
-    if not model_path.is_file():  # pywhispercpp would take the string as a model name and download it
-        raise FileNotFoundError(f"{model_path}: no such model file")
-    started = time.perf_counter()
-    model = Model(str(model_path), redirect_whispercpp_logs_to=None, n_threads=spec["threads"], **spec["settings"])
-    out["load_s"] = time.perf_counter() - started
-    out["rss_after_load_mb"] = proc_status_mb("VmRSS")
-    started = time.perf_counter()
-    segments = model.transcribe(audio)
-    out["transcribe_s"] = time.perf_counter() - started
+    def load(model_file: str) -> Model:
+        model_path = Path(model_file)
+        if not model_path.is_file():  # pywhispercpp would take the string as a model name and download it
+            raise FileNotFoundError(f"{model_path}: no such model file")
+        return Model(str(model_path), redirect_whispercpp_logs_to=None, n_threads=spec["threads"], **spec["settings"])
+
     # tokens of the output segments (text and timestamp tokens): the decoder steps that produced the transcript
-    out["tokens"] = sum(pw.whisper_full_n_tokens(model._ctx, i) for i in range(len(segments)))
-    out["text"] = " ".join(s.text.strip() for s in segments).strip()
-    return out
+    return measure_transcription(
+        spec, started, whisper_cpp_runtime_info, load, transcribe=lambda model, audio: model.transcribe(audio),
+        count_tokens=lambda model, segments: sum(pw.whisper_full_n_tokens(model._ctx, i)
+                                                 for i in range(len(segments))))
 
 
 def whisper_cpp_runtime_info() -> dict:
