@@ -92,6 +92,10 @@ class WhisperSource(ModelTensors):
 def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> WhisperSource:
     files = ckpt.model_files
     config = json_file(files, "config.json", origin)
+    if config.get("model_type") != "whisper":
+        # A Qwen3-ASR or Voxtral checkpoint has no Whisper header to compare a .bin with: say so, not KeyError.
+        raise WhisperExportError(f"{origin}: a {config.get('model_type')!r} checkpoint, not a Whisper one; "
+                                 "whisper.cpp files hold Whisper models only")
     source = WhisperSource(config, _tokenizer_of(files, origin), feature_extractor_config(files, origin),
                            dict(ckpt.tensors), dict(ckpt.quantized), dict(ckpt.aliases), origin)
     _tie_output_projection(source)
