@@ -48,25 +48,6 @@ def naming_os_errors(path: str | os.PathLike) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file beside ``path`` for writing; on a clean exit it gets the usual permissions and is
-    renamed to ``path``, on any exception it is removed. The one way this package writes a file."""
-    target = Path(path)
-    with naming_os_errors(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, mode) as f:
-                yield f
-                f.flush()
-                os.fchmod(f.fileno(), default_file_mode())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-@contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that insists on opening the file itself (soundfile, a
     subprocess); renamed to ``path`` with the usual permissions on a clean exit, removed otherwise."""
@@ -82,6 +63,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing; on a clean exit it gets the usual permissions and is
+    renamed to ``path``, on any exception it is removed. The one way this package writes a file."""
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
