@@ -202,7 +202,8 @@ def test_eval_refuses_two_backends_for_one_model(work: Path, corpora, capsys):
 def test_a_dead_whisper_cpp_worker_is_reported_with_model_and_utterance(work: Path, models):
     import numpy as np
 
-    from tarq_deploy.evaluate.backends import BackendError, DecodeOptions, ModelSpec, open_transcriber
+    from tarq_deploy.runtimes.base import BackendError, DecodeOptions, ModelSpec
+    from tarq_deploy.runtimes.registry import open_transcriber
 
     transcriber = open_transcriber(ModelSpec("F16", str(work / "f16.bin"), "whisper.cpp"), DecodeOptions(timeout_s=60))
     try:

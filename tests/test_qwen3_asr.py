@@ -308,13 +308,14 @@ def test_real_dimension_configuration_exports_and_verifies(size, real_dimension_
 
 # --------------------------------------------------------------------------------------------- eval and bench
 def test_eval_backends_claim_and_run_the_new_files(exports, tarq_checkpoint, tiny_dir, clip):
-    from tarq_deploy.evaluate.backends import BACKENDS, DecodeOptions, ModelSpec, infer_backend, open_transcriber
+    from tarq_deploy.runtimes.base import DecodeOptions, ModelSpec
+    from tarq_deploy.runtimes.registry import BY_NAME, infer_runtime, open_transcriber
 
-    claimed = {name: [b for b in ("crispasr", "qwen3-asr.cpp") if BACKENDS[b].claims(str(exports[name]))]
+    claimed = {name: [b for b in ("crispasr", "qwen3-asr.cpp") if BY_NAME[b].claims(str(exports[name]))]
                for name in ("crispasr-q4_0", "qwen3-asr.cpp-q4_0")}
     assert claimed == {"crispasr-q4_0": ["crispasr"], "qwen3-asr.cpp-q4_0": ["qwen3-asr.cpp"]}
-    assert infer_backend(str(tarq_checkpoint[0])) == "qwen3-asr-torch"
-    assert infer_backend(str(tiny_dir)) == "qwen3-asr-torch"
+    assert infer_runtime(str(tarq_checkpoint[0])) == "qwen3-asr-torch"
+    assert infer_runtime(str(tiny_dir)) == "qwen3-asr-torch"
     options = DecodeOptions(threads=2, max_new_tokens=6)
     for source, backend in ((str(exports["crispasr-q4_0"]), "crispasr"), (str(tarq_checkpoint[0]), "qwen3-asr-torch")):
         transcriber = open_transcriber(ModelSpec("m", source, backend), options)
@@ -384,7 +385,8 @@ def _token_lines(stderr: str) -> list[str]:
 def test_patched_binary_through_eval_and_bench(exports, jfk_wav, clip):
     _binary()
     from tarq_deploy.bench.cpu import BenchConfig, run_cpu_bench
-    from tarq_deploy.evaluate.backends import DecodeOptions, ModelSpec, open_transcriber
+    from tarq_deploy.runtimes.base import DecodeOptions, ModelSpec
+    from tarq_deploy.runtimes.registry import open_transcriber
 
     transcriber = open_transcriber(ModelSpec("m", str(exports["qwen3-asr.cpp-q4_0"]), "qwen3-asr.cpp"),
                                    DecodeOptions(threads=2, max_new_tokens=4))

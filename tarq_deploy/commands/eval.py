@@ -25,8 +25,9 @@ from pathlib import Path
 from ..data.corpus import load_audio, load_corpus
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
-from ..evaluate.backends import (BACKENDS, BackendError, DecodeOptions, ModelSpec, infer_backend,
-                                 is_whisper_cpp_file)
+from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
+from ..runtimes.registry import BY_NAME, infer_runtime
+from ..runtimes.sources import is_whisper_cpp_file
 from ..evaluate.dataset import Dataset
 from ..evaluate.near_ties import near_tie_margins
 from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DEFAULT_NEAR_TIE_MARGIN, DatasetRuns,
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluation corpus (JSONL manifest, LibriSpeech folder or saved datasets folder); repeatable")
     p.add_argument("--model", action=_ModelAction, dest="models", required=True, metavar="[LABEL=]SOURCE",
                    help="model to score; repeatable (label defaults to the source's name)")
-    p.add_argument("--backend", action=_BackendAction, dest="models", choices=("auto", *BACKENDS),
+    p.add_argument("--backend", action=_BackendAction, dest="models", choices=("auto", *BY_NAME),
                    help="after a --model: that model's backend; before every --model: the default for all; "
                         "default: inferred from the source (a whisper.cpp file -> whisper.cpp, else torch)")
     p.add_argument("--tokenizer", metavar="SOURCE",
@@ -138,7 +139,7 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
                 not Path(source).expanduser().exists():
             raise UserError(f"--model {source}: no such file or directory")
         chosen = backends[0] if backends else default
-        backend = infer_backend(source) if chosen == "auto" else chosen
+        backend = infer_runtime(source) if chosen == "auto" else chosen
         specs.append(ModelSpec(label or default_label(source), source, backend, tokenizer))
     keys = [s.key for s in specs]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})

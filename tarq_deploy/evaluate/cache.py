@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import write_text_atomic
-from .backends import WHISPER_CPP_PARAMS, DecodeOptions, ModelSpec
+from ..runtimes.base import DecodeOptions, ModelSpec
+from ..runtimes.whisper_cpp import WHISPER_CPP_PARAMS
 from .dataset import Dataset
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .backends import DecodeOptions, ModelSpec, open_transcriber
+from ..runtimes.base import DecodeOptions, ModelSpec
+from ..runtimes.registry import open_transcriber
 from .cache import MarginCache
 from .dataset import Dataset
 from .wer import normalized_words

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from ..errors import UserError
-from .backends import ModelSpec, load_torch_bundle
+from ..runtimes.base import ModelSpec
+from ..runtimes.torch_whisper import load_torch_bundle
 from .cache import FigureCache, audio_digest, source_fingerprint
 from .dataset import Dataset
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..data.corpus import Utterance
 from ..errors import UserError
-from .backends import DecodeOptions, ModelSpec, open_transcriber
+from ..runtimes.base import DecodeOptions, ModelSpec
+from ..runtimes.registry import open_transcriber
 from .cache import HypothesisCache, audio_digest
 from .dataset import Dataset
 

@@ -23,18 +23,13 @@ def runtime_names() -> str:
 
 
 def infer_runtime(source: str) -> str:
-    """The runtime a source runs on by default: the first that claims it (the fallback claims the rest). A GGUF file
-    no runtime claims is an error: the fallback cannot read one."""
-    if is_gguf_file(source):
-        # The fallback claims every source but cannot read a GGUF: only the GGUF runtimes are asked.
-        claiming = [adapter.name for adapter in ADAPTERS if adapter.name != FALLBACK and adapter.claims(source)]
-        if not claiming:
-            raise UserError(f"{source}: a GGUF file of an architecture no runtime here runs "
-                            f"(available: {runtime_names()})")
-        return claiming[0]
+    """The runtime a source runs on by default: the first that claims it, else the fallback -- except for a GGUF
+    file, which the fallback cannot read: one that no runtime claims is an error."""
     for adapter in ADAPTERS:
         if adapter.name != FALLBACK and adapter.claims(source):
             return adapter.name
+    if is_gguf_file(source):
+        raise UserError(f"{source}: a GGUF file of an architecture no runtime here runs (available: {runtime_names()})")
     return FALLBACK
 
 
