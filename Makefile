@@ -26,7 +26,7 @@ venv: $(PYTHON)
 # torch is pinned first so pip takes the CPU wheel that lies on these machines instead of a CUDA build.
 install: system-packages venv
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev,models]'
+	$(PIP) install --quiet -e '.[dev,models,sweep]'
 
 demo: install
 	$(PYTHON) -m tarq_deploy.cli demo

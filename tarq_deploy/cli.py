@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "inspect_checkpoint",
     "publish": "publish",
     "demo": "demo",
+    "sweep": "sweep",
 }
 
 # Exceptions that describe bad input, by class (module.qualname, matched through the MRO so that the modules defining

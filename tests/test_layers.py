@@ -22,7 +22,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "formats": ("tarq_deploy.formats",),
     "runtimes": ("tarq_deploy.runtimes",),
     "apps": ("tarq_deploy.cli", "tarq_deploy.commands", "tarq_deploy.evaluate", "tarq_deploy.bench",
-             "tarq_deploy.hub"),
+             "tarq_deploy.hub", "tarq_deploy.sweep"),
 }
 LAYER_RANK = {name: rank for rank, name in enumerate(LAYERS)}
 

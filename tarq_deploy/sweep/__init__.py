@@ -1,0 +1,1 @@
+"""The sweep: a grid of models × corpora × methods × types as content-addressed Ray tasks, one merged report."""

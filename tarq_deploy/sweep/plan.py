@@ -1,0 +1,364 @@
+"""A sweep file, read into cells and content-addressed steps.
+
+A sweep is the grid models × calibration corpora × methods × types. A *cell* is one point of the grid; its chain of
+*steps* (quantize → export → verify → eval) each have a *key*: the sha256 of everything the step's output depends on
+(the model's bytes, the corpus's bytes, the options, the code version and the keys of the steps before it). A step's
+output lives under ``OUT/steps/STEP/KEY`` and is final once its ``done.json`` exists, so a re-run finds finished steps
+by their key and an interrupted sweep resumes where it stopped. Steps with the same key are one step: ``rtn`` does not
+read the calibration corpus, so its cells under two corpora share their steps.
+
+    [sweep]
+    target = "whisper.cpp"            # export target of every cell (whisper.cpp or crispasr)
+    methods = ["gptq", "tarq"]        # quantize --method values
+    types = ["q4_0", "q8_0"]          # lattice types (see TYPES)
+    baseline = "gptq"                 # the report's paired differences: every method minus this one
+    steps = ["quantize", "export", "verify", "eval", "bench"]
+    reference = true                  # also export and evaluate each model's F16 file (retention, the bench's F16)
+
+    [models]                          # name = source (as for `tarq-deploy quantize --model`)
+    "tiny.en" = "packaged:tiny.en"
+
+    [calibration]                     # name = manifest, or {manifest = ..., n = 128}
+    synth = { manifest = "corpora/synth/calib.jsonl", n = 128 }
+
+    [evaluation]                      # name = manifest
+    dev = "corpora/synth/eval.jsonl"
+
+    [quantize]                        # more `quantize` options for every cell (option = value; true = a flag)
+    seed = 0
+    [eval]                            # limit, threads, resamples, seed, zipf_threshold
+    [bench]                           # audio, threads, runs, warmup
+
+Relative paths are taken from the sweep file's folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from .. import __version__
+from ..errors import UserError
+
+STEPS = ("quantize", "export", "verify", "eval", "bench")
+REFERENCE_METHOD = "f16"
+METHODS_WITHOUT_DATA = frozenset({"rtn"})
+KNOWN_METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix")
+
+
+@dataclass(frozen=True)
+class LatticeType:
+    """A target type as the quantizer sees it: bits per code and input columns per scale."""
+
+    name: str
+    bits: int
+    group_size: int
+
+
+# The ggml types our lattice writes bit-exactly (formats/ggml_blocks.py): symmetric 4- and 8-bit blocks of 32.
+TYPES: dict[str, LatticeType] = {t.name: t for t in (LatticeType("q4_0", 4, 32), LatticeType("q8_0", 8, 32))}
+# target -> (runtime that evaluates its files, file suffix)
+TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf")}
+EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float}
+BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    manifest: Path
+    n: int | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One unit of work: ``kind`` (a STEPS entry), its key, what it runs, the steps whose outputs it reads (part of
+    its key) and the steps it merely waits for (a gate such as verify, not part of its key)."""
+
+    kind: str
+    key: str
+    params: Mapping[str, Any]
+    needs: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+
+    @property
+    def short(self) -> str:
+        return f"{self.kind}/{self.key[:16]}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid point: its coordinates and the keys of its steps (in chain order)."""
+
+    model: str
+    corpus: str  # "-" for methods that read no corpus and for the reference
+    method: str
+    type: str
+    steps: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.corpus}/{self.method}/{self.type}"
+
+    @property
+    def slug(self) -> str:
+        return "-".join(part.replace("/", "_").replace(" ", "_") for part in (self.model, self.corpus, self.method,
+                                                                                self.type))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The parsed sweep file."""
+
+    path: Path
+    target: str
+    models: dict[str, str]
+    corpora: tuple[Corpus, ...]
+    evaluation: dict[str, Path]
+    methods: tuple[str, ...]
+    types: tuple[LatticeType, ...]
+    steps: tuple[str, ...]
+    baseline: str | None
+    reference: bool
+    quantize_options: dict[str, Any]
+    eval_options: dict[str, Any]
+    bench_options: dict[str, Any]
+
+    @property
+    def runtime(self) -> str:
+        return TARGETS[self.target][0]
+
+
+# ------------------------------------------------------------------------------------------------------ reading
+def load_sweep(path: str | os.PathLike[str]) -> Sweep:
+    """Read and check a sweep file: every error names the file and the entry."""
+    source = Path(path)
+    try:
+        doc = tomllib.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{source}: no such sweep file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise UserError(f"{source}: not a readable TOML sweep file ({error})") from None
+    return _sweep_from(doc, source)
+
+
+def _sweep_from(doc: dict, source: Path) -> Sweep:
+    base = source.resolve().parent
+    head = _table(doc, "sweep", source)
+    unknown = set(doc) - {"sweep", "models", "calibration", "evaluation", "quantize", "eval", "bench"}
+    if unknown:
+        raise UserError(f"{source}: unknown table(s) {', '.join(sorted(unknown))}")
+    target = str(head.get("target", "whisper.cpp"))
+    if target not in TARGETS:
+        raise UserError(f"{source}: [sweep] target {target!r}: sweeps export to {', '.join(TARGETS)}")
+    methods = tuple(_strings(head, "methods", source))
+    for method in methods:
+        if method not in KNOWN_METHODS:
+            raise UserError(f"{source}: [sweep] methods: unknown method {method!r} (known: {', '.join(KNOWN_METHODS)})")
+    types = tuple(_lattice_type(name, source) for name in _strings(head, "types", source, default=["q4_0"]))
+    steps = tuple(_strings(head, "steps", source, default=list(STEPS[:4])))
+    for step in steps:
+        if step not in STEPS:
+            raise UserError(f"{source}: [sweep] steps: unknown step {step!r} (known: {', '.join(STEPS)})")
+    baseline = head.get("baseline")
+    if baseline is not None and baseline not in methods:
+        raise UserError(f"{source}: [sweep] baseline {baseline!r} is not one of the methods")
+    models = {str(k): str(v) for k, v in _table(doc, "models", source).items()}
+    if not models:
+        raise UserError(f"{source}: [models] names no model")
+    corpora = tuple(_corpus(name, value, base, source) for name, value in doc.get("calibration", {}).items())
+    if not corpora and any(m not in METHODS_WITHOUT_DATA for m in methods):
+        raise UserError(f"{source}: [calibration] names no corpus, and {', '.join(methods)} need one")
+    evaluation = {str(k): _path(v, base) for k, v in doc.get("evaluation", {}).items()}
+    if "eval" in steps and not evaluation:
+        raise UserError(f"{source}: the eval step needs an [evaluation] table naming at least one manifest")
+    for name, manifest in [*((c.name, c.manifest) for c in corpora), *evaluation.items()]:
+        if not manifest.exists():
+            raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
+    return Sweep(source, target, models, corpora, evaluation, methods, types, steps,
+                 baseline, bool(head.get("reference", True)), dict(doc.get("quantize", {})),
+                 _options(doc.get("eval", {}), EVAL_OPTIONS, "eval", source),
+                 _options(doc.get("bench", {}), BENCH_OPTIONS, "bench", source))
+
+
+def _table(doc: dict, name: str, source: Path) -> dict:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise UserError(f"{source}: [{name}] must be a table")
+    return value
+
+
+def _strings(table: dict, key: str, source: Path, default: list[str] | None = None) -> list[str]:
+    value = table.get(key, default)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{source}: [sweep] {key} must be a non-empty list of strings")
+    return list(dict.fromkeys(value))
+
+
+def _lattice_type(name: str, source: Path) -> LatticeType:
+    if name not in TYPES:
+        raise UserError(f"{source}: [sweep] types: unknown type {name!r} (known: {', '.join(TYPES)})")
+    return TYPES[name]
+
+
+def _path(value: Any, base: Path) -> Path:
+    path = Path(str(value)).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _corpus(name: str, value: Any, base: Path, source: Path) -> Corpus:
+    if isinstance(value, str):
+        return Corpus(name, _path(value, base))
+    if isinstance(value, dict) and "manifest" in value:
+        n = value.get("n")
+        if n is not None and (not isinstance(n, int) or n < 1):
+            raise UserError(f"{source}: [calibration] {name}: n must be a positive integer")
+        return Corpus(name, _path(value["manifest"], base), n)
+    raise UserError(f"{source}: [calibration] {name}: expected a manifest path or {{manifest = ..., n = ...}}")
+
+
+def _options(table: dict, allowed: dict[str, type], name: str, source: Path) -> dict[str, Any]:
+    for key, value in table.items():
+        if key not in allowed:
+            raise UserError(f"{source}: [{name}] unknown option {key!r} (known: {', '.join(allowed)})")
+        if not isinstance(value, allowed[key]) or isinstance(value, bool):
+            raise UserError(f"{source}: [{name}] {key} must be {allowed[key].__name__}")
+    return dict(table)
+
+
+# ------------------------------------------------------------------------------------------------------ hashing
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def code_version() -> str:
+    """The package version and the sha256 of its Python sources: any change to the code is a new key."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:16]}"
+
+
+def files_hash(paths: Iterable[Path]) -> str:
+    """sha256 over the names and bytes of files (directories: every file under them, in sorted order)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            digest.update(file.name.encode() + b"\0")
+            with open(file, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_hash(source: str) -> str:
+    """The bytes of a local or packaged model; a hub id (not on this disk) by its name."""
+    if source.startswith("packaged:"):
+        from ..models.packaged import resolve_packaged
+
+        return files_hash([resolve_packaged(source.split(":", 1)[1])])
+    path = Path(source).expanduser()
+    return files_hash([path]) if path.exists() else sha256_json({"hub": source})
+
+
+def corpus_hash(manifest: Path) -> str:
+    """The manifest and every audio file it names (a changed or corrupted clip is a new corpus)."""
+    from ..data.corpus import load_corpus
+
+    try:
+        utterances = load_corpus(manifest)
+    except ValueError as error:  # an unreadable manifest: its bytes are the key; the step that reads it will fail
+        return sha256_json({"unreadable": str(error), "bytes": files_hash([manifest])})
+    audio = [Path(u.audio) for u in utterances if Path(u.audio).is_file()]
+    return files_hash([manifest, *audio])
+
+
+# -------------------------------------------------------------------------------------------------------- cells
+def plan_cells(sweep: Sweep, model_hashes: Mapping[str, str], corpus_hashes: Mapping[str, str],
+               code: str) -> tuple[list[Cell], dict[str, Step]]:
+    """Every cell of the grid with its steps' keys, and the steps by key (shared steps appear once)."""
+    cells: list[Cell] = []
+    steps: dict[str, Step] = {}
+    for model, source in sweep.models.items():
+        if sweep.reference:
+            cells.append(_reference_cell(sweep, model, source, model_hashes[model], code, steps))
+        for index, corpus in enumerate(sweep.corpora or (Corpus("-", Path()),)):
+            for method in sweep.methods:
+                if index and method in METHODS_WITHOUT_DATA:
+                    continue  # one cell, whatever the corpus
+                for lattice in sweep.types:
+                    cells.append(_cell(sweep, model, source, corpus, method, lattice, model_hashes[model],
+                                       corpus_hashes.get(corpus.name, ""), code, steps))
+    if "bench" in sweep.steps:
+        for model in sweep.models:
+            _add_bench(sweep, model, [c for c in cells if c.model == model], code, steps)
+    return cells, steps
+
+
+def _add(steps: dict[str, Step], kind: str, params: dict[str, Any], needs: tuple[str, ...], code: str,
+         after: tuple[str, ...] = ()) -> str:
+    key = sha256_json({"step": kind, "params": params, "needs": needs, "code": code})
+    steps.setdefault(key, Step(kind, key, params, needs, after))
+    return key
+
+
+def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, lattice: LatticeType,
+          model_key: str, corpus_key: str, code: str, steps: dict[str, Step]) -> Cell:
+    uses_data = method not in METHODS_WITHOUT_DATA
+    cell = Cell(model, corpus.name if uses_data else "-", method, lattice.name)
+    quantize = {"model": source, "model_hash": model_key, "method": method, "target": sweep.target,
+                "bits": lattice.bits, "group_size": lattice.group_size, "options": sweep.quantize_options,
+                **({"calib": str(corpus.manifest), "corpus_hash": corpus_key, "n_calib": corpus.n} if uses_data else {})}
+    chain = {"quantize": _add(steps, "quantize", quantize, (), code)}
+    chain["export"] = _add(steps, "export", {"target": sweep.target, "slug": cell.slug}, (chain["quantize"],), code)
+    chain["verify"] = _add(steps, "verify", {}, (chain["export"], chain["quantize"]), code)
+    gate = (chain["verify"],) if "verify" in sweep.steps else ()
+    _add_eval(sweep, cell, chain, (chain["export"],), code, steps, gate)
+    return Cell(cell.model, cell.corpus, cell.method, cell.type, {k: v for k, v in chain.items() if _runs(sweep, k)})
+
+
+def _reference_cell(sweep: Sweep, model: str, source: str, model_key: str, code: str, steps: dict[str, Step]) -> Cell:
+    cell = Cell(model, "-", REFERENCE_METHOD, "f16")
+    chain = {"export": _add(steps, "export", {"target": sweep.target, "slug": cell.slug, "model": source,
+                                              "model_hash": model_key, "type": "f16"}, (), code)}
+    _add_eval(sweep, cell, chain, (chain["export"],), code, steps)
+    return Cell(cell.model, cell.corpus, cell.method, cell.type, {k: v for k, v in chain.items() if _runs(sweep, k)})
+
+
+def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str, ...], code: str,
+              steps: dict[str, Step], after: tuple[str, ...] = ()) -> None:
+    if "eval" not in sweep.steps:
+        return
+    data = {name: {"manifest": str(path), "hash": corpus_hash(path)} for name, path in sweep.evaluation.items()}
+    chain["eval"] = _add(steps, "eval", {"label": cell.name, "runtime": sweep.runtime, "data": data,
+                                         "options": sweep.eval_options}, needs, code, after)
+
+
+def _add_bench(sweep: Sweep, model: str, cells: list[Cell], code: str, steps: dict[str, Step]) -> None:
+    """One bench per model over all its files, so that speed-ups are ratios measured in one run."""
+    exports = tuple(c.steps["export"] for c in cells if "export" in c.steps)
+    gates = tuple(c.steps["verify"] for c in cells if "verify" in c.steps)
+    key = _add(steps, "bench", {"model": model, "options": sweep.bench_options}, exports, code, gates)
+    for cell in cells:
+        cell.steps["bench"] = key
+
+
+def _runs(sweep: Sweep, kind: str) -> bool:
+    """The steps a cell runs: those the sweep asks for, plus what they need (eval needs the export it reads)."""
+    wanted = set(sweep.steps)
+    if wanted & {"verify", "eval", "bench"}:
+        wanted.add("export")
+    if "export" in wanted or "verify" in wanted:
+        wanted.add("quantize")
+    return kind in wanted
