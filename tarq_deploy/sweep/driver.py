@@ -44,6 +44,7 @@ def run_sweep(sweep: Sweep, out: Path, address: str | None = None, cpus: int | N
     """Run every unfinished step of the sweep; returns all step results (finished ones as 'cached')."""
     import ray
 
+    out = out.resolve()  # workers need not share the driver's working directory
     out.mkdir(parents=True, exist_ok=True)
     _init_ray(ray, address, cpus)
     try:
@@ -214,10 +215,14 @@ class _LogTail:
 
 
 def describe(cells: Sequence[Cell], results: dict[str, StepResult]) -> Callable[[Cell], dict[str, Any]]:
-    """cell -> {stage: status, error: first failure}: the cell table of the report."""
+    """cell -> {stage: status, error: first failure}: the cell table of the report. A step found finished counts as
+    done: the report describes the outputs, whatever run made them (the cell log tells which)."""
+
+    def status(key: str) -> str:
+        return "not run" if key not in results else "done" if results[key].ok else results[key].status
 
     def one(cell: Cell) -> dict[str, Any]:
-        statuses = {stage: results[key].status if key in results else "not run" for stage, key in cell.steps.items()}
+        statuses = {stage: status(key) for stage, key in cell.steps.items()}
         failure = next((results[k] for k in cell.steps.values() if k in results and results[k].status == "failed"),
                        None)
         return {"cell": cell.name, "steps": statuses,

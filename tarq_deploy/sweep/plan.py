@@ -172,7 +172,7 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     baseline = head.get("baseline")
     if baseline is not None and baseline not in methods:
         raise UserError(f"{source}: [sweep] baseline {baseline!r} is not one of the methods")
-    models = {str(k): str(v) for k, v in _table(doc, "models", source).items()}
+    models = {str(k): _model_source(str(v), base) for k, v in _table(doc, "models", source).items()}
     if not models:
         raise UserError(f"{source}: [models] names no model")
     corpora = tuple(_corpus(name, value, base, source) for name, value in doc.get("calibration", {}).items())
@@ -213,6 +213,12 @@ def _lattice_type(name: str, source: Path) -> LatticeType:
 def _path(value: Any, base: Path) -> Path:
     path = Path(str(value)).expanduser()
     return path if path.is_absolute() else base / path
+
+
+def _model_source(value: str, base: Path) -> str:
+    """A model folder beside the sweep file becomes an absolute path; packaged names and hub ids stay as given."""
+    local = _path(value, base)
+    return str(local) if not value.startswith("packaged:") and local.exists() else value
 
 
 def _corpus(name: str, value: Any, base: Path, source: Path) -> Corpus:

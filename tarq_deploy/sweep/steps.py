@@ -26,6 +26,7 @@ from .plan import TARGETS, Step, sha256_json
 DONE = "done.json"
 LOG = "cells.log.jsonl"
 PR_SET_PDEATHSIG = 1
+PATH_OUTPUTS = frozenset({"checkpoint", "file", "report", "utterances", "bench"})  # stored relative to OUT
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ def finished(out: Path, step: Step, upstream: Sequence[StepResult] = ()) -> Step
     if not marker.is_file():
         return None
     record = json.loads(marker.read_text())
-    return StepResult(step.kind, step.key, "cached", record.get("outputs", {}), seconds=record.get("seconds", 0.0))
+    outputs = {name: str(out / value) if name in PATH_OUTPUTS else value
+               for name, value in record.get("outputs", {}).items()}
+    return StepResult(step.kind, step.key, "cached", outputs, seconds=record.get("seconds", 0.0))
 
 
 def run_step(out: Path, step: Step, cells: Sequence[str], cpus: int, *upstream: StepResult) -> StepResult:
@@ -96,8 +99,10 @@ def run_step(out: Path, step: Step, cells: Sequence[str], cpus: int, *upstream: 
     seconds = round(time.monotonic() - started, 3)
     status = "failed" if error else "done"
     if not error:
+        relative = {name: str(Path(value).relative_to(out)) if name in PATH_OUTPUTS else value
+                    for name, value in outputs.items()}  # the output folder may move; its steps go with it
         write_json_atomic(folder / DONE, {"step": step.kind, "key": step.key, "params": dict(step.params),
-                                          "outputs": outputs, "seconds": seconds})
+                                          "outputs": relative, "seconds": seconds})
     append_log(out, {"event": status, "step": step.kind, "key": step.key, "cells": list(cells),
                      "seconds": seconds, **({"error": error} if error else {})})
     return StepResult(step.kind, step.key, status, outputs, error, seconds)
@@ -134,9 +139,11 @@ def _die_with_parent() -> None:
 
 
 def _last_error(log: Path) -> str:
-    lines = [line.strip() for line in log.read_text("utf-8", "replace").splitlines() if line.strip()]
+    text = log.read_text("utf-8", "replace").replace("\r", "\n")  # progress bars redraw with carriage returns
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
-    return (errors or lines or [""])[-1][:500]
+    last = (errors or lines or [""])[-1]
+    return last[last.find("tarq-deploy "):][:500] if "tarq-deploy " in last else last[:500]  # drop a bar before it
 
 
 def _options(options: dict[str, Any]) -> list[str]:
