@@ -6,24 +6,7 @@
 # thread, greedy) and scored teacher-forced against F16 in PyTorch. Run from the repository root after
 # run_ablation_data.sh (it shares $WORK, default /tmp/r, and reuses its checkpoints; missing ones are calibrated
 # here). The report goes to results/rarewords/base-round2/. Resumable: what exists is reused.
-set -euo pipefail
-export OMP_WAIT_POLICY=PASSIVE
-WORK=${WORK:-/tmp/r}
-TD=(python -m tarq_deploy.cli)
-SYNTH="$WORK/synth"
-MODEL=packaged:base
-[ -f "$SYNTH/test.jsonl" ] || "${TD[@]}" corpus synth --out "$SYNTH" --n 200 --n-test 200 --n-calib 512 \
-    --voices slt,joe --test-voices kal --seed 0
-
-checkpoint() {  # LABEL METHOD FLAGS... -> $WORK/bin/LABEL.bin, verified against $WORK/ck/LABEL
-  local label=$1 method=$2; shift 2
-  local ckpt="$WORK/ck/$label" bin="$WORK/bin/$label.bin"
-  [ -f "$ckpt/manifest.json" ] || { /usr/bin/time -f "$label calibration %e s" -a -o "$WORK/times.txt" \
-      "${TD[@]}" quantize --model "$MODEL" --calib "$SYNTH/calib.jsonl" --method "$method" "$@" --out "$ckpt" ; }
-  mkdir -p "$WORK/bin"
-  [ -f "$bin" ] || "${TD[@]}" export --target whisper.cpp "$ckpt" -o "$bin" --quiet
-  "${TD[@]}" verify "$bin" --against "$ckpt" > /dev/null
-}
+source "$(dirname "$0")/checkpoints.sh"
 
 checkpoint RTN rtn
 checkpoint IMATRIX imatrix

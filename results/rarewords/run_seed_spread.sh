@@ -4,21 +4,7 @@
 # picks which 128 of calib.jsonl's 512 utterances calibrate. Each checkpoint goes to whisper.cpp Q4_0 and is scored on
 # the TEST split like run_final_round2.sh (run that first: this script reuses its $WORK, checkpoints and hypothesis
 # cache, so only the new models are decoded). The report goes to results/rarewords/base-seeds/.
-set -euo pipefail
-export OMP_WAIT_POLICY=PASSIVE
-WORK=${WORK:-/tmp/r}
-TD=(python -m tarq_deploy.cli)
-SYNTH="$WORK/synth"
-MODEL=packaged:base
-
-checkpoint() {  # LABEL METHOD FLAGS... -> $WORK/bin/LABEL.bin, verified against $WORK/ck/LABEL
-  local label=$1 method=$2; shift 2
-  local ckpt="$WORK/ck/$label" bin="$WORK/bin/$label.bin"
-  [ -f "$ckpt/manifest.json" ] || { /usr/bin/time -f "$label calibration %e s" -a -o "$WORK/times.txt" \
-      "${TD[@]}" quantize --model "$MODEL" --calib "$SYNTH/calib.jsonl" --method "$method" "$@" --out "$ckpt" ; }
-  [ -f "$bin" ] || "${TD[@]}" export --target whisper.cpp "$ckpt" -o "$bin" --quiet
-  "${TD[@]}" verify "$bin" --against "$ckpt" > /dev/null
-}
+source "$(dirname "$0")/checkpoints.sh"
 
 for seed in 1 2; do
   checkpoint "GPTQ-s$seed" gptq --seed "$seed"
