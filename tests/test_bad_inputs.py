@@ -621,3 +621,21 @@ def test_loader_patch_refuses_to_apply_without_unidiff_zero(tmp_path):
     lines = (src / "gguf_loader.cpp").read_text().splitlines()
     assert "--unidiff-zero" in lines[0] and lines[2] == "// upstream line 1"
     assert lines[lines.index("// upstream line 5") + 1] == "#include <map>"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (None, "no such sweep file"),
+    ("[sweep\n", "not a readable TOML sweep file"),
+    ('[sweep]\nmethods = ["gptq"]\n[models]\na = "packaged:tiny.en"\n', "[calibration] names no corpus"),
+    ('[sweep]\nmethods = ["gptq"]\ntarget = "marlin"\n[models]\na = "packaged:tiny.en"\n', "target 'marlin'"),
+    ('[sweep]\nmethods = ["gptq"]\nsteps = ["quantize"]\n[models]\na = "packaged:tiny.en"\n[calibration]\n'
+     'c = "missing.jsonl"\n',
+     "missing.jsonl does not exist"),
+])
+def test_bad_sweep_file_is_one_line_before_any_work(tmp_path, capsys, text, fragment):
+    sweep = tmp_path / "sweep.toml"
+    if text is not None:
+        sweep.write_text(text)
+    status, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out")
+    assert_user_error(status, err, fragment)
+    assert not (tmp_path / "out").exists()
