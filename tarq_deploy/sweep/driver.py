@@ -2,8 +2,9 @@
 cluster (``address``) -- one code path.
 
 Resources say where a step may run. A calibration asks for a GPU (and calibrates on CUDA) when the cluster has GPUs
-and the sweep file's [quantize] table chooses no device, else for ``calibration_cpus`` CPUs; export, verify and eval ask for one CPU each. A bench asks for every CPU of the largest
-node, so while it runs nothing else runs beside it and its timings are undisturbed. The output folder must be one
+and the sweep file's [quantize] table chooses no device, else for ``calibration_cpus`` CPUs; export, verify and
+eval ask for one CPU each. A bench asks for every CPU of the largest node, so while it runs nothing else runs beside
+it and its timings are undisturbed. The output folder must be one
 that every node sees (a shared file system on a cluster): step folders are content-addressed, so whichever node runs
 a step, the next run finds it.
 """
@@ -35,7 +36,8 @@ class SweepRun:
 def plan(sweep: Sweep) -> tuple[list[Cell], dict[str, Step]]:
     """Hash the inputs (models, calibration corpora, code) and lay out the cells."""
     models = {name: model_hash(source) for name, source in sweep.models.items()}
-    corpora = {c.name: corpus_hash(c.manifest) for c in sweep.corpora}
+    manifests = {*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()}
+    corpora = {path: corpus_hash(path) for path in manifests}  # each corpus once, however many cells read it
     return plan_cells(sweep, models, corpora, code_version())
 
 

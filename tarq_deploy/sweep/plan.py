@@ -1,8 +1,8 @@
 """A sweep file, read into cells and content-addressed steps.
 
 A sweep is the grid models × calibration corpora × methods × types. A *cell* is one point of the grid; its chain of
-*steps* (quantize → export → verify → eval) each have a *key*: the sha256 of everything the step's output depends on
-(the model's bytes, the corpus's bytes, the options, the code version and the keys of the steps before it). A step's
+*steps* (quantize → export → verify → eval) each have a *key*: the sha256 of everything the step's output depends
+on (the model's bytes, the corpus's bytes, the options, the code version and the keys of the steps before it). A step's
 output lives under ``OUT/steps/STEP/KEY`` and is final once its ``done.json`` exists, so a re-run finds finished steps
 by their key and an interrupted sweep resumes where it stopped. Steps with the same key are one step: ``rtn`` does not
 read the calibration corpus, so its cells under two corpora share their steps.
@@ -291,25 +291,27 @@ def corpus_hash(manifest: Path) -> str:
 
 
 # -------------------------------------------------------------------------------------------------------- cells
-def plan_cells(sweep: Sweep, model_hashes: Mapping[str, str], corpus_hashes: Mapping[str, str],
+def plan_cells(sweep: Sweep, model_hashes: Mapping[str, str], corpus_hashes: Mapping[Path, str],
                code: str) -> tuple[list[Cell], dict[str, Step]]:
-    """Every cell of the grid with its steps' keys, and the steps by key (shared steps appear once)."""
+    """Every cell of the grid with the keys of the steps it runs, and those steps by key (shared steps appear once).
+    ``corpus_hashes`` holds every calibration and evaluation manifest's corpus_hash, by path."""
     cells: list[Cell] = []
     steps: dict[str, Step] = {}
     for model, source in sweep.models.items():
         if sweep.reference:
-            cells.append(_reference_cell(sweep, model, source, model_hashes[model], code, steps))
+            cells.append(_reference_cell(sweep, model, source, model_hashes[model], corpus_hashes, code, steps))
         for index, corpus in enumerate(sweep.corpora or (Corpus("-", Path()),)):
             for method in sweep.methods:
                 if index and method in METHODS_WITHOUT_DATA:
                     continue  # one cell, whatever the corpus
                 for lattice in sweep.types:
                     cells.append(_cell(sweep, model, source, corpus, method, lattice, model_hashes[model],
-                                       corpus_hashes.get(corpus.name, ""), code, steps))
+                                       corpus_hashes, code, steps))
     if "bench" in sweep.steps:
         for model in sweep.models:
             _add_bench(sweep, model, [c for c in cells if c.model == model], code, steps)
-    return cells, steps
+    used = {key for cell in cells for key in cell.steps.values()}
+    return cells, {key: step for key, step in steps.items() if key in used}  # the chain's unrequested links dropped
 
 
 def _add(steps: dict[str, Step], kind: str, params: dict[str, Any], needs: tuple[str, ...], code: str,
@@ -320,33 +322,36 @@ def _add(steps: dict[str, Step], kind: str, params: dict[str, Any], needs: tuple
 
 
 def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, lattice: LatticeType,
-          model_key: str, corpus_key: str, code: str, steps: dict[str, Step]) -> Cell:
+          model_key: str, corpus_hashes: Mapping[Path, str], code: str, steps: dict[str, Step]) -> Cell:
     uses_data = method not in METHODS_WITHOUT_DATA
     cell = Cell(model, corpus.name if uses_data else "-", method, lattice.name)
     quantize = {"model": source, "model_hash": model_key, "method": method, "target": sweep.target,
                 "bits": lattice.bits, "group_size": lattice.group_size, "options": sweep.quantize_options,
-                **({"calib": str(corpus.manifest), "corpus_hash": corpus_key, "n_calib": corpus.n} if uses_data else {})}
+                **({"calib": str(corpus.manifest), "corpus_hash": corpus_hashes[corpus.manifest], "n_calib": corpus.n}
+                   if uses_data else {})}
     chain = {"quantize": _add(steps, "quantize", quantize, (), code)}
     chain["export"] = _add(steps, "export", {"target": sweep.target, "slug": cell.slug}, (chain["quantize"],), code)
     chain["verify"] = _add(steps, "verify", {}, (chain["export"], chain["quantize"]), code)
     gate = (chain["verify"],) if "verify" in sweep.steps else ()
-    _add_eval(sweep, cell, chain, (chain["export"],), code, steps, gate)
-    return Cell(cell.model, cell.corpus, cell.method, cell.type, {k: v for k, v in chain.items() if _runs(sweep, k)})
+    _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps, gate)
+    return _with_steps(cell, chain, sweep)
 
 
-def _reference_cell(sweep: Sweep, model: str, source: str, model_key: str, code: str, steps: dict[str, Step]) -> Cell:
+def _reference_cell(sweep: Sweep, model: str, source: str, model_key: str, corpus_hashes: Mapping[Path, str],
+                    code: str, steps: dict[str, Step]) -> Cell:
     cell = Cell(model, "-", REFERENCE_METHOD, "f16")
     chain = {"export": _add(steps, "export", {"target": sweep.target, "slug": cell.slug, "model": source,
                                               "model_hash": model_key, "type": "f16"}, (), code)}
-    _add_eval(sweep, cell, chain, (chain["export"],), code, steps)
-    return Cell(cell.model, cell.corpus, cell.method, cell.type, {k: v for k, v in chain.items() if _runs(sweep, k)})
+    _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps)
+    return _with_steps(cell, chain, sweep)
 
 
-def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str, ...], code: str,
-              steps: dict[str, Step], after: tuple[str, ...] = ()) -> None:
+def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str, ...],
+              corpus_hashes: Mapping[Path, str], code: str, steps: dict[str, Step],
+              after: tuple[str, ...] = ()) -> None:
     if "eval" not in sweep.steps:
         return
-    data = {name: {"manifest": str(path), "hash": corpus_hash(path)} for name, path in sweep.evaluation.items()}
+    data = {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
     chain["eval"] = _add(steps, "eval", {"label": cell.name, "runtime": sweep.runtime, "data": data,
                                          "options": sweep.eval_options}, needs, code, after)
 
@@ -360,11 +365,12 @@ def _add_bench(sweep: Sweep, model: str, cells: list[Cell], code: str, steps: di
         cell.steps["bench"] = key
 
 
-def _runs(sweep: Sweep, kind: str) -> bool:
-    """The steps a cell runs: those the sweep asks for, plus what they need (eval needs the export it reads)."""
+def _with_steps(cell: Cell, chain: dict[str, str], sweep: Sweep) -> Cell:
+    """The cell with the links of its chain that run: those the sweep asks for, plus what they need (eval needs the
+    export it reads, an export the checkpoint it copies)."""
     wanted = set(sweep.steps)
     if wanted & {"verify", "eval", "bench"}:
         wanted.add("export")
-    if "export" in wanted or "verify" in wanted:
+    if "export" in wanted:
         wanted.add("quantize")
-    return kind in wanted
+    return Cell(cell.model, cell.corpus, cell.method, cell.type, {k: v for k, v in chain.items() if k in wanted})

@@ -146,7 +146,7 @@ def _last_error(log: Path) -> str:
     return last[last.find("tarq-deploy "):][:500] if "tarq-deploy " in last else last[:500]  # drop a bar before it
 
 
-def _options(options: dict[str, Any]) -> list[str]:
+def _flags(options: dict[str, Any]) -> list[str]:
     """{'n_calib': 512, 'act_order': False, 'quiet': True} -> ['--n-calib', '512', '--no-act-order', '--quiet']."""
     argv: list[str] = []
     for name, value in options.items():
@@ -166,7 +166,7 @@ def _quantize(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int)
     data = ["--calib", p["calib"], *(["--n-calib", str(p["n_calib"])] if p.get("n_calib") else [])] \
         if "calib" in p else []
     _tarq_deploy(["quantize", "--model", p["model"], "--method", p["method"], "--target", p["target"],
-                  "--bits", str(p["bits"]), "--group-size", str(p["group_size"]), *data, *_options(p["options"]),
+                  "--bits", str(p["bits"]), "--group-size", str(p["group_size"]), *data, *_flags(p["options"]),
                   "--out", str(checkpoint)], folder, cpus)
     return {"checkpoint": str(checkpoint)}
 
@@ -196,7 +196,7 @@ def _eval(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -> 
     options = {"threads": 1, **p["options"]}
     data = [arg for name, d in p["data"].items() for arg in ("--data", f"{name}={d['manifest']}")]
     _tarq_deploy(["eval", *data, "--backend", p["runtime"], "--model", f"{p['label']}={needed[0].outputs['file']}",
-                  *_options(options), "--out", str(folder), "--quiet"], folder, cpus)
+                  *_flags(options), "--out", str(folder), "--quiet"], folder, cpus)
     return {"report": str(folder / "report.json"), "utterances": str(folder / "utterances.jsonl")}
 
 
