@@ -92,6 +92,13 @@ def test_plan_shares_steps_and_checks_the_file(sweep_file: Path, tmp_path: Path)
     names = [c.name for c in cells]
     assert names[0] == "tiny.en/-/f16/f16" and len(names) == 1 + 2 * 2 + 2 * 2 - 2  # rtn reads no corpus: 2 cells
     assert len({c.steps["quantize"] for c in cells if "quantize" in c.steps}) == 6
+    only_quantize = tmp_path / "quantize.toml"
+    only_quantize.write_text(SWEEP.replace('steps = ["quantize", "export", "verify", "eval"]', 'steps = ["quantize"]'))
+    only_quantize.with_name("calib.jsonl").write_text(sweep_file.with_name("calib.jsonl").read_text())
+    only_quantize.with_name("broken.jsonl").write_text(sweep_file.with_name("broken.jsonl").read_text())
+    only_quantize.with_name("eval.jsonl").write_text(sweep_file.with_name("eval.jsonl").read_text())
+    cells, steps = plan(load_sweep(only_quantize))
+    assert {s.kind for s in steps.values()} == {"quantize"} and len(steps) == 6  # no export or verify scheduled
     bad = tmp_path / "bad.toml"
     bad.write_text(SWEEP.replace('"q8_0"]', '"q3_x"]'))
     with pytest.raises(UserError, match="q3_x"):
