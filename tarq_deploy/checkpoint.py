@@ -5,9 +5,11 @@ Layout of a checkpoint directory::
     manifest.json         format, version, lattice (bits, group size, scheme), method and knobs, per-layer records,
                           calibration summary, source model, sha256 of every file below, and ``manifest_sha256``:
                           the sha256 of the manifest itself (its canonical JSON without that key)
-    lattice.safetensors   per quantized weight NAME: "NAME.codes" and "NAME.scales" (float16 [m, n_groups]).
-                          Codes are uint8 nibble pairs [m, n/2] for 4-bit (code + 8; column 2j in the low nibble,
-                          2j+1 in the high nibble) and int8 [m, n] otherwise.
+    lattice.safetensors   per quantized weight NAME: "NAME.codes" and "NAME.scales" (float16 [m, n_groups]), and
+                          for the affine and K-quant schemes "NAME.mins", "NAME.sub_scales", "NAME.sub_mins" as
+                          lattice.py stores them. Codes are uint8 nibble pairs [m, n/2] for 4-bit (code - qmin:
+                          code + 8 for the symmetric lattice; column 2j in the low nibble, 2j+1 in the high nibble)
+                          and int8 [m, n] otherwise. The manifest's ``lattice`` names the scheme and the ggml type.
     tensors.safetensors   every tensor of the model that was not quantized, in its own dtype
     model/                the model's config, tokenizer and processor files, copied verbatim
 
@@ -29,7 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .fileio import atomic_directory
-from .quant.lattice import LatticeSpec, QuantizedWeight, check_on_lattice
+from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 
 FORMAT_NAME = "tarq-lattice"
 FORMAT_VERSION = 1
@@ -72,18 +74,18 @@ class LatticeCheckpoint:
 
 # ----------------------------------------------------------------------------------------------------- codes packing
 def pack_codes(q: QuantizedWeight) -> torch.Tensor:
-    """4-bit codes as uint8 nibble pairs (code + 8), other widths as int8 unchanged."""
+    """4-bit codes as uint8 nibble pairs (code - qmin), other widths as int8 unchanged."""
     if not _packs_to_nibbles(q.spec, q.codes.shape[1]):
         return q.codes.contiguous()
-    u = (q.codes.to(torch.int16) + 8).to(torch.uint8)
+    u = (q.codes.to(torch.int16) - q.spec.qmin).to(torch.uint8)
     return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
 
 
 def unpack_codes(stored: torch.Tensor, spec: LatticeSpec, n_cols: int) -> torch.Tensor:
     if not _packs_to_nibbles(spec, n_cols):
         return stored
-    low = (stored & 0x0F).to(torch.int8) - 8
-    high = (stored >> 4).to(torch.int8) - 8
+    low = (stored & 0x0F).to(torch.int8) + spec.qmin
+    high = (stored >> 4).to(torch.int8) + spec.qmin
     return torch.stack([low, high], dim=2).reshape(stored.shape[0], n_cols)
 
 
@@ -108,7 +110,8 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         q = ckpt.quantized[name]
         check_on_lattice(q)
         lattice[f"{name}.codes"] = pack_codes(q).cpu()
-        lattice[f"{name}.scales"] = q.scales.cpu().contiguous()
+        for part, tensor in q.params().items():
+            lattice[f"{name}.{part}"] = tensor.cpu().contiguous()
         shapes[name] = list(q.codes.shape)
     save_file(lattice, str(directory / LATTICE_FILE), metadata={"format": FORMAT_NAME})
     tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(ckpt.tensors.items())}
@@ -121,8 +124,9 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "lattice": {"bits": ckpt.spec.bits, "group_size": ckpt.spec.group_size, "scheme": "symmetric",
-                    "scale_dtype": "float16", "code_storage": "nibble" if ckpt.spec.bits == 4 else "int8"},
+        "lattice": {"bits": ckpt.spec.bits, "group_size": ckpt.spec.group_size, "scheme": ckpt.spec.scheme,
+                    "ggml_type": ggml_type_name(ckpt.spec), "scale_dtype": "float16",
+                    "code_storage": "nibble" if ckpt.spec.bits == 4 else "int8"},
         "quantized": shapes,
         "aliases": dict(sorted(ckpt.aliases.items())),
         **ckpt.metadata,
@@ -130,6 +134,17 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     }
     manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def ggml_type_name(spec: LatticeSpec) -> str | None:
+    """The ggml type a lattice is stored in exactly ("q4_0", "q5_k", ...), or None (a symmetric lattice of another
+    bit width, for the GPU formats)."""
+    from .quant.choices import GGML_TYPES
+
+    for name, (scheme, bits, _group) in GGML_TYPES.items():
+        if (scheme, bits) == (spec.scheme, spec.bits):
+            return name
+    return None
 
 
 def manifest_digest(manifest: dict) -> str:
@@ -183,7 +198,8 @@ def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True) ->
         _verify_files(root, manifest)
     try:
         lattice_cfg = manifest["lattice"]
-        spec = LatticeSpec(bits=lattice_cfg["bits"], group_size=lattice_cfg["group_size"])
+        spec = LatticeSpec(bits=lattice_cfg["bits"], group_size=lattice_cfg["group_size"],
+                           scheme=lattice_cfg.get("scheme", "symmetric"))
         shapes = dict(manifest["quantized"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{root / MANIFEST}: malformed lattice description ({type(e).__name__}: {e})") from None
@@ -227,6 +243,7 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 def _quantized_from(raw: dict[str, torch.Tensor], name: str, shape: list[int], spec: LatticeSpec, path: Path) -> QuantizedWeight:
     if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
         raise CheckpointError(f"{path}: codes or scales of {name} missing")
+    params = {part: raw[f"{name}.{part}"] for part in PARAM_FIELDS if f"{name}.{part}" in raw}
     if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(d, int) and d > 0 for d in shape)):
         raise CheckpointError(f"{path.parent / MANIFEST}: shape of {name} is {shape!r}, not [rows, columns]")
     stored = raw[f"{name}.codes"]
@@ -234,7 +251,7 @@ def _quantized_from(raw: dict[str, torch.Tensor], name: str, shape: list[int], s
     if list(stored.shape) != packed:
         raise CheckpointError(f"{path}: codes of {name} are stored as {list(stored.shape)}, which does not fit its "
                               f"shape {shape} in {MANIFEST}")
-    q = QuantizedWeight(unpack_codes(stored, spec, shape[1]), raw[f"{name}.scales"], spec)
+    q = QuantizedWeight(unpack_codes(stored, spec, shape[1]), spec=spec, **params)
     if list(q.codes.shape) != list(shape):
         raise CheckpointError(f"{path}: codes of {name} have shape {list(q.codes.shape)}, manifest says {shape}")
     try:

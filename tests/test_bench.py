@@ -25,7 +25,8 @@ from tarq_deploy.bench.bench_report import csv_text, markdown_report, variant_of
 from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
 from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
 from tarq_deploy.commands import bench as bench_command
-from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn
+from tarq_deploy.quant.lattice import LatticeSpec
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 from tarq_deploy.runtimes.base import BenchRuntime, ModelInfo
 from tarq_deploy.runtimes.int4_linear import Int4Linear
 from tarq_deploy.runtimes.whisper_cpp import whisper_backbone

@@ -11,7 +11,8 @@ import torch
 from tarq_deploy.checkpoint import (
     CheckpointError, LatticeCheckpoint, load_checkpoint, pack_codes, save_checkpoint, unpack_codes,
 )
-from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn
+from tarq_deploy.quant.lattice import LatticeSpec
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 
 
 def make_checkpoint(bits: int = 4, group_size: int = 32) -> LatticeCheckpoint:

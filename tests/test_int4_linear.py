@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
-from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 from tarq_deploy.runtimes.int4_linear import (Int4Linear, cuda_nibbles, replace_linears, swap_in_int4_linears,
                                              symmetric_scales_and_zeros)
 

@@ -12,8 +12,8 @@ from gguf.constants import GGMLQuantizationType
 from tarq_deploy.formats.ggml_blocks import pack_q4_0, pack_q8_0
 from tarq_deploy.quant.ggml_quants import ggml_q4_0_bytes, q4_0_lattice, quantize_q4_0_imatrix
 from tarq_deploy.quant.gptq import gptq_quantize
-from tarq_deploy.quant.lattice import (LatticeSpec, codes_for, max_rule_scales, quantize_rtn, scales_for,
-                                       search_scales)
+from tarq_deploy.quant.lattice import LatticeSpec, codes_for, max_rule_scales, scales_for, search_scales
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 
 
 def _weights(seed: int = 0, m: int = 48, n: int = 256) -> torch.Tensor:

@@ -38,7 +38,8 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from tarq_deploy import cli, hub
 from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
 from tarq_deploy.errors import UserError
-from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn
+from tarq_deploy.quant.lattice import LatticeSpec
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_test_token_for_the_local_stand_in"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tarq_deploy.quant.gptq import gptq_quantize, weighted_loss
-from tarq_deploy.quant.lattice import (LatticeSpec, check_on_lattice, codes_for, dequantize, quantize_rtn,
-                                       scales_for)
+from tarq_deploy.quant.lattice import LatticeSpec, check_on_lattice, codes_for, dequantize, scales_for
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 from tarq_deploy.quant.stats import LayerStats
 from tarq_deploy.quant.calibrate import solve_layer
 from tarq_deploy.quant.tarq import (

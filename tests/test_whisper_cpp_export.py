@@ -30,7 +30,8 @@ from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
 from tarq_deploy.commands.export_whispercpp import add_export_arguments, run_export
 from tarq_deploy.commands.verify import add_arguments as add_verify_arguments, run as run_verify
 from tarq_deploy.data.real_clips import JFK_TEXT
-from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight
+from tarq_deploy.quant.lattice_fit import quantize_rtn
 
 Q4_0, Q8_0 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0
 N_THREADS = 2
@@ -245,7 +246,7 @@ def test_cli_refuses_a_type_the_lattice_does_not_fit(checkpoints, work, capsys):
     out = work / "wrong-type.bin"
     args = parse(add_export_arguments, [str(checkpoints[32]), "-o", str(out), "--type", "q8_0", "--quiet"])
     assert run_export(args) == 2
-    assert "4-bit lattice" in capsys.readouterr().err
+    assert "4-bit symmetric lattice is not what Q8_0 stores" in capsys.readouterr().err
     assert not out.exists() and not list(work.glob(".wrong-type.bin.*"))
 
 

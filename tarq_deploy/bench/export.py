@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from tarq_deploy.formats.whisper_cpp import as_source, build_whisper_cpp, export_whisper_cpp, write_whisper_cpp  # noqa: E402
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from tarq_deploy.fileio import write_json_atomic  # noqa: E402
-from tarq_deploy.quant.lattice import LatticeSpec, quantize_rtn  # noqa: E402
+from tarq_deploy.quant.lattice import LatticeSpec  # noqa: E402
+from tarq_deploy.quant.lattice_fit import quantize_rtn  # noqa: E402
 
 SPEC = LatticeSpec(bits=4, group_size=32)  # one lattice group per Q4_0 block: the natural ggml lattice
 SMALL_DIMS = dict(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,

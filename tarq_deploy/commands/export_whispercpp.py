@@ -1,8 +1,8 @@
 """`tarq-deploy export --target whisper.cpp` (`tarq-deploy verify` checks the file: commands/verify.py).
 
-    tarq-deploy export --target whisper.cpp CHECKPOINT_DIR -o model-q4_0.bin [--type q4_0|q8_0|f16]
+    tarq-deploy export --target whisper.cpp CHECKPOINT_DIR -o model-q5_1.bin [--type q5_1|...|f16]
     tarq-deploy export --target whisper.cpp --model SOURCE -o model-f16.bin [--type f16]
-    tarq-deploy export --target whisper.cpp --model SOURCE --baseline rtn -o model-rtn-q4_0.bin [--type q4_0|q8_0]
+    tarq-deploy export --target whisper.cpp --model SOURCE --baseline rtn -o model-rtn-q4_0.bin [--type q4_0|...]
 
 Errors name the file and the problem, exit with status 2 and leave no output file behind.
 """
@@ -17,7 +17,7 @@ TARGETS = ("whisper.cpp",)
 EXIT_OK, EXIT_ERROR = 0, 2
 # The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names
 # mirror tarq_deploy.formats.whisper_cpp.TARGET_TYPES / BASELINES (tests/test_bad_inputs.py checks that they agree).
-WEIGHT_TYPES = ("f16", "q8_0", "q4_0")
+WEIGHT_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 BASELINES = ("rtn",)
 
 
@@ -38,8 +38,9 @@ def add_export_arguments(parser: argparse.ArgumentParser, targets: Sequence[str]
     parser.add_argument("--target", choices=targets, default="whisper.cpp", help="runtime file format")
     parser.add_argument("-o", "--output", required=True, help="model file to write (replaced atomically)")
     parser.add_argument("--type", choices=WEIGHT_TYPES, dest="weight_type",
-                        help="ggml type of the weight matrices (default: the checkpoint's lattice: q4_0 for 4-bit, "
-                             "q8_0 for 8-bit; f16 for --model; q4_0 for --baseline)")
+                        help="ggml type of the weight matrices (default: the checkpoint's lattice's type, e.g. q5_1; "
+                             "f16 for --model; q4_0 for --baseline); a checkpoint exports only to its own type or "
+                             "f16: nothing re-quantizes")
     parser.add_argument("--model", metavar="SOURCE",
                         help="export a float model instead of a checkpoint (packaged:NAME, a CTranslate2 or "
                              "transformers directory; see tarq_deploy.models.loader)")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..data.corpus import POOLS
 from ..errors import UserError
-from ..quant.choices import ALPHA_RULES, DEFAULT_GROUP_SIZE, METHODS, SCALE_RULES, SOURCES
+from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
+                             K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
 SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
@@ -20,11 +21,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calib", help="calibration corpus: JSONL manifest, LibriSpeech-layout or saved datasets "
                                    "directory (needed by every method but rtn)")
     p.add_argument("--method", choices=METHODS, default="tarq",
-                   help="solver: rtn (ggml's rounding, no data), gptq, rarebal (metric only), residual (solver only), "
-                        "tarq (both), imatrix (ggml's importance-weighted Q4_0 rounding)")
+                   help="solver: rtn (nearest codes, no data; ggml's own bytes for q4_0..q8_0), ggml (ggml's own "
+                        "quantizer of the type, no data), gptq, rarebal (metric only), residual (solver only), "
+                        "tarq (both), imatrix (ggml's importance-weighted rounding of the type)")
     p.add_argument("--target", choices=sorted(DEFAULT_GROUP_SIZE), default="whisper.cpp",
                    help="where the checkpoint will be exported; sets the default group size")
-    p.add_argument("--bits", type=int, default=4, help="bits per weight code (2 to 8)")
+    p.add_argument("--type", choices=sorted(GGML_TYPES),
+                   help="ggml type of the weight matrices (ggml targets): sets the lattice's bits, grouping and "
+                        "scheme to exactly what that type stores; default q4_0 (the K-quants need rows of a "
+                        "multiple of 256 values)")
+    p.add_argument("--bits", type=int, help="bits per weight code of a symmetric lattice (2 to 8; default 4, or the "
+                                            "--type's)")
     p.add_argument("--group-size", type=int, help="input columns per scale (32, 64, 128, or -1 per channel); "
                                                   "default 32 for ggml targets, 128 for GPU formats")
     p.add_argument("--zipf-threshold", type=float, default=3.0, help="a word is rare if its Zipf score is below k")
@@ -57,15 +64,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from(args: argparse.Namespace):
     from ..quant.pipeline import QuantizeOptions
 
-    group = args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE[args.target]
+    scheme, bits, group = lattice_choice(args)
     return QuantizeOptions(
-        method=args.method, bits=args.bits, group_size=group, zipf_threshold=args.zipf_threshold,
+        method=args.method, bits=bits, group_size=group, scheme=scheme, zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
         alpha_rule=args.alpha_rule,
         device=args.device,
     )
+
+
+def lattice_choice(args: argparse.Namespace) -> tuple[str, int, int]:
+    """(scheme, bits, group size) from --type, --bits, --group-size and --target; a contradiction is a UserError."""
+    group = args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE[args.target]
+    if args.type is None:
+        return "symmetric", args.bits if args.bits is not None else 4, group
+    if args.target not in GGML_TARGETS:
+        raise UserError(f"--type {args.type}: ggml types are for the ggml targets ({', '.join(GGML_TARGETS)}); "
+                        f"--target {args.target} stores a 4-bit symmetric lattice (use --bits / --group-size)")
+    scheme, bits, native_group = GGML_TYPES[args.type]
+    if args.bits is not None and args.bits != bits:
+        raise UserError(f"--bits {args.bits}: --type {args.type} stores {bits}-bit codes (leave --bits out)")
+    if scheme != "symmetric" and args.group_size is not None and args.group_size != native_group:
+        raise UserError(f"--group-size {args.group_size}: --type {args.type} has one group of {native_group} values "
+                        f"per scale (leave --group-size out)")
+    return scheme, bits, group if scheme == "symmetric" else native_group
+
+
+def check_ggml_quantizer(options) -> None:
+    """imatrix and ggml call ggml's own quantizer, which writes one ggml type at its own grouping."""
+    native = {(scheme, bits): (name, group) for name, (scheme, bits, group) in GGML_TYPES.items()}
+    found = native.get((options.scheme, options.bits))
+    if found is None:
+        raise UserError(f"--method {options.method}: ggml's quantizer writes ggml types only; a {options.bits}-bit "
+                        f"{options.scheme} lattice is none of them (pick --type)")
+    if options.group_size != found[1]:
+        raise UserError(f"--method {options.method}: ggml's {found[0]} quantizer writes groups of {found[1]}; got "
+                        f"--group-size {options.group_size}")
+
+
+def _width_problem(args: argparse.Namespace, spec, layer: str, columns: int) -> str:
+    """The one-line refusal for a Linear whose width the lattice cannot split, naming the types that would work."""
+    if spec.two_level:
+        fitting = [name for name, (scheme, _, group) in GGML_TYPES.items()
+                   if not scheme.startswith("k-") and columns % group == 0]
+        return (f"--type {args.type}: {layer} has {columns} input columns, not a multiple of {K_QUANT_ROW} (the "
+                f"K-quant super-block); types that fit this model: {', '.join(fitting)}")
+    return (f"--group-size {spec.group_size}: {layer} has {columns} input columns, not a multiple of it "
+            f"(try 32 or -1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     out, work, log_path = checked_outputs(args.out)
     check_model_source(args.model)
     utterances = []
-    if options.method != "rtn":
+    if options.method not in DATA_FREE_METHODS:
         utterances = load_corpus(args.calib)
         if not utterances:
             raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot calibrate "
@@ -108,7 +155,9 @@ def checked_options(args: argparse.Namespace):
                         f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))} (-1: one scale per row)")
     if not options.cost_ratio > 0:
         raise UserError(f"--cost-ratio {options.cost_ratio}: must be positive")
-    if options.method != "rtn":
+    if options.method in ("imatrix", "ggml"):
+        check_ggml_quantizer(options)
+    if options.method not in DATA_FREE_METHODS:
         if not args.calib:
             raise UserError(f"--calib is required for method {options.method!r}")
         if options.n_calib < 1:
@@ -183,8 +232,7 @@ def load_checked_backbone(args: argparse.Namespace, options):
                     try:
                         spec.check_columns(columns)
                     except ValueError:
-                        raise UserError(f"--group-size {spec.group_size}: {block.full_name(rel)} has {columns} input "
-                                        f"columns, not a multiple of it (try 32 or -1)") from None
+                        raise UserError(_width_problem(args, spec, block.full_name(rel), columns)) from None
     return backbone
 
 

@@ -1,21 +1,15 @@
-"""ggml types and block packing: the one place that knows how ggml lays out quantized rows.
+"""ggml types and block packing: the one place the formats layer learns how ggml lays out quantized rows.
 
 Type ids and sizes are gguf-py's (``GGMLQuantizationType``, ``GGML_QUANT_SIZES``); ``BLOCKS`` holds, for every type
-this package reads or writes, its block size, bytes per block and name.
-
-A lattice (integer codes q, one fp16 scale s per row per group of input columns, value s * q) is written into ggml
-blocks of 32 consecutive values of a row, each block carrying its own fp16 scale d:
-
-* Q4_0 (18 bytes): d, then 16 bytes; byte j holds element j in its low nibble and element j + 16 in its high
-  nibble; nibble = q + 8; value = (nibble - 8) * d.
-* Q8_0 (34 bytes): d, then 32 int8 codes; value = q * d.
-
-A lattice group that spans several blocks (group 64 / 128 / a whole row) repeats its scale in each of them, which
-is exact: every block decodes to the same s * q. A group narrower than a block, or one that straddles block
-boundaries (e.g. 48), cannot be held, and we refuse rather than re-quantize.
+this package reads or writes, its block size, bytes per block and name. Each quantized type holds exactly one
+lattice (quant/ggml_types.py, where the per-type codecs live): Q4_0 / Q5_0 / Q8_0 the symmetric 4-, 5- and 8-bit
+lattices, Q4_1 / Q5_1 the affine ones, Q4_K / Q5_K / Q6_K the two-level K-quant lattices. ``pack_lattice`` copies a
+lattice weight into its type's blocks and refuses any other pairing rather than re-quantize.
 
 ``ggml_rtn_q4_0`` / ``ggml_rtn_q8_0`` are ggml's *own* rounding of float weights (what whisper.cpp's quantize tool
-produces), byte-identical with ``gguf.quants.quantize``: the baseline a lattice is compared against.
+produces), byte-identical with ``gguf.quants.quantize``: the baseline a lattice is compared against;
+``ggml_rtn`` gives it for every lattice type (gguf-py's reference quantizers for the one-level types, ggml's own
+library for the K-quants, whose reference quantizer gguf-py does not carry).
 """
 from __future__ import annotations
 
@@ -24,6 +18,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as GGMLType
+
+from tarq_deploy.quant.ggml_types import (LATTICE_TYPES, QK, LatticeNotRepresentable, pack, pack_one_level,
+                                          spec_for_type, type_for_spec)
+from tarq_deploy.quant.lattice import QuantizedWeight
 
 
 class BlockLayout(NamedTuple):
@@ -34,22 +32,15 @@ class BlockLayout(NamedTuple):
     name: str
 
 
-# The types this package reads and writes; a new lattice type is one more entry here (its sizes come from gguf-py).
-KNOWN_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)
+# The types this package reads and writes; a new lattice type is one more entry in quant/ggml_types.py.
+KNOWN_TYPES = (GGMLType.F32, GGMLType.F16, *LATTICE_TYPES)
 BLOCKS: dict[int, BlockLayout] = {t: BlockLayout(*GGML_QUANT_SIZES[t], t.name) for t in KNOWN_TYPES}
 GGML_TYPE_NAMES: dict[int, str] = {t: layout.name for t, layout in BLOCKS.items()}
 QUANTIZED_TYPES = tuple(t for t, layout in BLOCKS.items() if layout.block_size > 1)
+# lower-case names, as the command line and whisper.cpp's quantize tool spell them
+TYPE_BY_NAME: dict[str, GGMLType] = {t.name.lower(): t for t in KNOWN_TYPES}
 
-QK = BLOCKS[GGMLType.Q4_0].block_size  # values per block of Q4_0 and Q8_0, the types a lattice is packed into
-
-# the lattice bit width each quantized type holds exactly, and its code range
-LATTICE_BITS = {GGMLType.Q4_0: 4, GGMLType.Q8_0: 8}
-CODE_RANGE = {GGMLType.Q4_0: (-8, 7), GGMLType.Q8_0: (-128, 127)}
-Q4_0_NIBBLE_OFFSET = 8
-
-
-class LatticeNotRepresentable(ValueError):
-    """The lattice cannot be stored bit-exactly in the requested ggml type."""
+__all__ = ["LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec"]
 
 
 # ------------------------------------------------------------------------------------------------------- sizes
@@ -71,64 +62,24 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- lattice packing
-def pack_lattice(codes: Any, scales: Any, bits: int, ggml_type: int) -> np.ndarray:
-    """Pack a lattice weight (codes [m, n], fp16 scales [m, n_groups]) as ``ggml_type`` blocks; uint8 [m, row_bytes].
-    Refuses (LatticeNotRepresentable) a lattice whose bit width is not the one the type stores."""
-    if ggml_type not in LATTICE_BITS:
+def pack_lattice(q: QuantizedWeight, ggml_type: int) -> np.ndarray:
+    """Pack a lattice weight as ``ggml_type`` blocks; uint8 [m, row_bytes]. Refuses (LatticeNotRepresentable) a
+    lattice that is not the one the type stores."""
+    if ggml_type not in LATTICE_TYPES:
         raise LatticeNotRepresentable(f"ggml type {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} does not hold a "
-                                      f"symmetric integer lattice; use Q4_0 or Q8_0")
-    if bits != LATTICE_BITS[ggml_type]:
-        raise LatticeNotRepresentable(f"a {bits}-bit lattice is not what {GGML_TYPE_NAMES[ggml_type]} stores "
-                                      f"(it stores {LATTICE_BITS[ggml_type]}-bit codes)")
-    return pack_q4_0(codes, scales) if ggml_type == GGMLType.Q4_0 else pack_q8_0(codes, scales)
+                                      f"lattice; use one of {', '.join(t.name for t in LATTICE_TYPES)}")
+    return pack(q, GGMLType(ggml_type))
 
 
 def pack_q4_0(codes: Any, scales: Any) -> np.ndarray:
     """Q4_0 blocks of a 4-bit lattice: codes int [m, n] in [-8, 7], fp16 scales [m, n_groups]; uint8 [m, n/32*18]."""
-    q, d = _block_codes_and_scales(codes, scales, GGMLType.Q4_0)
-    m, n_blocks = d.shape
-    # codes are checked to lie in [-8, 7], so code + 8 fits int8 and reads as the unsigned nibble
-    nibbles = (q.astype(np.int8, copy=False) + np.int8(Q4_0_NIBBLE_OFFSET)).view(np.uint8)
-    nibbles = nibbles.reshape(m, n_blocks, 2, QK // 2)
-    packed = nibbles[:, :, 0, :] | (nibbles[:, :, 1, :] << np.uint8(4))  # element j low, element j + 16 high
-    return _assemble_blocks(d, packed)
+    return pack_one_level(codes, scales, GGMLType.Q4_0)
 
 
 def pack_q8_0(codes: Any, scales: Any) -> np.ndarray:
     """Q8_0 blocks of an 8-bit lattice: codes int [m, n] in [-128, 127], fp16 scales [m, n_groups]; uint8 [m, n/32*34].
     Code -128 is stored as is: ggml dequantizes it exactly (its own quantizer only ever writes [-127, 127])."""
-    q, d = _block_codes_and_scales(codes, scales, GGMLType.Q8_0)
-    m, n_blocks = d.shape
-    return _assemble_blocks(d, q.astype(np.int8).view(np.uint8).reshape(m, n_blocks, QK))
-
-
-def _block_codes_and_scales(codes: Any, scales: Any, ggml_type: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a lattice for ``ggml_type`` and return (codes [m, n], fp16 scale per 32-block [m, n/32])."""
-    q = _as_numpy(codes)
-    s = _as_numpy(scales)
-    name = GGML_TYPE_NAMES[ggml_type]
-    if q.ndim != 2 or s.ndim != 2 or s.shape[0] != q.shape[0]:
-        raise LatticeNotRepresentable(f"codes {q.shape} and scales {s.shape} are not a [m, n] / [m, n_groups] pair")
-    if not np.issubdtype(q.dtype, np.integer):
-        raise LatticeNotRepresentable(f"codes must be integers, got {q.dtype}")
-    if s.dtype != np.float16:
-        raise LatticeNotRepresentable(f"scales must be float16 (the scale {name} stores), got {s.dtype}")
-    m, n = q.shape
-    n_groups = s.shape[1]
-    if n_groups == 0 or n % n_groups:
-        raise LatticeNotRepresentable(f"{n} columns do not split into {n_groups} equal groups")
-    group = n // n_groups
-    if group % QK:
-        raise LatticeNotRepresentable(
-            f"group size {group} (row length {n}, {n_groups} group(s) per row) is not a multiple of the {QK}-value "
-            f"{name} block, so one block would need two scales; {name} holds groups of 32, 64, 128, ... only")
-    lo, hi = CODE_RANGE[ggml_type]
-    if q.size and (int(q.min()) < lo or int(q.max()) > hi):
-        raise LatticeNotRepresentable(f"codes span [{int(q.min())}, {int(q.max())}], outside {name}'s [{lo}, {hi}]")
-    if not np.isfinite(s).all():
-        raise LatticeNotRepresentable("scales contain inf or nan")
-    block_scales = np.repeat(s, group // QK, axis=1)  # a group's scale, once per block it spans
-    return q, block_scales
+    return pack_one_level(codes, scales, GGMLType.Q8_0)
 
 
 def _assemble_blocks(d: np.ndarray, payload: np.ndarray) -> np.ndarray:
@@ -187,3 +138,26 @@ def _float_blocks(w: Any, ggml_type: int) -> tuple[np.ndarray, tuple[int, ...]]:
     if x.ndim == 0 or x.shape[-1] % QK:
         raise ValueError(f"{GGML_TYPE_NAMES[ggml_type]} needs rows of a multiple of {QK} values, got shape {x.shape}")
     return x.reshape(-1, QK), (*x.shape[:-1], row_nbytes(ggml_type, x.shape[-1]))
+
+
+def ggml_rtn(w: Any, ggml_type: int) -> np.ndarray:
+    """ggml's own rounding of float rows [..., n] as ``ggml_type`` (what its quantize tool writes without an
+    importance matrix); uint8 [..., row bytes]."""
+    if ggml_type == GGMLType.Q4_0:
+        return ggml_rtn_q4_0(w)
+    if ggml_type == GGMLType.Q8_0:
+        return ggml_rtn_q8_0(w)
+    x = _as_numpy(w).astype(np.float32, copy=False)
+    out_shape = (*x.shape[:-1], row_nbytes(ggml_type, x.shape[-1]))
+    rows = x.reshape(-1, x.shape[-1])
+    if ggml_type in (GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1):
+        from gguf.quants import quantize
+
+        return quantize(rows, GGMLType(ggml_type)).reshape(out_shape)
+    if ggml_type not in LATTICE_TYPES:
+        raise ValueError(f"no ggml rounding for type {GGML_TYPE_NAMES.get(ggml_type, ggml_type)}")
+    import torch
+
+    from tarq_deploy.quant.ggml_quants import ggml_bytes
+
+    return ggml_bytes(torch.from_numpy(np.ascontiguousarray(rows)), GGMLType(ggml_type), None).reshape(out_shape)

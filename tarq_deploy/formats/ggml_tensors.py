@@ -182,10 +182,8 @@ class CheckpointValues:
 
 
 def lattice_values(q: QuantizedWeight) -> torch.Tensor:
-    """s * q in float32, group by group (QuantizedWeight.dequantize's values; each product is exact in float32)."""
-    m, n = q.codes.shape
-    groups = q.scales.shape[1]
-    return (q.codes.view(m, groups, n // groups).float() * q.scales.float()[:, :, None]).view(m, n)
+    """s * q + o in float32, group by group (QuantizedWeight.dequantize: the dequantizers' arithmetic)."""
+    return q.dequantize()
 
 
 def compare_tensors(model: MappedTensors, slots: list[TensorSlot], exact: CheckpointValues, checkpoint: str,
@@ -249,7 +247,7 @@ def pack_float(name: str, values: torch.Tensor, ggml_type: int, rounding: F16Rou
 def pack_exact(q: QuantizedWeight, ggml_type: int, hf_name: str, origin: str) -> np.ndarray:
     """A lattice weight as ``ggml_type`` blocks, exactly; LatticeNotRepresentable names the tensor otherwise."""
     try:
-        return pack_lattice(q.codes, q.scales, q.spec.bits, ggml_type)
+        return pack_lattice(q, ggml_type)
     except LatticeNotRepresentable as e:
         raise LatticeNotRepresentable(f"{origin}: {hf_name} cannot be stored exactly as {GGML_TYPE_NAMES[ggml_type]}: "
                                       f"{e}") from None

@@ -3,12 +3,13 @@ model file against a lattice checkpoint.
 
 Targets (``target`` = the ggml type of the weight matrices):
 
-* ``q4_0`` -- a 4-bit lattice checkpoint, every weight matrix and the tied token embedding stored exactly (the
-  lattice's codes and fp16 scales become Q4_0 blocks; see tarq_deploy/formats/ggml_blocks.py).
-* ``q8_0`` -- an 8-bit lattice checkpoint, likewise in Q8_0 blocks.
+* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q4_k``, ``q5_k``, ``q6_k`` -- a lattice checkpoint of that
+  type, every weight matrix and the tied token embedding stored exactly (the lattice's codes and group parameters
+  become the type's blocks; see quant/ggml_types.py). whisper.cpp holds one type for all weight matrices, so a
+  checkpoint whose matrices are on different lattices is refused; the K-quants need d_model a multiple of 256.
 * ``f16``  -- a float model, or a checkpoint's dequantized values s * q rounded to fp16 (fp16 cannot hold every
   s * q: a warning says how many values were rounded; verify shows it).
-* ``baseline="rtn"`` with ``q4_0`` / ``q8_0`` -- ggml's own rounding of a float model, byte for byte what
+* ``baseline="rtn"`` with any quantized type -- ggml's own rounding of a float model, byte for byte what
   whisper.cpp's ``quantize`` tool makes from the F16 file (weights are rounded to fp16 first, as in that F16 file).
 
 Computing and I/O are separate: ``build_whisper_cpp`` packs every tensor in memory (and refuses anything the target
@@ -34,8 +35,8 @@ from tarq_deploy.fileio import atomic_file
 from tarq_deploy.quant.lattice import QuantizedWeight
 
 from .f16_rounding import F16Rounding
-from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn_q4_0,
-                          ggml_rtn_q8_0)
+from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn,
+                          type_for_spec)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
 from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyError, as_checkpoint, compare_tensors,
                            max_abs_diff, pack_exact, pack_float)
@@ -43,9 +44,12 @@ from .model_files import ModelFilesError, ModelTensors, as_model_source, feature
 
 log = logging.getLogger(__name__)
 
-TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1,
+                "q5_0": GGMLType.Q5_0, "q5_1": GGMLType.Q5_1, "q4_k": GGMLType.Q4_K, "q5_k": GGMLType.Q5_K,
+                "q6_k": GGMLType.Q6_K}
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_SUPER_BLOCK = 256
 BASELINES = ("rtn",)
-GGML_RTN = {GGMLType.Q4_0: ggml_rtn_q4_0, GGMLType.Q8_0: ggml_rtn_q8_0}
 EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file
 TOKEN_EMBEDDING = "model.decoder.embed_tokens.weight"
 OUTPUT_PROJECTION = "proj_out.weight"  # tied to the token embedding; whisper.cpp has no separate tensor for it
@@ -223,16 +227,28 @@ def _target_type(target: str, baseline: str | None, source: WhisperSource) -> in
     if target not in TARGET_TYPES:
         raise WhisperExportError(f"unknown target {target!r}; choose one of {', '.join(TARGET_TYPES)}")
     weight_type = TARGET_TYPES[target]
+    _check_row_width(source, target, weight_type)
     if baseline is None:
         return weight_type
     if baseline not in BASELINES:
         raise WhisperExportError(f"unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
-    if weight_type not in GGML_RTN:
-        raise WhisperExportError(f"baseline {baseline!r} is ggml's own quantization: use target q4_0 or q8_0")
+    if weight_type not in QUANTIZED_TYPES:
+        raise WhisperExportError(f"baseline {baseline!r} is ggml's own quantization: use a quantized type, not "
+                                 f"{target}")
     if source.lattice:
         raise WhisperExportError(f"{source.origin}: baseline {baseline!r} rounds a float model; this source is a "
                                  f"lattice checkpoint (export it without a baseline, or pass the float model)")
     return weight_type
+
+
+def _check_row_width(source: WhisperSource, target: str, weight_type: int) -> None:
+    """The K-quants pack rows of 256 values: refuse a model whose width is not a multiple of it, naming what fits."""
+    d_model = source.config.get("d_model")
+    if weight_type in K_TYPES and isinstance(d_model, int) and d_model % K_SUPER_BLOCK:
+        fitting = ", ".join(name for name, t in TARGET_TYPES.items() if t not in K_TYPES)
+        raise WhisperExportError(f"{source.origin}: target {target} packs rows of {K_SUPER_BLOCK} values, but this "
+                                 f"model's width d_model = {d_model} is not a multiple of {K_SUPER_BLOCK}; types that "
+                                 f"fit it: {fitting}")
 
 
 def _check_nothing_left_over(source: WhisperSource, slots: list[TensorSlot]) -> None:
@@ -272,7 +288,7 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
 def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
     # whisper.cpp's quantize tool reads the F16 file, so it rounds the fp16 weights: do the same
     w = _shaped(source.float_value(slot.hf_name), slot, source.origin).to(torch.float16).float()
-    return GGML_RTN[ggml_type](w.numpy())
+    return ggml_rtn(w.numpy(), ggml_type)
 
 
 def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
@@ -329,15 +345,19 @@ def default_target(source: WhisperSource, baseline: str | None) -> str:
     """The target a source naturally exports to: its lattice's type, q4_0 for a baseline, f16 for a float model."""
     if baseline:
         return "q4_0"
-    bits = {q.spec.bits for q in source.lattice.values()}
-    if not bits:
+    types = {type_for_spec(q.spec) for q in source.lattice.values()}
+    if not types:
         return "f16"
-    if bits == {4}:
-        return "q4_0"
-    if bits == {8}:
-        return "q8_0"
-    raise WhisperExportError(f"{source.origin}: a {'/'.join(map(str, sorted(bits)))}-bit lattice has no exact "
-                             f"whisper.cpp type (Q4_0 holds 4-bit, Q8_0 8-bit lattices); use target f16")
+    if None in types:
+        bits = sorted({q.spec.bits for q in source.lattice.values() if type_for_spec(q.spec) is None})
+        raise WhisperExportError(f"{source.origin}: a {'/'.join(map(str, bits))}-bit lattice has no exact "
+                                 f"whisper.cpp type (Q4_0/Q5_0/Q8_0 hold 4/5/8-bit symmetric lattices); use "
+                                 f"target f16")
+    if len(types) > 1:
+        names = ", ".join(sorted(GGML_TYPE_NAMES[t].lower() for t in types))
+        raise WhisperExportError(f"{source.origin}: the weight matrices are on a mix of types ({names}); "
+                                 f"whisper.cpp stores one type for all of them (a per-tensor mix is for GGUF targets)")
+    return GGML_TYPE_NAMES[types.pop()].lower()
 
 
 # ------------------------------------------------------------------------------------------------------ verify

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
-from .lattice import LatticeSpec, QuantizedWeight, check_on_lattice
+from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 from .stats import LayerStats
 from .tarq import TarqConfig, quantize_weight, reweighting_mask, rounding_losses
 
@@ -189,7 +189,8 @@ class WorkDir:
         tensors = {}
         for name, q in lattice.items():
             tensors[f"{name}.codes"] = q.codes.cpu().contiguous()
-            tensors[f"{name}.scales"] = q.scales.cpu().contiguous()
+            for part, tensor in q.params().items():
+                tensors[f"{name}.{part}"] = tensor.cpu().contiguous()
         data = save(tensors)
         write_bytes_atomic(self.block_file(index), data)
         earlier = self.block_sha256[:index]
@@ -223,7 +224,8 @@ class WorkDir:
         for name in names:
             if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
                 raise WorkDirError(f"{path}: codes or scales of {name} missing")
-            q = QuantizedWeight(raw[f"{name}.codes"], raw[f"{name}.scales"], spec)
+            params = {part: raw[f"{name}.{part}"] for part in PARAM_FIELDS if f"{name}.{part}" in raw}
+            q = QuantizedWeight(raw[f"{name}.codes"], spec=spec, **params)
             try:
                 check_on_lattice(q)
             except ValueError as e:

@@ -4,7 +4,8 @@ quantize.py take them from here."""
 
 from __future__ import annotations
 
-METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix")
+METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix", "ggml")
+DATA_FREE_METHODS = ("rtn", "ggml")  # no calibration corpus needed
 SCALE_RULES = ("max", "search")
 ALPHA_RULES = ("closed-form", "one")
 SOURCES = ("rare", "random", "common")
@@ -13,3 +14,12 @@ SOURCES = ("rare", "random", "common")
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
 DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "gptq": 128, "compressed-tensors": 128,
                       "marlin": 128}
+
+# The ggml types a lattice can be made for: name -> (scheme, bits, group size) of the lattice the type stores
+# (quant/lattice.py's schemes; quant/ggml_types.py holds the byte layouts). whisper.cpp's published models are
+# q5_0, q5_1 and q8_0; the K-quants need rows of a multiple of 256 values.
+GGML_TYPES = {"q4_0": ("symmetric", 4, 32), "q4_1": ("affine", 4, 32), "q5_0": ("symmetric", 5, 32),
+              "q5_1": ("affine", 5, 32), "q8_0": ("symmetric", 8, 32), "q4_k": ("k-affine", 4, 32),
+              "q5_k": ("k-affine", 5, 32), "q6_k": ("k-symmetric", 6, 16)}
+K_QUANT_ROW = 256
+GGML_TARGETS = ("whisper.cpp", "qwen3-asr.cpp", "crispasr")

@@ -1,11 +1,12 @@
-"""ggml's own importance-weighted Q4_0 quantizer, called in the ggml library that the whisper.cpp runtime ships.
+"""ggml's own quantizers, called in the ggml library that the whisper.cpp runtime ships: the baselines.
 
-llama.cpp's imatrix and CrispASR's ``crispasr-quantize --imatrix`` hand ggml one importance per input column (the
-mean of x^2 over calibration positions); ggml then picks each 32-block's scale from a grid of candidates by the
-weighted error (``make_qx_quants``, weights qw_j * sqrt(sigma^2 + w_j^2)). To be that baseline exactly, not a
-re-implementation of it, this module calls ``ggml_quantize_chunk`` in the ``libggml-base`` beside pywhispercpp
-(the runtime whisper.cpp files are evaluated in) and reads the blocks back as lattice codes and fp16 scales, so the
-whisper.cpp export writes ggml's bytes unchanged.
+whisper.cpp's ``quantize`` tool, llama.cpp's imatrix and CrispASR's ``crispasr-quantize --imatrix`` all end in
+``ggml_quantize_chunk``: with no importance it is ggml's plain rounding (for the K-quants already a scale search),
+with one importance per input column (the mean of x^2 over calibration positions) ggml picks each block's
+parameters by the weighted error (``make_qx_quants`` / ``make_qkx3_quants``). To be those baselines exactly, not
+re-implementations of them, this module calls ``ggml_quantize_chunk`` in the ``libggml-base`` beside pywhispercpp
+(the runtime whisper.cpp files are evaluated in) and reads the blocks back as a lattice (ggml_types.unpack), so the
+exporters write ggml's bytes unchanged.
 """
 from __future__ import annotations
 
@@ -17,12 +18,10 @@ from typing import Callable
 
 import numpy as np
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
 
-from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight
-
-GGML_TYPE_Q4_0 = int(GGMLQuantizationType.Q4_0)
-Q4_0_BLOCK, Q4_0_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q4_0]  # values per block; bytes (fp16 d + 16 nibble bytes)
+from .ggml_types import GGMLType, spec_for_type, type_for_spec, unpack
+from .lattice import LatticeSpec, QuantizedWeight
 
 
 class GgmlUnavailable(RuntimeError):
@@ -43,8 +42,8 @@ def ggml_quantize_chunk() -> Callable:
     and fail on missing symbols."""
     spec = importlib.util.find_spec("_pywhispercpp")
     if spec is None or spec.origin is None:
-        raise GgmlUnavailable("the imatrix method calls ggml's quantizer from pywhispercpp 1.5.1, which is not "
-                              "installed (pip install 'tarq-deploy[dev]')")
+        raise GgmlUnavailable("ggml's quantizers are called from pywhispercpp 1.5.1, which is not installed "
+                              "(pip install 'tarq-deploy[dev]')")
     candidates = sorted(Path(spec.origin).parent.glob("libggml-base.so*"))
     if not candidates:
         raise GgmlUnavailable(f"no libggml-base.so beside {spec.origin}")
@@ -58,39 +57,53 @@ def ggml_quantize_chunk() -> Callable:
     return _CHUNK_SIGNATURE(address)
 
 
-def ggml_q4_0_bytes(W: torch.Tensor, importance: torch.Tensor | None) -> np.ndarray:
-    """ggml's Q4_0 blocks of W [m, n] (uint8 [m, n/32, 18]); importance [n] or None for ggml's plain rounding."""
+def ggml_bytes(W: torch.Tensor, ggml_type: GGMLType, importance: torch.Tensor | None) -> np.ndarray:
+    """ggml's ``ggml_type`` blocks of W [m, n] (uint8 [m, row bytes]); importance [n] or None for ggml's own
+    rounding without data."""
     m, n = W.shape
-    if n % Q4_0_BLOCK:
-        raise ValueError(f"Q4_0 needs rows of a multiple of {Q4_0_BLOCK} values, got {n}")
+    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    if n % block_size:
+        raise ValueError(f"{ggml_type.name} needs rows of a multiple of {block_size} values, got {n}")
     src = np.ascontiguousarray(W.detach().cpu().numpy(), dtype=np.float32)
-    dst = np.zeros((m, n // Q4_0_BLOCK, Q4_0_BYTES), dtype=np.uint8)
+    dst = np.zeros((m, n // block_size * type_size), dtype=np.uint8)
     weights = None
     if importance is not None:
         weights = np.ascontiguousarray(importance.detach().cpu().numpy(), dtype=np.float32)
         if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any():
             raise ValueError(f"importance must be {n} finite non-negative values")
-    written = ggml_quantize_chunk()(GGML_TYPE_Q4_0, src.ctypes.data, dst.ctypes.data, 0, m, n,
-                                                 None if weights is None else weights.ctypes.data)
+    written = ggml_quantize_chunk()(int(ggml_type), src.ctypes.data, dst.ctypes.data, 0, m, n,
+                                    None if weights is None else weights.ctypes.data)
     if written != dst.nbytes:
         raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes, expected {dst.nbytes}")
     return dst
 
 
+def ggml_quantize(W: torch.Tensor, importance: torch.Tensor | None, spec: LatticeSpec) -> QuantizedWeight:
+    """ggml's own quantizer of the type that stores ``spec``, as that lattice (imatrix when ``importance`` is
+    given). One-level types come back at group 32, the only grouping ggml writes: other group sizes are refused."""
+    ggml_type = type_for_spec(spec)
+    if ggml_type is None:
+        raise ValueError(f"no ggml type stores a {spec.bits}-bit {spec.scheme} lattice")
+    native = spec_for_type(ggml_type)
+    if spec.group_size != native.group_size:
+        raise ValueError(f"ggml's {ggml_type.name} quantizer writes groups of {native.group_size}: it needs "
+                         f"--group-size {native.group_size}, got {spec.group_size}")
+    return unpack(ggml_bytes(W.float(), ggml_type, importance), ggml_type)
+
+
+def ggml_q4_0_bytes(W: torch.Tensor, importance: torch.Tensor | None) -> np.ndarray:
+    """ggml's Q4_0 blocks of W [m, n] (uint8 [m, n/32, 18])."""
+    return ggml_bytes(W, GGMLType.Q4_0, importance).reshape(W.shape[0], -1, GGML_QUANT_SIZES[GGMLType.Q4_0][1])
+
+
 def q4_0_lattice(blocks: np.ndarray) -> QuantizedWeight:
-    """Codes and scales of Q4_0 blocks [m, n/32, 18]: d = fp16 bytes 0-1; byte 2+j holds element j (low nibble)
-    and j+16 (high nibble); value = (nibble - 8) d."""
-    m, n_blocks, _ = blocks.shape
-    scales = torch.from_numpy(blocks[:, :, :2].copy().view(np.float16).reshape(m, n_blocks))
-    packed = blocks[:, :, 2:]
-    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=2).astype(np.int8) - 8
-    codes = torch.from_numpy(nibbles.reshape(m, n_blocks * Q4_0_BLOCK))
-    return QuantizedWeight(codes.to(CODE_DTYPE), scales.to(SCALE_DTYPE), LatticeSpec(4, Q4_0_BLOCK))
+    """Codes and scales of Q4_0 blocks [m, n/32, 18]."""
+    return unpack(blocks.reshape(blocks.shape[0], -1), GGMLType.Q4_0)
 
 
 def quantize_q4_0_imatrix(W: torch.Tensor, importance: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
     """ggml's importance-weighted Q4_0 of W on the 4-bit, group-32 lattice (the only lattice Q4_0 blocks are)."""
-    if (spec.bits, spec.group_size) != (4, Q4_0_BLOCK):
+    if (spec.scheme, spec.bits, spec.group_size) != ("symmetric", 4, 32):
         raise ValueError(f"the imatrix method writes ggml Q4_0 blocks: it needs --bits 4 --group-size 32, "
                          f"got {spec.bits} / {spec.group_size}")
-    return q4_0_lattice(ggml_q4_0_bytes(W, importance))
+    return ggml_quantize(W, importance, spec)

@@ -5,9 +5,12 @@ factor U of H^-1, is pushed onto the columns not yet quantized (W[:, j+1:] -= e_
 ``blocksize`` columns are applied eagerly, the rest lazily once per block (one matmul). Any metric works: the plain
 second moment (GPTQ), the rareBAL metric (TARQ) or the identity (which reduces to round-to-nearest).
 
-Group scales are fixed the moment the sweep enters a group, from that group's current, error-updated columns (as the
-reference implementation does); per-channel scales come from the whole matrix before the sweep. The scale rule is
-the lattice's max rule or its search weighted by the metric's diagonal (``scale_rule``, see lattice.py).
+Group parameters are fixed the moment the sweep enters a group (a K-quant super-block: all its groups at once), from
+its current, error-updated columns (as the reference implementation does), already in the form the format stores
+them; per-channel scales come from the whole matrix before the sweep. The rule is the lattice's max rule or its
+search weighted by the metric's diagonal (``scale_rule``, see lattice_fit.py). Each column is then rounded to the
+nearest code under its group's fixed scale s and offset o, so every scheme (symmetric, affine, K-quant) is swept
+alike.
 
 Activation order (``act_order``): columns are swept by decreasing diagonal of H, so the inputs that matter most are
 rounded first, while the most columns are left to absorb their error. The stored groups must stay contiguous column
@@ -21,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .lattice import CODE_DTYPE, SCALE_DTYPE, LatticeSpec, QuantizedWeight, choose_scales
+from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
+from .lattice_fit import fit_params
 
 PERCDAMP = 0.01
 BLOCKSIZE = 128
@@ -86,7 +90,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, spec: LatticeSpec, percdamp:
 
 def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int = BLOCKSIZE,
                row_chunk: int = ROW_CHUNK, scale_rule: str = "max") -> QuantizedWeight:
-    """The column sweep of Algorithm 2 with lazy block updates; returns codes and scales.
+    """The column sweep of Algorithm 2 with lazy block updates; returns codes and group parameters.
 
     Rows are independent under a shared metric, so tall matrices (Whisper's 51865-row output head) are swept in
     chunks of ``row_chunk`` rows: the same arithmetic per row, with the working block staying in cache."""
@@ -94,7 +98,8 @@ def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, block
         return _sweep_rows(W, metric, spec, blocksize, scale_rule)
     parts = [_sweep_rows(W[r : r + row_chunk], metric, spec, blocksize, scale_rule)
              for r in range(0, W.shape[0], row_chunk)]
-    return QuantizedWeight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), spec)
+    params = {k: torch.cat([p.params()[k] for p in parts]) for k in parts[0].params()}
+    return QuantizedWeight(torch.cat([p.codes for p in parts]), spec=spec, **params)
 
 
 def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
@@ -102,17 +107,22 @@ def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, bloc
     # The sweep works on W^T so that a column of W is a contiguous row in memory.
     m, n = W.shape
     spec.check_columns(n)
-    width = spec.group_width(n)
-    if spec.group_size != -1 and blocksize % width != 0:
-        raise ValueError(f"blocksize {blocksize} must be a multiple of group size {width}")
+    width, fit_width = spec.group_width(n), spec.param_width(n)
+    blocksize = max(blocksize, fit_width) if spec.group_size != -1 else blocksize  # a super-block fits in one block
+    if spec.group_size != -1 and blocksize % fit_width != 0:
+        raise ValueError(f"blocksize {blocksize} must be a multiple of group size {fit_width}")
     importance = metric.importance.to(W.device)
     W = W.to(torch.float32).clone()
     W[:, metric.dead] = 0.0
     static = spec.group_size == -1 or metric.perm is not None
-    scales = choose_scales(W, spec, scale_rule, importance) if static else \
-        torch.zeros((m, n // width), dtype=SCALE_DTYPE, device=W.device)
     order = metric.perm.to(W.device) if metric.perm is not None else torch.arange(n, device=W.device)
     group_of = (order // width).tolist()
+    if static:
+        fitted = [fit_params(W, spec, scale_rule, importance)]
+        s_all, o_all = effective_scale_offset(spec, fitted[0])
+    else:
+        fitted, s_all = [], torch.zeros((m, n // width), device=W.device)
+        o_all = torch.zeros_like(s_all) if spec.affine else None
     Wt = W.T[order].contiguous()
     U = metric.U.to(W.device)
     codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
@@ -125,27 +135,27 @@ def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, bloc
         for i in range(i2 - i1):
             col = i1 + i
             group = group_of[col]
-            if not static and col % width == 0:  # entering a group: fix its scale from its current columns
-                scales[:, group] = choose_scales(W_block[i : i + width].T, spec, scale_rule,
-                                                 importance[col : col + width])[:, 0]
-            s = scales[:, group].float()
+            if not static and col % fit_width == 0:  # entering a group: fix its parameters from its current columns
+                params = fit_params(W_block[i : i + fit_width].T, spec, scale_rule, importance[col : col + fit_width])
+                fitted.append(params)
+                s_new, o_new = effective_scale_offset(spec, params)
+                s_all[:, group : group + s_new.shape[1]] = s_new
+                if o_all is not None:
+                    o_all[:, group : group + s_new.shape[1]] = o_new
+            s = s_all[:, group]
+            o = None if o_all is None else o_all[:, group]
             w = W_block[i]
-            q = _round_column(w, s, spec)
+            q = round_codes(w, s, o, spec)
             codes_t[col] = q.to(CODE_DTYPE)
-            err = (w - q * s) / U_block[i, i]
+            value = q * s if o is None else q * s + o
+            err = (w - value) / U_block[i, i]
             W_block[i:] -= U_block[i, i:].unsqueeze(1) * err.unsqueeze(0)
             Err_block[i] = err
         Wt[i2:] -= U[i1:i2, i2:].T @ Err_block
     codes = torch.empty_like(codes_t)
     codes[order] = codes_t
-    return QuantizedWeight(codes.T.contiguous(), scales, spec)
-
-
-def _round_column(w: torch.Tensor, s: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
-    """lattice.codes_for for one column, inlined for the hot loop (same arithmetic, so the same codes)."""
-    safe = torch.where(s == 0, torch.ones_like(s), s)
-    q = torch.round(w / safe).clamp_(spec.qmin, spec.qmax)
-    return q.masked_fill_(s == 0, 0.0)
+    params = {k: torch.cat([f[k] for f in fitted], dim=1) for k in fitted[0]}
+    return QuantizedWeight(codes.T.contiguous(), spec=spec, **params)
 
 
 def weighted_loss(delta_W: torch.Tensor, H: torch.Tensor) -> float:

@@ -17,6 +17,19 @@ The scale is rounded to float16 *before* the solvers choose codes, so the stored
 rounded against and dequantization is exact: every target that holds an fp16 scale and integer codes reproduces
 s * q bit for bit. :func:`quantize_rtn` alone follows ggml's reference arithmetic instead (codes rounded against the
 float32 scale, halves rounded up), so that our RTN lattice is byte for byte ggml's own Q4_0 rounding.
+
+Schemes. The lattice above is ``scheme="symmetric"`` (ggml Q4_0, Q5_0, Q8_0, and the GPU int4 formats). The other
+ggml types are lattices too, each exactly the value set its dequantizer produces; a value is always s * q + o with a
+per-group scale s and offset o, computed in float32 in the order gguf-py's dequantizers compute them:
+
+* ``"affine"`` (Q4_1, Q5_1): groups of 32, codes 0..2^b-1, fp16 d and m per group; s = d, o = m.
+* ``"k-affine"`` (Q4_K, Q5_K): super-blocks of 256 = 8 groups of 32, codes 0..2^b-1, an fp16 d and dmin per
+  super-block and a 6-bit scale code sc and min code mn per group; s = d * sc, o = -(dmin * mn).
+* ``"k-symmetric"`` (Q6_K): super-blocks of 256 = 16 groups of 16, codes -32..31, an fp16 d per super-block and an
+  int8 scale code sc per group; s = d * sc, o = 0.
+
+Every group parameter is held the way the format stores it (``QuantizedWeight.scales``, ``mins``, ``sub_scales``,
+``sub_mins``), so packing copies bits; quant/lattice_fit.py chooses them, and the solvers choose codes against them.
 """
 
 from __future__ import annotations
@@ -32,6 +45,12 @@ SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
+SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric")
+K_SUPER_BLOCK = 256  # values per K-quant super-block (ggml's QK_K)
+# (bits, group size) each non-symmetric scheme allows: the ggml types it stores
+SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((4, 32), (5, 32)), "k-symmetric": ((6, 16),)}
+K_SUB_CODE_MAX = 63  # Q4_K / Q5_K sub-block scale and min codes are 6-bit
+PARAM_FIELDS = ("scales", "mins", "sub_scales", "sub_mins")
 FP16_MAX = 65504.0
 # make_qx_quants' grid: divisors 2^(b-1) + 0.1 k, k = -9..9, around the max rule (k = 0).
 SEARCH_STEPS = tuple(0.1 * k for k in range(-9, 10))
@@ -39,24 +58,42 @@ SEARCH_STEPS = tuple(0.1 * k for k in range(-9, 10))
 
 @dataclass(frozen=True)
 class LatticeSpec:
-    """Bit width and grouping of a symmetric lattice."""
+    """Bit width, grouping and scheme of a lattice (see the module docstring for the schemes)."""
 
     bits: int = 4
     group_size: int = 128
+    scheme: str = "symmetric"
 
     def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"lattice scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        if self.scheme != "symmetric":
+            if (self.bits, self.group_size) not in SCHEME_SHAPES[self.scheme]:
+                raise ValueError(f"a {self.scheme} lattice has (bits, group size) one of "
+                                 f"{SCHEME_SHAPES[self.scheme]}, got ({self.bits}, {self.group_size})")
+            return
         if self.bits not in SUPPORTED_BITS:
             raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {self.bits}")
         if self.group_size not in SUPPORTED_GROUP_SIZES:
             raise ValueError(f"group_size must be one of {SUPPORTED_GROUP_SIZES}, got {self.group_size}")
 
     @property
+    def affine(self) -> bool:
+        """Codes are unsigned and every group carries an offset."""
+        return self.scheme in ("affine", "k-affine")
+
+    @property
+    def two_level(self) -> bool:
+        """Group scales are codes under a super-block scale (the K-quants)."""
+        return self.scheme.startswith("k-")
+
+    @property
     def qmin(self) -> int:
-        return -(2 ** (self.bits - 1))
+        return 0 if self.affine else -(2 ** (self.bits - 1))
 
     @property
     def qmax(self) -> int:
-        return 2 ** (self.bits - 1) - 1
+        return 2**self.bits - 1 if self.affine else 2 ** (self.bits - 1) - 1
 
     @property
     def levels(self) -> int:
@@ -66,32 +103,83 @@ class LatticeSpec:
         """Columns per group for a matrix with ``n_cols`` inputs."""
         return n_cols if self.group_size == -1 else self.group_size
 
+    def param_width(self, n_cols: int) -> int:
+        """Columns whose group parameters are chosen together: a group, or a K-quant super-block."""
+        return K_SUPER_BLOCK if self.two_level else self.group_width(n_cols)
+
     def n_groups(self, n_cols: int) -> int:
         self.check_columns(n_cols)
         return n_cols // self.group_width(n_cols)
 
     def check_columns(self, n_cols: int) -> None:
+        if self.two_level and n_cols % K_SUPER_BLOCK != 0:
+            raise ValueError(f"{n_cols} input columns are not a multiple of {K_SUPER_BLOCK}, the K-quant "
+                             f"super-block")
         if self.group_size != -1 and n_cols % self.group_size != 0:
             raise ValueError(f"{n_cols} input columns are not a multiple of group size {self.group_size}")
 
 
 @dataclass
 class QuantizedWeight:
-    """Integer codes and fp16 scales of one matrix on a lattice; ``dequantize()`` gives s * q exactly."""
+    """Integer codes and group parameters of one matrix on a lattice, held as the format stores them;
+    ``dequantize()`` gives s * q + o exactly (module docstring).
+
+    ``scales`` are fp16: one per group, or for the K-quants the super-block d. ``mins`` (fp16) are the affine
+    offsets m per group, or the K-quant super-block dmin. ``sub_scales`` / ``sub_mins`` are the K-quants' per-group
+    codes (uint8 0..63 for Q4_K / Q5_K; ``sub_scales`` int8 for Q6_K)."""
 
     codes: torch.Tensor  # int8 [m, n]
-    scales: torch.Tensor  # float16 [m, n_groups]
+    scales: torch.Tensor  # float16 [m, n_groups] or [m, n / 256]
     spec: LatticeSpec
+    mins: torch.Tensor | None = None
+    sub_scales: torch.Tensor | None = None
+    sub_mins: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)  # type: ignore[return-value]
 
+    def params(self) -> dict[str, torch.Tensor]:
+        """The group parameters that are present, by field name."""
+        return {k: getattr(self, k) for k in PARAM_FIELDS if getattr(self, k) is not None}
+
+    def scale_offset(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 per-group scale s and offset o ([m, n_groups]; o None for symmetric lattices)."""
+        return effective_scale_offset(self.spec, self.params())
+
     def dequantize(self) -> torch.Tensor:
-        return dequantize(self.codes, self.scales, self.spec)
+        s, o = self.scale_offset()
+        return dequantize_codes(self.codes, s, o)
 
     def to(self, device: torch.device | str) -> "QuantizedWeight":
-        return QuantizedWeight(self.codes.to(device), self.scales.to(device), self.spec)
+        return QuantizedWeight(self.codes.to(device), spec=self.spec,
+                               **{k: v.to(device) for k, v in self.params().items()})
+
+
+def effective_scale_offset(spec: LatticeSpec, params: dict[str, torch.Tensor]
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-group float32 scale and offset from stored parameters, in the dequantizer's arithmetic: one-level
+    schemes read d (and m) as they are; K-quants take s = d * sc and o = -(dmin * mn), one float32 product each
+    (exact: an fp16 times a 6- or 8-bit integer needs at most 19 significant bits)."""
+    d = params["scales"].float()
+    if not spec.two_level:
+        return d, (params["mins"].float() if spec.affine else None)
+    per_super = params["sub_scales"].shape[1] // d.shape[1]
+    s = d.repeat_interleave(per_super, dim=1) * params["sub_scales"].float()
+    if not spec.affine:
+        return s, None
+    o = -(params["mins"].float().repeat_interleave(per_super, dim=1) * params["sub_mins"].float())
+    return s, o
+
+
+def dequantize_codes(codes: torch.Tensor, s: torch.Tensor, o: torch.Tensor | None) -> torch.Tensor:
+    """s * q (+ o) per group in float32, as two separate roundings, like gguf-py's numpy dequantizers."""
+    m, n = codes.shape
+    groups = s.shape[1]
+    values = codes.float().reshape(m, groups, n // groups) * s[:, :, None]
+    if o is not None:
+        values = values + o[:, :, None]
+    return values.reshape(m, n)
 
 
 def _grouped(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
@@ -131,6 +219,12 @@ def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) 
     gives codes q by rounding; the least-squares scale for those codes, sum h w q / sum h q^2, is the candidate's
     scale, and the one with the smallest error wins (ties: the first, so the max rule's own codes win among equals).
     A group with no importance keeps the max rule."""
+    return searched_scales(w, spec, importance).clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)
+
+
+def searched_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) -> torch.Tensor:
+    """:func:`search_scales` before the fp16 rounding (float32 [m, n_groups]): what Q6_K's sub-block scales start
+    from before they become codes under the super-block scale."""
     x = _grouped(w, spec)
     h = importance.float().expand(w.shape).reshape(x.shape)
     peak, top = _max_rule(x, spec)
@@ -145,7 +239,7 @@ def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) 
         better = gain > best_gain
         best_gain = torch.where(better, gain, best_gain)
         best_scale = torch.where(better & (sum_qq > 0), sum_xq / sum_qq.clamp(min=1e-30), best_scale)
-    return best_scale.clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)
+    return best_scale
 
 
 def choose_scales(w: torch.Tensor, spec: LatticeSpec, rule: str, importance: torch.Tensor | None) -> torch.Tensor:
@@ -157,53 +251,66 @@ def choose_scales(w: torch.Tensor, spec: LatticeSpec, rule: str, importance: tor
     raise ValueError(f"scale rule must be one of {SCALE_RULES}, got {rule!r}")
 
 
-def codes_for(w: torch.Tensor, scales: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
-    """Round ``w`` [m, n] to codes under fixed fp16 ``scales`` [m, n_groups]; a zero scale gives code 0."""
-    m, n = w.shape
-    width = n // scales.shape[1]
-    s = scales.float().repeat_interleave(width, dim=1)
+def round_codes(w: torch.Tensor, s: torch.Tensor, o: torch.Tensor | None, spec: LatticeSpec) -> torch.Tensor:
+    """Codes q = round((w - o) / s) clamped to the code range, for w and per-weight s, o of one shape (float32);
+    a zero scale gives code 0 (every code then has the value o)."""
     safe = torch.where(s == 0, torch.ones_like(s), s)
-    q = torch.round(w.float() / safe).clamp(spec.qmin, spec.qmax)
-    q = torch.where(s == 0, torch.zeros_like(q), q)
-    return q.to(CODE_DTYPE)
+    q = torch.round((w if o is None else w - o) / safe).clamp_(spec.qmin, spec.qmax)
+    return q.masked_fill_(s == 0, 0.0)
+
+
+def codes_for(w: torch.Tensor, scales: torch.Tensor, spec: LatticeSpec,
+              offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Round ``w`` [m, n] to codes under fixed per-group ``scales`` (fp16, or a float32 effective scale) and
+    ``offsets`` [m, n_groups]; a zero scale gives code 0."""
+    width = w.shape[1] // scales.shape[1]
+    s = scales.float().repeat_interleave(width, dim=1)
+    o = None if offsets is None else offsets.float().repeat_interleave(width, dim=1)
+    return round_codes(w.float(), s, o, spec).to(CODE_DTYPE)
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
-    """Exact float32 values s * q. Both factors are exact in float32 and so is their product."""
+    """Exact float32 values s * q of a symmetric lattice. Both factors are exact in float32 and so is their
+    product."""
     width = codes.shape[1] // scales.shape[1]
     return codes.float() * scales.float().repeat_interleave(width, dim=1)
 
 
-def quantize_rtn(w: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
-    """Round-to-nearest onto the lattice, the data-free baseline, in ggml's reference arithmetic.
-
-    Codes come from the float32 max-rule scale d and its float32 inverse: q = min(qmax, trunc(w * (1/d) + 2^(b-1) +
-    0.5) - 2^(b-1)) (ggml's ``(int8_t)(x * id + 8.5f)``, the float32 additions included; 8 bits: Q8_0's roundf,
-    halves away from zero), and the stored scale is fp16(d). So for Q4_0 / Q5_0 / Q8_0 blocks these are ggml's own
-    bytes (tests/test_lattice_ggml.py)."""
-    spec.check_columns(w.shape[1])
-    d = max_rule_scales(w, spec)
-    inverse = torch.where(d == 0, torch.zeros_like(d), 1.0 / d).repeat_interleave(spec.group_width(w.shape[1]), dim=1)
-    scaled = w.float() * inverse
-    if spec.bits == 8:
-        whole = torch.trunc(scaled)
-        q = whole + torch.sign(scaled) * ((scaled - whole).abs() >= 0.5).float()
-    else:
-        offset = float(-spec.qmin)
-        q = torch.trunc(scaled + (offset + 0.5)) - offset
-    codes = q.clamp(spec.qmin, spec.qmax).to(CODE_DTYPE)
-    return QuantizedWeight(codes, d.clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE), spec)
+# the dtype and width (relative to the groups) of each parameter field, by scheme
+def _param_layout(spec: LatticeSpec, m: int, n: int) -> dict[str, tuple[torch.dtype, tuple[int, int]]]:
+    groups = spec.n_groups(n)
+    if not spec.two_level:
+        layout = {"scales": (SCALE_DTYPE, (m, groups))}
+        if spec.affine:
+            layout["mins"] = (SCALE_DTYPE, (m, groups))
+        return layout
+    supers = (m, n // K_SUPER_BLOCK)
+    if not spec.affine:
+        return {"scales": (SCALE_DTYPE, supers), "sub_scales": (torch.int8, (m, groups))}
+    return {"scales": (SCALE_DTYPE, supers), "mins": (SCALE_DTYPE, supers), "sub_scales": (torch.uint8, (m, groups)),
+            "sub_mins": (torch.uint8, (m, groups))}
 
 
 def check_on_lattice(q: QuantizedWeight) -> None:
-    """Raise ValueError unless codes are in range and the scale grid matches the spec."""
+    """Raise ValueError unless codes are in range and every group parameter has the dtype and shape the spec's
+    format stores (finite fp16 values; 6-bit K-quant sub-block codes)."""
     m, n = q.codes.shape
-    if q.codes.dtype != CODE_DTYPE or q.scales.dtype != SCALE_DTYPE:
-        raise ValueError(f"codes must be int8 and scales float16, got {q.codes.dtype} / {q.scales.dtype}")
-    if q.scales.shape != (m, q.spec.n_groups(n)):
-        raise ValueError(f"scales shape {tuple(q.scales.shape)} does not fit codes {m}x{n} with {q.spec}")
+    if q.codes.dtype != CODE_DTYPE:
+        raise ValueError(f"codes must be int8, got {q.codes.dtype}")
+    layout = _param_layout(q.spec, m, n)
+    present = q.params()
+    if sorted(present) != sorted(layout):
+        raise ValueError(f"a {q.spec.scheme} lattice holds {sorted(layout)}, got {sorted(present)}")
+    for name, (dtype, shape) in layout.items():
+        t = present[name]
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not fit codes {m}x{n} with {q.spec}")
+        if dtype == SCALE_DTYPE and not torch.isfinite(t.float()).all():
+            raise ValueError(f"{name} contain inf or nan")
+        if q.spec.affine and name.startswith("sub_") and t.numel() and int(t.max()) > K_SUB_CODE_MAX:
+            raise ValueError(f"{name} exceed the 6-bit code {K_SUB_CODE_MAX}")
     lo, hi = int(q.codes.min()), int(q.codes.max())
     if lo < q.spec.qmin or hi > q.spec.qmax:
         raise ValueError(f"codes span [{lo}, {hi}], outside [{q.spec.qmin}, {q.spec.qmax}]")
-    if not torch.isfinite(q.scales.float()).all():
-        raise ValueError("scales contain inf or nan")

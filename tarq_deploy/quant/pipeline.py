@@ -20,9 +20,11 @@ from ..data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import require_finite
 from ..models.common import TextAudio
-from .choices import DEFAULT_GROUP_SIZE  # noqa: F401  (re-exported)
+from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
 from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
-from .lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from .ggml_quants import ggml_quantize
+from .lattice import LatticeSpec, QuantizedWeight
+from .lattice_fit import quantize_rtn
 from .tarq import TarqConfig
 
 
@@ -42,6 +44,7 @@ class QuantizeOptions:
     method: str = "tarq"
     bits: int = 4
     group_size: int = 32
+    scheme: str = "symmetric"  # the lattice scheme (lattice.py); --type picks it with bits and group size
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
     cost_ratio: float = 1.0
     source: str = "rare"
@@ -62,7 +65,7 @@ class QuantizeOptions:
                           scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule)
 
     def spec(self) -> LatticeSpec:
-        return LatticeSpec(self.bits, self.group_size)
+        return LatticeSpec(self.bits, self.group_size, self.scheme)
 
     def result_knobs(self) -> dict:
         """The options that shape the result (not where it runs)."""
@@ -98,9 +101,10 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     source_sha = state_sha256(backbone.model)
     spec = options.spec()
     calibration: dict = {}
-    if options.method == "rtn":
-        lattice = _round_to_nearest(backbone, spec)
-        result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": "rtn"} for n in lattice], 0.0)
+    if options.method in DATA_FREE_METHODS:
+        lattice = _round_to_nearest(backbone, spec, options.method)
+        result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
+                                             for n in lattice], 0.0)
     else:
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
@@ -123,7 +127,8 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     return checkpoint, timing
 
 
-def _round_to_nearest(backbone: Backbone, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
+def _round_to_nearest(backbone: Backbone, spec: LatticeSpec, method: str = "rtn") -> dict[str, QuantizedWeight]:
+    """Data-free rounding of every Linear: our lattice's rounding (rtn) or ggml's own quantizer (ggml)."""
     lattice = {}
     for stage in backbone.stages():
         for block in stage.blocks:
@@ -131,7 +136,8 @@ def _round_to_nearest(backbone: Backbone, spec: LatticeSpec) -> dict[str, Quanti
                 for rel in group:
                     linear = block.linear(rel)
                     require_finite(f"{block.full_name(rel)}.weight", linear.weight, "; refusing to quantize it")
-                    q = quantize_rtn(linear.weight.detach().float().cpu(), spec)
+                    weight = linear.weight.detach().float().cpu()
+                    q = quantize_rtn(weight, spec) if method == "rtn" else ggml_quantize(weight, None, spec)
                     with torch.no_grad():
                         linear.weight.copy_(q.dequantize().to(linear.weight.device))
                     lattice[f"{block.full_name(rel)}.weight"] = q

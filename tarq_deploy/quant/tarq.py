@@ -6,8 +6,11 @@ Methods (paper, "Component analysis"):
   rarebal   GPTQ under the rareBAL metric H_rB = H_common + lam * H_tail          (metric only)
   residual  propagation-aware residual target, projected under the plain metric  (solver only)
   tarq      both: residual target projected under H_rB                            (Algorithm 1)
-  imatrix   ggml's importance-weighted Q4_0 rounding (llama.cpp's imatrix, CrispASR's --imatrix): per-column
-            importance = mean x^2 over the calibration positions of the *full-precision* model, no error feedback
+  imatrix   ggml's importance-weighted rounding of the lattice's type (llama.cpp's imatrix, CrispASR's --imatrix):
+            per-column importance = mean x^2 over the calibration positions of the *full-precision* model, no error
+            feedback
+  ggml      ggml's own quantizer of the lattice's type without data (for Q4_0..Q8_0 the same bytes as rtn; for the
+            K-quants ggml's scale search, which rtn does not do)
 
 Reweighting source (Appendix "Reweighting source and cost-ratio ablations"): which positions form the re-weighted
 slice: ``rare`` (the rarity tags), ``random`` (as many positions drawn uniformly) or ``common`` (as many drawn from
@@ -24,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .choices import ALPHA_RULES, METHODS, SCALE_RULES, SOURCES  # torch-free, for the CLI's --help
-from .ggml_quants import quantize_q4_0_imatrix
+from .choices import ALPHA_RULES, DATA_FREE_METHODS, METHODS, SCALE_RULES, SOURCES  # torch-free, for the CLI's --help
+from .ggml_quants import ggml_quantize
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
-from .lattice import LatticeSpec, QuantizedWeight, quantize_rtn
+from .lattice import LatticeSpec, QuantizedWeight
+from .lattice_fit import quantize_rtn
 from .stats import LayerStats
 
 EPS = 1e-12
@@ -69,7 +73,7 @@ class TarqConfig:
 
     @property
     def needs_data(self) -> bool:
-        return self.method != "rtn"
+        return self.method not in DATA_FREE_METHODS
 
     @property
     def sequential(self) -> bool:
@@ -128,13 +132,15 @@ def quantize_weight(
 
     ``identity_weight`` mu adds mu * tr(H_common)/n * I to the final metric (after lam is computed, so it does not
     inflate lam): the tied head's second role as a token lookup, which sees every row alike."""
+    if config.method == "ggml":
+        return ggml_quantize(W.float(), None, spec), SolveInfo()
     if not config.needs_data:
         return quantize_rtn(W, spec), SolveInfo()
     if stats is None:
         raise ValueError(f"method {config.method!r} needs calibration statistics")
     if config.method == "imatrix":
         importance = torch.diag(stats.H) / max(stats.n_common + stats.n_tail, 1)
-        return quantize_q4_0_imatrix(W.float(), importance, spec), SolveInfo()
+        return ggml_quantize(W.float(), importance, spec), SolveInfo()
     return tarq_solve(W.float(), stats, spec, config, identity_weight)
 
 

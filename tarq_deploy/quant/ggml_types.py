@@ -1,0 +1,267 @@
+"""ggml's quantized types as exact codecs between their blocks and lattices (lattice.py's schemes).
+
+One type, one lattice: ``LATTICE_OF_TYPE`` says which (scheme, bits, group size) each type's dequantizer spans, and
+``pack`` / ``unpack`` move between a ``QuantizedWeight`` and the type's bytes without any arithmetic on values, so
+pack(unpack(b)) == b and gguf-py's dequantizer of pack(q) equals q.dequantize() bit for bit (tests/test_ggml_types.py).
+Layouts (ggml-common.h; u = code - qmin, the unsigned code):
+
+* Q4_0 / Q4_1 (18 / 20 bytes per 32): fp16 d (, fp16 m), 16 bytes: byte j = u_j | u_{j+16} << 4.
+* Q5_0 / Q5_1 (22 / 24 bytes per 32): fp16 d (, fp16 m), 4 bytes qh (bit j = bit 4 of u_j, little-endian), then the
+  low nibbles as in Q4_0.
+* Q8_0 (34 bytes per 32): fp16 d, 32 int8 codes.
+* Q4_K (144 bytes per 256): fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, mn) for 8 groups of 32, 128 bytes: for each
+  64 values c, byte 32 c + l = u_{64c+l} | u_{64c+32+l} << 4.
+* Q5_K (176 bytes per 256): as Q4_K with 32 bytes qh between the scales and the nibbles: bit j of qh[l] is bit 4 of
+  u_{32j+l}.
+* Q6_K (210 bytes per 256): 128 bytes ql, 64 bytes qh, 16 int8 group scales, fp16 d at the end. Per half of 128
+  values: ql[l] = low nibbles of u_l | u_{l+64} << 4 (l < 64), qh[l] = bits 4-5 of u_l, u_{l+32}, u_{l+64}, u_{l+96}
+  at bit pairs 0, 2, 4, 6 (l < 32).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as GGMLType
+
+from .lattice import K_SUPER_BLOCK, LatticeSpec, QuantizedWeight, check_on_lattice
+
+QK = 32  # values per block of the one-level types
+# the lattice each type's dequantizer spans: (scheme, bits, group size); symmetric types also hold wider groups
+LATTICE_OF_TYPE: dict[GGMLType, tuple[str, int, int]] = {
+    GGMLType.Q4_0: ("symmetric", 4, 32), GGMLType.Q5_0: ("symmetric", 5, 32), GGMLType.Q8_0: ("symmetric", 8, 32),
+    GGMLType.Q4_1: ("affine", 4, 32), GGMLType.Q5_1: ("affine", 5, 32),
+    GGMLType.Q4_K: ("k-affine", 4, 32), GGMLType.Q5_K: ("k-affine", 5, 32), GGMLType.Q6_K: ("k-symmetric", 6, 16),
+}
+LATTICE_TYPES = tuple(LATTICE_OF_TYPE)
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_SCALES_BYTES = 12
+
+
+class LatticeNotRepresentable(ValueError):
+    """The lattice cannot be stored bit-exactly in the requested ggml type."""
+
+
+def type_by_name(name: str) -> GGMLType:
+    """The ggml type of a lower-case name ("q5_1"); ValueError naming the known ones otherwise."""
+    for t in LATTICE_TYPES:
+        if t.name.lower() == name.lower():
+            return t
+    raise ValueError(f"unknown type {name!r}; known: {', '.join(t.name.lower() for t in LATTICE_TYPES)}")
+
+
+def spec_for_type(ggml_type: GGMLType) -> LatticeSpec:
+    scheme, bits, group = LATTICE_OF_TYPE[ggml_type]
+    return LatticeSpec(bits, group, scheme)
+
+
+def type_for_spec(spec: LatticeSpec) -> GGMLType | None:
+    """The ggml type a lattice is stored in exactly (a symmetric lattice of any group that fills whole blocks: the
+    caller checks the row), or None."""
+    for t, (scheme, bits, _group) in LATTICE_OF_TYPE.items():
+        if (scheme, bits) == (spec.scheme, spec.bits):
+            return t
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------ packing
+def pack(q: QuantizedWeight, ggml_type: GGMLType) -> np.ndarray:
+    """The blocks of ``q`` as ``ggml_type``: uint8 [m, row bytes]. LatticeNotRepresentable when the lattice is not
+    the type's (another scheme or bit width, groups that split a block, codes out of range)."""
+    if ggml_type not in LATTICE_OF_TYPE:
+        raise LatticeNotRepresentable(f"{ggml_type.name} is not a lattice type; known: "
+                                      f"{', '.join(t.name for t in LATTICE_TYPES)}")
+    if type_for_spec(q.spec) != ggml_type:
+        raise LatticeNotRepresentable(f"a {q.spec.bits}-bit {q.spec.scheme} lattice is not what {ggml_type.name} "
+                                      f"stores (it stores the {spec_for_type(ggml_type).bits}-bit "
+                                      f"{spec_for_type(ggml_type).scheme} lattice)")
+    try:
+        check_on_lattice(q)
+    except ValueError as e:
+        raise LatticeNotRepresentable(str(e)) from None
+    codes = _numpy(q.codes)
+    if ggml_type in K_TYPES:
+        return _pack_k(codes - q.spec.qmin, {k: _numpy(v) for k, v in q.params().items()}, ggml_type)
+    return pack_one_level(codes, _numpy(q.scales), ggml_type, None if q.mins is None else _numpy(q.mins))
+
+
+def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = None) -> np.ndarray:
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks of codes [m, n] and fp16 scales (and mins) [m, n_groups]; a group of
+    several blocks repeats its parameters in each, which decodes to the same values."""
+    scheme, bits, _ = LATTICE_OF_TYPE[ggml_type]
+    q, d = _block_codes_and_scales(_numpy(codes), _numpy(scales), ggml_type)
+    m, n_blocks = d.shape
+    lo = -(2 ** (bits - 1)) if scheme == "symmetric" else 0
+    u = (q.astype(np.int16) - lo).astype(np.uint8).reshape(m, n_blocks, QK)
+    fields = [_fp16_bytes(d)]
+    if scheme == "affine":
+        if mins is None:
+            raise LatticeNotRepresentable(f"{ggml_type.name} needs a min per block")
+        block_mins = _numpy(mins)
+        fields.append(_fp16_bytes(np.repeat(block_mins, n_blocks // block_mins.shape[1], axis=1)))
+    if bits == 8:
+        fields.append(q.astype(np.int8).view(np.uint8).reshape(m, n_blocks, QK))
+    else:
+        if bits == 5:
+            fields.append(_bit_plane(u, 4))
+        low = u & np.uint8(0x0F)
+        fields.append(low[:, :, : QK // 2] | (low[:, :, QK // 2:] << np.uint8(4)))
+    return np.concatenate(fields, axis=2).reshape(m, -1)
+
+
+def _block_codes_and_scales(q: np.ndarray, s: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a one-level lattice for ``ggml_type``; (codes [m, n], fp16 scale per 32-block [m, n/32])."""
+    name = ggml_type.name
+    if q.ndim != 2 or s.ndim != 2 or s.shape[0] != q.shape[0]:
+        raise LatticeNotRepresentable(f"codes {q.shape} and scales {s.shape} are not a [m, n] / [m, n_groups] pair")
+    if not np.issubdtype(q.dtype, np.integer):
+        raise LatticeNotRepresentable(f"codes must be integers, got {q.dtype}")
+    if s.dtype != np.float16:
+        raise LatticeNotRepresentable(f"scales must be float16 (the scale {name} stores), got {s.dtype}")
+    m, n = q.shape
+    n_groups = s.shape[1]
+    if n_groups == 0 or n % n_groups:
+        raise LatticeNotRepresentable(f"{n} columns do not split into {n_groups} equal groups")
+    group = n // n_groups
+    if group % QK:
+        raise LatticeNotRepresentable(
+            f"group size {group} (row length {n}, {n_groups} group(s) per row) is not a multiple of the {QK}-value "
+            f"{name} block, so one block would need two scales; {name} holds groups of 32, 64, 128, ... only")
+    scheme, bits, _ = LATTICE_OF_TYPE[ggml_type]
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if scheme == "symmetric" else (0, 2**bits - 1)
+    if q.size and (int(q.min()) < lo or int(q.max()) > hi):
+        raise LatticeNotRepresentable(f"codes span [{int(q.min())}, {int(q.max())}], outside {name}'s [{lo}, {hi}]")
+    if not np.isfinite(s).all():
+        raise LatticeNotRepresentable("scales contain inf or nan")
+    return q, np.repeat(s, group // QK, axis=1)
+
+
+def _pack_k(u: np.ndarray, params: dict[str, np.ndarray], ggml_type: GGMLType) -> np.ndarray:
+    m, n = u.shape
+    supers = n // K_SUPER_BLOCK
+    u = u.astype(np.uint8).reshape(m, supers, K_SUPER_BLOCK)
+    d = _fp16_bytes(params["scales"])
+    if ggml_type == GGMLType.Q6_K:
+        half = u.reshape(m, supers, 2, 128)
+        low = half & np.uint8(0x0F)
+        ql = (low[..., :64] | (low[..., 64:] << np.uint8(4))).reshape(m, supers, 128)
+        high = (half >> np.uint8(4)).reshape(m, supers, 2, 4, 32)
+        qh = (high[:, :, :, 0] | high[:, :, :, 1] << np.uint8(2) | high[:, :, :, 2] << np.uint8(4)
+              | high[:, :, :, 3] << np.uint8(6)).reshape(m, supers, 64)
+        sc = params["sub_scales"].astype(np.int8).view(np.uint8).reshape(m, supers, 16)
+        return np.concatenate([ql, qh, sc, d], axis=2).reshape(m, -1)
+    scales = _k_scales_bytes(params["sub_scales"].reshape(m, supers, 8), params["sub_mins"].reshape(m, supers, 8))
+    pairs = (u & np.uint8(0x0F)).reshape(m, supers, 4, 2, 32)
+    qs = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << np.uint8(4))).reshape(m, supers, 128)
+    fields = [d, _fp16_bytes(params["mins"]), scales]
+    if ggml_type == GGMLType.Q5_K:
+        bits = (u >> np.uint8(4)).reshape(m, supers, 8, 32)
+        fields.append(np.bitwise_or.reduce(bits << np.arange(8, dtype=np.uint8)[None, None, :, None], axis=2))
+    fields.append(qs)
+    return np.concatenate(fields, axis=2).reshape(m, -1)
+
+
+def _k_scales_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """The 12 bytes holding eight 6-bit scale codes and eight 6-bit min codes (ggml's get_scale_min_k4, inverted)."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    first = sc[..., :4] | ((sc[..., 4:] >> np.uint8(4)) << np.uint8(6))
+    second = mn[..., :4] | ((mn[..., 4:] >> np.uint8(4)) << np.uint8(6))
+    third = (sc[..., 4:] & np.uint8(0x0F)) | ((mn[..., 4:] & np.uint8(0x0F)) << np.uint8(4))
+    return np.concatenate([first, second, third], axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------------- unpacking
+def unpack(blocks: np.ndarray, ggml_type: GGMLType) -> QuantizedWeight:
+    """The lattice held by ``ggml_type`` blocks uint8 [m, row bytes] (one-level types at group 32)."""
+    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    m = blocks.shape[0]
+    raw = np.ascontiguousarray(blocks).reshape(m, -1, type_size)
+    spec = spec_for_type(ggml_type)
+    if ggml_type in K_TYPES:
+        codes, params = _unpack_k(raw, ggml_type)
+    else:
+        codes, params = _unpack_one_level(raw, ggml_type)
+    return QuantizedWeight(torch.from_numpy((codes.astype(np.int16) + spec.qmin).astype(np.int8)).reshape(m, -1),
+                           spec=spec, **{k: torch.from_numpy(v) for k, v in params.items()})
+
+
+def _unpack_one_level(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    scheme, bits, _ = LATTICE_OF_TYPE[ggml_type]
+    m, n_blocks, _ = raw.shape
+    params = {"scales": _fp16_of(raw[:, :, 0:2])}
+    pos = 2
+    if scheme == "affine":
+        params["mins"], pos = _fp16_of(raw[:, :, 2:4]), 4
+    if bits == 8:
+        return raw[:, :, pos:].view(np.int8).astype(np.int16) + 128, params  # unsigned code = q - qmin
+    high = None
+    if bits == 5:
+        high, pos = _from_bit_plane(raw[:, :, pos:pos + 4]), pos + 4
+    qs = raw[:, :, pos:]
+    u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=2)
+    if high is not None:
+        u = u | (high << np.uint8(4))
+    return u, params
+
+
+def _unpack_k(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    m, supers, _ = raw.shape
+    if ggml_type == GGMLType.Q6_K:
+        ql, qh = raw[:, :, :128].reshape(m, supers, 2, 64), raw[:, :, 128:192].reshape(m, supers, 2, 1, 32)
+        low = np.concatenate([ql & np.uint8(0x0F), ql >> np.uint8(4)], axis=3)  # [.., 2, 128]
+        high = ((qh >> (np.arange(4, dtype=np.uint8) * 2)[None, None, None, :, None]) & np.uint8(3)).reshape(
+            m, supers, 2, 128)
+        u = (low | (high << np.uint8(4))).reshape(m, -1)
+        params = {"scales": _fp16_of(raw[:, :, 208:210]),
+                  "sub_scales": raw[:, :, 192:208].view(np.int8).reshape(m, -1).copy()}
+        return u, params
+    b = raw[:, :, 4:16]
+    sc = np.concatenate([b[..., :4] & 0x3F, (b[..., 8:] & 0x0F) | ((b[..., :4] >> 6) << 4)], axis=2)
+    mn = np.concatenate([b[..., 4:8] & 0x3F, (b[..., 8:] >> 4) | ((b[..., 4:8] >> 6) << 4)], axis=2)
+    pos = 16
+    high = None
+    if ggml_type == GGMLType.Q5_K:
+        qh = raw[:, :, 16:48].reshape(m, supers, 1, 32)
+        high = ((qh >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & np.uint8(1)).reshape(m, supers, 256)
+        pos = 48
+    qs = raw[:, :, pos:pos + 128].reshape(m, supers, 4, 1, 32)
+    u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=3).reshape(m, supers, 256)
+    if high is not None:
+        u = u | (high << np.uint8(4))
+    params = {"scales": _fp16_of(raw[:, :, 0:2]), "mins": _fp16_of(raw[:, :, 2:4]),
+              "sub_scales": sc.reshape(m, -1).astype(np.uint8), "sub_mins": mn.reshape(m, -1).astype(np.uint8)}
+    return u.reshape(m, -1), params
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+def _numpy(a: Any) -> np.ndarray:
+    """numpy view of a numpy array or a (CPU) torch tensor."""
+    if isinstance(a, torch.Tensor):
+        a = a.detach().cpu().numpy()
+    return np.ascontiguousarray(a)
+
+
+def _fp16_bytes(d: np.ndarray) -> np.ndarray:
+    """fp16 values [m, B] -> their little-endian bytes [m, B, 2]."""
+    return np.ascontiguousarray(d.astype("<f2")).view(np.uint8).reshape(*d.shape, 2)
+
+
+def _fp16_of(b: np.ndarray) -> np.ndarray:
+    """[m, B, 2] little-endian bytes -> fp16 [m, B]."""
+    return np.ascontiguousarray(b).view("<f2").reshape(b.shape[:2]).astype(np.float16)
+
+
+def _bit_plane(u: np.ndarray, bit: int) -> np.ndarray:
+    """Bit ``bit`` of 32 values [m, B, 32] as one little-endian uint32 per block: [m, B, 4] bytes."""
+    plane = ((u >> np.uint8(bit)) & np.uint8(1)).astype(np.uint32) << np.arange(QK, dtype=np.uint32)
+    return np.ascontiguousarray(plane.sum(axis=2, dtype=np.uint32).astype("<u4")).view(np.uint8).reshape(
+        *u.shape[:2], 4)
+
+
+def _from_bit_plane(b: np.ndarray) -> np.ndarray:
+    """[m, B, 4] bytes of a little-endian uint32 -> its 32 bits [m, B, 32] as uint8."""
+    word = np.ascontiguousarray(b).view("<u4")  # [m, B, 1]
+    return ((word >> np.arange(QK, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
+

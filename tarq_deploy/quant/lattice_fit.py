@@ -1,0 +1,180 @@
+"""Choosing a lattice's group parameters from weights, for every scheme (lattice.py names them).
+
+``fit_params(w, spec, rule, importance)`` returns the parameters of the groups of ``w`` already in the form the
+format stores (fp16 d and m, 6-bit or int8 sub-block codes), so the codes the solvers then choose are rounded
+against exactly the values the runtime decodes. The rules:
+
+* symmetric: lattice.py's max rule or its importance-weighted search (make_qx_quants' grid).
+* affine (Q4_1 / Q5_1) and the K-quants' sub-blocks (Q4_K / Q5_K): max rule d = (max - min) / (2^b - 1), m = min;
+  or a search in the manner of ggml's make_qkx2_quants: 21 candidate inverse scales (2^b - 1 + 0.1 k, k = -10..10)
+  over the group's range, each giving codes whose importance-weighted least-squares (s, m) is the candidate, the
+  smallest weighted error winning. K-quant offsets are -dmin * mn with mn >= 0, so their m is kept <= 0.
+* K-quant super-blocks: the 8 (Q4_K / Q5_K) or 16 (Q6_K) group scales become codes under one fp16 super-block scale
+  d = (largest group scale) / 63 (Q6_K: the signed largest over -128), likewise the mins under dmin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .choices import SCALE_RULES
+from .lattice import (CODE_DTYPE, FP16_MAX, K_SUB_CODE_MAX, SCALE_DTYPE, LatticeSpec, QuantizedWeight,
+                      _signed_max, choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
+
+AFFINE_SEARCH_STEPS = tuple(0.1 * k for k in range(-10, 11))
+Q6_K_SCALE_CODE_MIN = -128  # Q6_K's sub-block scales are int8 codes
+EPS = 1e-30
+
+
+def fit_params(w: torch.Tensor, spec: LatticeSpec, rule: str,
+               importance: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The stored group parameters for ``w`` [m, n] (n whole groups, or for K-quants whole super-blocks) by
+    ``rule`` ("max" or "search"); ``importance`` h weighs the search ([n] or [m, n]; None: all alike)."""
+    if rule not in SCALE_RULES:
+        raise ValueError(f"scale rule must be one of {SCALE_RULES}, got {rule!r}")
+    spec.check_columns(w.shape[1])
+    if spec.scheme == "symmetric":
+        return {"scales": choose_scales(w, spec, rule, importance)}
+    h = (importance if importance is not None else torch.ones(w.shape[1])).float().to(w.device).expand(w.shape)
+    if spec.scheme == "k-symmetric":
+        scale = max_rule_scales(w, spec) if rule == "max" else searched_scales(w, spec, h)
+        return _k_symmetric_codes(scale)
+    scale, offset = _affine_fit(_grouped(w, spec), _grouped(h, spec), spec.qmax, rule, spec.two_level)
+    if spec.scheme == "affine":
+        return {"scales": _fp16(scale), "mins": _fp16(offset)}
+    return _k_affine_codes(scale, -offset)
+
+
+def quantize_nearest(w: torch.Tensor, spec: LatticeSpec, rule: str = "max",
+                     importance: torch.Tensor | None = None) -> QuantizedWeight:
+    """Group parameters by ``rule``, then the nearest code for every weight: the data-free baseline of any scheme."""
+    params = fit_params(w.float(), spec, rule, importance)
+    s, o = effective_scale_offset(spec, params)
+    return QuantizedWeight(codes_for(w, s, spec, o), spec=spec, **params)
+
+
+def quantize_rtn(w: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
+    """Round-to-nearest onto the lattice, the data-free baseline, in ggml's reference arithmetic.
+
+    Codes come from the float32 max-rule scale d and its float32 inverse: q = min(qmax, trunc(w * (1/d) + 2^(b-1) +
+    0.5) - 2^(b-1)) (ggml's ``(int8_t)(x * id + 8.5f)``, the float32 additions included; 8 bits: Q8_0's roundf,
+    halves away from zero), and the stored scale is fp16(d). So for Q4_0 / Q5_0 / Q8_0 blocks these are ggml's own
+    bytes (tests/test_lattice_ggml.py); likewise Q4_1 / Q5_1 (:func:`_rtn_affine`). The K-quants have no plain
+    rounding in ggml (its reference quantizer searches); theirs is the max rule of lattice_fit.py and nearest
+    codes."""
+    spec.check_columns(w.shape[1])
+    if spec.two_level:
+        return quantize_nearest(w, spec)
+    if spec.affine:
+        return _rtn_affine(w, spec)
+    d = max_rule_scales(w, spec)
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1.0 / d).repeat_interleave(spec.group_width(w.shape[1]), dim=1)
+    scaled = w.float() * inverse
+    if spec.bits == 8:
+        whole = torch.trunc(scaled)
+        q = whole + torch.sign(scaled) * ((scaled - whole).abs() >= 0.5).float()
+    else:
+        offset = float(-spec.qmin)
+        q = torch.trunc(scaled + (offset + 0.5)) - offset
+    codes = q.clamp(spec.qmin, spec.qmax).to(CODE_DTYPE)
+    return QuantizedWeight(codes, d.clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE), spec)
+
+
+def _rtn_affine(w: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
+    """ggml's Q4_1 / Q5_1 reference rounding: d = (max - min) / (2^b - 1) and m = min in float32, codes
+    min(2^b - 1, trunc((w - min) * (1/d) + 0.5)), then d and m stored as fp16."""
+    x = _grouped(w, spec)
+    lo, hi = x.amin(dim=2), x.amax(dim=2)
+    d = (hi - lo) / float(spec.qmax)
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+    q = torch.trunc((x - lo[:, :, None]) * inverse[:, :, None] + 0.5).clamp(spec.qmin, spec.qmax)
+    m, n = w.shape
+    to_fp16 = lambda t: t.clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)  # noqa: E731
+    return QuantizedWeight(q.reshape(m, n).to(CODE_DTYPE), to_fp16(d), spec, mins=to_fp16(lo))
+
+
+# ------------------------------------------------------------------------------------------------ one level
+def _grouped(t: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    m, n = t.shape
+    return t.float().reshape(m, n // spec.group_size, spec.group_size)
+
+
+def _fp16(t: torch.Tensor) -> torch.Tensor:
+    return t.clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)
+
+
+def _affine_fit(x: torch.Tensor, h: torch.Tensor, nmax: int, rule: str,
+                nonpositive_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, offset) float32 [m, G] of groups x [m, G, g] under weights h, values s * q + o with q in 0..nmax."""
+    lo, hi = x.amin(dim=2), x.amax(dim=2)
+    if nonpositive_offset:
+        lo = lo.clamp(max=0.0)
+    span = hi - lo
+    scale, offset = span / nmax, lo
+    if rule == "max":
+        return scale, offset
+    best_err = _weighted_error(x, h, _codes(x, lo, span / nmax, nmax), scale, offset)
+    for step in AFFINE_SEARCH_STEPS:
+        inverse = torch.where(span > 0, (nmax + step) / span.clamp(min=EPS), torch.zeros_like(span))
+        q = (torch.round((x - lo[:, :, None]) * inverse[:, :, None])).clamp_(0, nmax)
+        s, o = _least_squares(x, h, q, nonpositive_offset)
+        err = _weighted_error(x, h, q, s, o)
+        better = (err < best_err) & (s >= 0)
+        best_err = torch.where(better, err, best_err)
+        scale, offset = torch.where(better, s, scale), torch.where(better, o, offset)
+    return scale, offset
+
+
+def _codes(x: torch.Tensor, offset: torch.Tensor, scale: torch.Tensor, nmax: int) -> torch.Tensor:
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.round((x - offset[:, :, None]) / safe[:, :, None]).clamp_(0, nmax)
+
+
+def _least_squares(x: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+                   nonpositive_offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (s, o) minimising sum h (x - s q - o)^2 per group, o clamped to <= 0 when asked (then s refits alone)."""
+    sw, sq, sx = h.sum(2), (h * q).sum(2), (h * x).sum(2)
+    sqq, sxq = (h * q * q).sum(2), (h * x * q).sum(2)
+    det = sw * sqq - sq * sq
+    ok = det > 0
+    s = torch.where(ok, (sw * sxq - sx * sq) / det.clamp(min=EPS), torch.zeros_like(det))
+    o = torch.where(ok, (sqq * sx - sq * sxq) / det.clamp(min=EPS), torch.zeros_like(det))
+    if nonpositive_offset:
+        alone = o > 0
+        s = torch.where(alone, sxq / sqq.clamp(min=EPS), s)
+        o = torch.where(alone, torch.zeros_like(o), o)
+    return s, o
+
+
+def _weighted_error(x: torch.Tensor, h: torch.Tensor, q: torch.Tensor, s: torch.Tensor,
+                    o: torch.Tensor) -> torch.Tensor:
+    return (h * (s[:, :, None] * q + o[:, :, None] - x) ** 2).sum(2)
+
+
+# ------------------------------------------------------------------------------------------------ K-quants
+def _code_under(values: torch.Tensor, d16: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """round(values / d) clamped to [lo, hi] for group values [m, S, k] under the stored super-block d [m, S]."""
+    d = d16.float()[:, :, None]
+    return torch.where(d == 0, torch.zeros_like(values), torch.round(values / torch.where(d == 0, 1.0, d))).clamp_(lo, hi)
+
+
+def _k_affine_codes(scale: torch.Tensor, neg_offset: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Q4_K / Q5_K: group scales and -offsets [m, G] (8 groups per super-block) as 6-bit codes under fp16 d and
+    dmin = (largest of the 8) / 63."""
+    m, groups = scale.shape
+    sc = scale.clamp(min=0.0).reshape(m, groups // 8, 8)
+    mn = neg_offset.clamp(min=0.0).reshape(m, groups // 8, 8)
+    d, dmin = _fp16(sc.amax(dim=2) / K_SUB_CODE_MAX), _fp16(mn.amax(dim=2) / K_SUB_CODE_MAX)
+    return {"scales": d, "mins": dmin,
+            "sub_scales": _code_under(sc, d, 0, K_SUB_CODE_MAX).reshape(m, groups).to(torch.uint8),
+            "sub_mins": _code_under(mn, dmin, 0, K_SUB_CODE_MAX).reshape(m, groups).to(torch.uint8)}
+
+
+def _k_symmetric_codes(scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Q6_K: the 16 group scales of a super-block as int8 codes under d = (signed largest) / -128, so the largest
+    takes code -128 as ggml's quantize_row_q6_K does."""
+    m, groups = scale.shape
+    sc = scale.reshape(m, groups // 16, 16)
+    d = _fp16(_signed_max(sc) / Q6_K_SCALE_CODE_MIN)
+    return {"scales": d, "sub_scales": _code_under(sc, d, Q6_K_SCALE_CODE_MIN, 127).reshape(m, groups).to(torch.int8)}
+
