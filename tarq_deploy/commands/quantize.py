@@ -148,9 +148,9 @@ def checked_options(args: argparse.Namespace):
     from ..quant.lattice import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 
     options = options_from(args)
-    if options.bits not in SUPPORTED_BITS:
+    if options.scheme == "symmetric" and options.bits not in SUPPORTED_BITS:
         raise UserError(f"--bits {options.bits}: must be one of {', '.join(map(str, SUPPORTED_BITS))}")
-    if options.group_size not in SUPPORTED_GROUP_SIZES:
+    if options.scheme == "symmetric" and options.group_size not in SUPPORTED_GROUP_SIZES:
         raise UserError(f"--group-size {options.group_size}: must be one of "
                         f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))} (-1: one scale per row)")
     if not options.cost_ratio > 0:
