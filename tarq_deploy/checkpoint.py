@@ -108,6 +108,9 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     shapes: dict[str, list[int]] = {}
     for name in sorted(ckpt.quantized):
         q = ckpt.quantized[name]
+        if q.spec != ckpt.spec:
+            raise CheckpointError(f"{name} is on {q.spec}, the checkpoint on {ckpt.spec}: a checkpoint holds one "
+                                  f"lattice (per-tensor type mixes are not stored)")
         check_on_lattice(q)
         lattice[f"{name}.codes"] = pack_codes(q).cpu()
         for part, tensor in q.params().items():

@@ -333,11 +333,13 @@ def _write_tensor(f: Any, tensor: PackedTensor) -> int:
 
 
 # --------------------------------------------------------------------------------------------------- public API
-def export_whisper_cpp(source: Any, out_path: str | os.PathLike, target: str = "q4_0", *,
+def export_whisper_cpp(source: Any, out_path: str | os.PathLike, target: str | None = None, *,
                        baseline: str | None = None, progress: bool = False) -> Path:
     """Export ``source`` (a LatticeCheckpoint, a checkpoint directory, or (model, processor[, generation_config]))
-    to a whisper.cpp model file; returns the path written. See the module docstring for targets."""
-    built = build_whisper_cpp(as_source(source), target, baseline, progress)
+    to a whisper.cpp model file; returns the path written. See the module docstring for targets; the default is
+    the source's own (``default_target``)."""
+    whisper = as_source(source)
+    built = build_whisper_cpp(whisper, target or default_target(whisper, baseline), baseline, progress)
     return write_whisper_cpp(built, out_path, progress)
 
 

@@ -1,0 +1,139 @@
+"""Every whisper.cpp type runs in whisper.cpp (issue 16): a lattice checkpoint of each type exports bit-exactly,
+whisper.cpp (pywhispercpp) loads it and transcribes real speech; TARQ calibrates onto a non-Q4_0 type end to end;
+and what whisper.cpp cannot hold is refused in one line (K-quants on 384-wide rows, a mix of types, unknown types)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jiwer
+import pytest
+import torch
+
+from tarq_deploy import cli
+from tarq_deploy.checkpoint import CheckpointError, save_checkpoint
+from tarq_deploy.data.corpus import Utterance, write_manifest
+from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
+from tarq_deploy.formats.ggml_file import read_whisper_cpp
+from tarq_deploy.formats.whisper_cpp import WhisperExportError, export_whisper_cpp, verify
+from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
+from tarq_deploy.quant.lattice_fit import quantize_rtn
+from test_whisper_cpp_export import lattice_checkpoint, transcribe_whisper_cpp, words
+
+ONE_LEVEL = ("q4_1", "q5_0", "q5_1", "q8_0")  # q4_0 is tests/test_whisper_cpp_export.py's
+K_QUANTS = ("q4_k", "q5_k", "q6_k")  # rows of 256: Whisper base (512 wide), not tiny (384)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_whisper("packaged:base")
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    capsys.readouterr()
+    status = cli.main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return status, "\n".join(line for line in err.replace("\r", "\n").splitlines() if "error" in line)
+
+
+def _exports_exactly_and_transcribes(bundle, type_name: str, work: Path, jfk_wav: str) -> str:
+    ckpt = save_checkpoint(lattice_checkpoint(bundle, spec_for_type(type_by_name(type_name))), work / type_name)
+    out = export_whisper_cpp(ckpt, work / f"{type_name}.bin")  # the checkpoint's own type by default
+    model = read_whisper_cpp(out)
+    assert model.tensors["encoder.blocks.0.mlp.0.weight"].ggml_type == type_by_name(type_name)
+    assert model.tensors["decoder.token_embedding.weight"].ggml_type == type_by_name(type_name)
+    assert {name: d for name, d in verify(out, ckpt).items() if d != 0.0} == {}
+    return transcribe_whisper_cpp(out, jfk_wav)
+
+
+@pytest.mark.parametrize("type_name", ONE_LEVEL)
+def test_one_level_types_of_tiny_run_in_whisper_cpp(tiny, tmp_path, jfk_wav, type_name):
+    text = _exports_exactly_and_transcribes(tiny, type_name, tmp_path, jfk_wav)
+    assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
+
+
+@pytest.mark.parametrize("type_name", K_QUANTS)
+def test_k_quants_of_base_run_in_whisper_cpp(base, tmp_path, jfk_wav, type_name):
+    text = _exports_exactly_and_transcribes(base, type_name, tmp_path, jfk_wav)
+    assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
+
+
+@pytest.fixture(scope="module")
+def calib_manifest(tmp_path_factory) -> Path:
+    clips = [c for c in all_real_clips() if c.id != "jfk"][:3]
+    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips],
+                          tmp_path_factory.mktemp("calib") / "calib.jsonl")
+
+
+@pytest.mark.parametrize("model, type_name", [("packaged:tiny.en", "q5_1"), ("packaged:base", "q4_k")])
+def test_tarq_calibrates_onto_a_type_and_whisper_cpp_runs_it(capsys, tmp_path, jfk_wav, calib_manifest, model,
+                                                              type_name):
+    ckpt, out = tmp_path / "ck", tmp_path / f"{type_name}.bin"
+    assert run_cli(capsys, "quantize", "--model", model, "--method", "tarq", "--type", type_name, "--calib",
+                   calib_manifest, "--n-calib", 3, "--out", ckpt) == (0, "")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["lattice"]["ggml_type"] == type_name and manifest["method"]["name"] == "tarq"
+    assert any(layer.get("lam") for layer in manifest["layers"])  # rareBAL ran, on this type's lattice
+    assert run_cli(capsys, "export", "--target", "whisper.cpp", ckpt, "-o", out, "--quiet")[0] == 0
+    status, _ = run_cli(capsys, "verify", out, "--against", ckpt)
+    assert status == 0
+    assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
+
+
+# ------------------------------------------------------------------------------------------------------ refusals
+def test_k_quant_on_384_wide_rows_is_refused_naming_the_types_that_fit(capsys, tmp_path):
+    status, err = run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "rtn", "--type", "q4_k",
+                          "--out", tmp_path / "ck")
+    assert status == 2 and "384 input columns, not a multiple of 256" in err and "q4_0, q4_1, q5_0, q5_1, q8_0" in err
+    assert not (tmp_path / "ck").exists()
+    status, err = run_cli(capsys, "export", "--target", "whisper.cpp", "--model", "packaged:tiny.en", "--baseline",
+                          "rtn", "--type", "q5_k", "-o", tmp_path / "x.bin", "--quiet")
+    assert status == 2 and "d_model = 384 is not a multiple of 256" in err and not (tmp_path / "x.bin").exists()
+
+
+def test_a_mix_of_types_is_refused_for_a_bin(tiny, tmp_path):
+    ckpt = lattice_checkpoint(tiny, spec_for_type(type_by_name("q4_0")))
+    name = "model.encoder.layers.0.fc1.weight"
+    ckpt.quantized[name] = quantize_rtn(ckpt.quantized[name].dequantize(), spec_for_type(type_by_name("q8_0")))
+    with pytest.raises(WhisperExportError, match=r"mix of types \(q4_0, q8_0\); whisper.cpp stores one type"):
+        export_whisper_cpp(ckpt, tmp_path / "mix.bin")
+    assert not (tmp_path / "mix.bin").exists()
+    with pytest.raises(CheckpointError, match="a checkpoint holds one lattice"):
+        save_checkpoint(ckpt, tmp_path / "mix")
+    assert not (tmp_path / "mix").exists()
+
+
+def test_a_checkpoint_exports_only_to_its_own_type(tiny, tmp_path, capsys):
+    path = save_checkpoint(lattice_checkpoint(tiny, spec_for_type(type_by_name("q5_1"))), tmp_path / "q5_1")
+    status, err = run_cli(capsys, "export", "--target", "whisper.cpp", path, "--type", "q5_0", "-o",
+                          tmp_path / "x.bin", "--quiet")
+    assert status == 2 and "affine lattice is not what Q5_0 stores" in err and not (tmp_path / "x.bin").exists()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["quantize", "--model", "packaged:tiny.en", "--type", "q3_k", "--out", "o"], "invalid choice: 'q3_k'"),
+    (["export", "ck", "--type", "iq4_nl", "-o", "x.bin"], "invalid choice: 'iq4_nl'"),
+    (["quantize", "--model", "packaged:tiny.en", "--type", "q5_1", "--bits", "4", "--method", "rtn", "--out", "o"],
+     "--bits 4: --type q5_1 stores 5-bit codes"),
+    (["quantize", "--model", "packaged:tiny.en", "--type", "q4_0", "--target", "gptq", "--method", "rtn", "--out",
+      "o"], "--type q4_0: ggml types are for the ggml targets"),
+])
+def test_bad_type_options_are_one_line_errors(capsys, tmp_path, monkeypatch, argv, match):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        status = cli.main(argv)
+        raise SystemExit(status)
+    assert exited.value.code == 2
+    assert match in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rtn_baseline_of_every_one_level_type_is_ggml_bytes(tiny, tmp_path):
+    from gguf.quants import quantize
+
+    out = export_whisper_cpp(tiny, tmp_path / "rtn-q5_1.bin", "q5_1", baseline="rtn")
+    model = read_whisper_cpp(out)
+    w = tiny[0].state_dict()["model.encoder.layers.0.fc1.weight"].to(torch.float16).float().numpy()
+    assert (model.raw("encoder.blocks.0.mlp.0.weight") == quantize(w, type_by_name("q5_1")).reshape(w.shape[0], -1)).all()
