@@ -1,19 +1,22 @@
 """whisper.cpp export time against plain I/O, for Whisper tiny.en, base (real weights) and small (real dimensions,
 random weights: no complete small checkpoint is available offline).
 
-    python -m tarq_deploy.bench.export [--models tiny.en,base,small] [--repeats 3] [--out bench/results/export.json]
+    python -m tarq_deploy.bench.export [--models tiny.en,base,small] [--types q4_0,...,q6_k] [--repeats 3]
+                                       [--out bench/results/export.json]
 
-Per model, medians of ``--repeats`` runs, from a 4-bit group-32 RTN lattice checkpoint directory:
+Per model, medians of ``--repeats`` runs, from an RTN lattice checkpoint directory of each type:
 
-* ``q4_0``: checkpoint directory -> Q4_0 model file (load_checkpoint with its hash check, packing, writing): what
-  ``tarq-deploy export`` does after start-up; also each stage alone.
-* ``f16``: the same checkpoint, dequantized, -> F16 model file.
+* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q4_k``, ``q5_k``, ``q6_k``: checkpoint directory -> model file
+  of that type (load_checkpoint with its hash check, packing, writing): what ``tarq-deploy export`` does after
+  start-up; also each stage alone. The K-quants only where the model's width is a multiple of 256 (not tiny.en).
+* ``f16``: the Q4_0 checkpoint, dequantized, -> F16 model file.
 * ``f16_from_model``: the in-memory transformers model -> F16 model file.
 * ``io_s``: the floor an exporter cannot beat: reading the checkpoint's files and writing as many bytes as the
   output has (for ``f16_from_model`` only the write: its source is already in memory). ``ratio`` = export / io.
 
 OMP_WAIT_POLICY defaults to PASSIVE here: on a shared machine torch's spinning OpenMP threads made the checkpoint's
-small tensor ops 5-15x slower. Goal from the issue: exporting whisper small finishes in a few seconds.
+small tensor ops 5-15x slower. Goals from the issues: exporting whisper small finishes in a few seconds; every
+type's export stays within 2x of the I/O floor.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import argparse
 import logging
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,6 +38,7 @@ import torch  # noqa: E402
 from tarq_deploy.formats.whisper_cpp import as_source, build_whisper_cpp, export_whisper_cpp, write_whisper_cpp  # noqa: E402
 from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from tarq_deploy.fileio import write_json_atomic  # noqa: E402
+from tarq_deploy.quant.choices import GGML_TYPES, K_QUANT_ROW  # noqa: E402
 from tarq_deploy.quant.lattice import LatticeSpec  # noqa: E402
 from tarq_deploy.quant.lattice_fit import quantize_rtn  # noqa: E402
 
@@ -59,11 +64,16 @@ def load_bundle(name: str):
     return model, processor, generation_config
 
 
-def rtn_checkpoint(bundle) -> LatticeCheckpoint:
+def type_spec(type_name: str) -> LatticeSpec:
+    scheme, bits, group = GGML_TYPES[type_name]
+    return LatticeSpec(bits, group, scheme)
+
+
+def rtn_checkpoint(bundle, spec: LatticeSpec = SPEC) -> LatticeCheckpoint:
     model, processor, generation_config = bundle
     state = model.state_dict()
     linear = sorted(f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
-    quantized = {name: quantize_rtn(state[name], SPEC) for name in linear}
+    quantized = {name: quantize_rtn(state[name], spec) for name in linear}
     aliases = {"model.decoder.embed_tokens.weight": "proj_out.weight"}
     tensors = {k: v for k, v in state.items() if k not in quantized and k not in aliases}
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +81,7 @@ def rtn_checkpoint(bundle) -> LatticeCheckpoint:
         processor.save_pretrained(tmp)
         generation_config.save_pretrained(tmp)
         files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
-    return LatticeCheckpoint(SPEC, quantized, tensors, aliases, {"method": {"name": "rtn"}}, files)
+    return LatticeCheckpoint(spec, quantized, tensors, aliases, {"method": {"name": "rtn"}}, files)
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -130,28 +140,42 @@ def bench_model_f16(bundle, work: Path, repeats: int) -> dict:
             "output_bytes": size}
 
 
-def bench_model(name: str, repeats: int) -> dict:
+def bench_model(name: str, types: list[str], repeats: int) -> dict:
     bundle = load_bundle(name)
+    width = bundle[0].config.d_model
+    rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ckpt_dir = save_checkpoint(rtn_checkpoint(bundle), work / "ckpt")
-        return {"q4_0": bench_checkpoint(ckpt_dir, "q4_0", work, repeats),
-                "f16": bench_checkpoint(ckpt_dir, "f16", work, repeats),
-                "f16_from_model": bench_model_f16(bundle, work, repeats)}
+        for type_name in types:
+            spec = type_spec(type_name)
+            if spec.two_level and width % K_QUANT_ROW:
+                continue  # the K-quants pack rows of 256 values
+            ckpt_dir = save_checkpoint(rtn_checkpoint(bundle, spec), work / f"ckpt-{type_name}")
+            rows[type_name] = bench_checkpoint(ckpt_dir, type_name, work, repeats)
+            if type_name == "q4_0":
+                rows["f16"] = bench_checkpoint(ckpt_dir, "f16", work, repeats)
+            shutil.rmtree(ckpt_dir)
+        rows["f16_from_model"] = bench_model_f16(bundle, work, repeats)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny.en,base,small")
+    parser.add_argument("--types", default=",".join(GGML_TYPES), help="lattice types to export (comma-separated)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/export.json")
     args = parser.parse_args()
+    types = args.types.split(",")
+    unknown = [t for t in types if t not in GGML_TYPES]
+    if unknown:
+        parser.error(f"--types: unknown {', '.join(unknown)}; known: {', '.join(GGML_TYPES)}")
     logging.getLogger("tarq_deploy.formats.whisper_cpp").setLevel(logging.ERROR)  # the F16 rounding note, once per run
     result = {"host": {"machine": platform.machine(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                       "python": platform.python_version()}, "repeats": args.repeats, "lattice": "4-bit g32 RTN",
+                       "python": platform.python_version()}, "repeats": args.repeats, "lattice": "RTN of each type",
               "models": {}}
     for name in args.models.split(","):
-        row = result["models"][name] = bench_model(name, args.repeats)
+        row = result["models"][name] = bench_model(name, types, args.repeats)
         for target, r in row.items():
             print(f"{name:8s} {target:15s} export {r['export_s']:5.2f} s (pack {r['pack_s']:.2f} s, write "
                   f"{r['write_s']:.2f} s), I/O floor {r['io_s']:.2f} s, ratio {r['ratio']:4.1f}x, "
