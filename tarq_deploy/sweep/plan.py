@@ -48,11 +48,12 @@ else:  # pragma: no cover - Python 3.10
 
 from .. import __version__
 from ..errors import UserError
+from ..quant.choices import DATA_FREE_METHODS, METHODS
 
 STEPS = ("quantize", "export", "verify", "eval", "bench")
 REFERENCE_METHOD = "f16"
-METHODS_WITHOUT_DATA = frozenset({"rtn"})
-KNOWN_METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix")
+METHODS_WITHOUT_DATA = frozenset(DATA_FREE_METHODS)
+KNOWN_METHODS = METHODS
 
 
 @dataclass(frozen=True)
