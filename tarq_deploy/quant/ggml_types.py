@@ -94,7 +94,7 @@ def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = Non
     q, d = _block_codes_and_scales(_numpy(codes), _numpy(scales), ggml_type)
     m, n_blocks = d.shape
     lo = -(2 ** (bits - 1)) if scheme == "symmetric" else 0
-    u = (q.astype(np.int8, copy=False) - np.int8(lo)).view(np.uint8).reshape(m, n_blocks, QK)  # wraps into 0..255
+    codes8 = q.astype(np.int8, copy=False).view(np.uint8).reshape(m, n_blocks, QK)  # two's complement bytes
     out = np.empty((m, n_blocks, GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8)  # filled field by field
     out[:, :, 0:2] = _fp16_bytes(d)
     pos = 2
@@ -105,13 +105,21 @@ def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = Non
         out[:, :, 2:4] = _fp16_bytes(np.repeat(block_mins, n_blocks // block_mins.shape[1], axis=1))
         pos = 4
     if bits == 8:
-        out[:, :, pos:] = q.astype(np.int8, copy=False).view(np.uint8).reshape(m, n_blocks, QK)
+        out[:, :, pos:] = codes8
         return out.reshape(m, -1)
     if bits == 5:
+        u = codes8 - np.uint8(lo % 256)  # the unsigned code, modulo 256
         out[:, :, pos:pos + 4] = _bit_plane(u, 4)
         pos += 4
-    np.bitwise_and(u[:, :, : QK // 2], np.uint8(0x0F), out=out[:, :, pos:])
-    out[:, :, pos:] |= (u[:, :, QK // 2:] & np.uint8(0x0F)) << np.uint8(4)
+        np.bitwise_and(u[:, :, : QK // 2], np.uint8(0x0F), out=out[:, :, pos:])
+        out[:, :, pos:] |= (u[:, :, QK // 2:] & np.uint8(0x0F)) << np.uint8(4)
+        return out.reshape(m, -1)
+    # 4 bits: byte = (low - lo) + 16 (high - lo) = low + 16 high - 17 lo; exact modulo 256, and the true byte is in
+    # 0..255 (codes are range-checked), so uint8 wrap-around arithmetic gives it in two passes
+    payload = out[:, :, pos:]
+    np.left_shift(codes8[:, :, QK // 2:], np.uint8(4), out=payload)
+    payload += codes8[:, :, : QK // 2]
+    payload += np.uint8((-17 * lo) % 256)
     return out.reshape(m, -1)
 
 
