@@ -26,6 +26,7 @@ from tarq_deploy.data.real_clips import RealClipError
 from tarq_deploy.models.qwen3_asr import (Qwen3ASRBackbone, audio_token_count, load_dequantized_qwen3_asr,
                                           load_qwen3_asr_backbone)
 from tarq_deploy.models.common import TextAudio
+from tarq_deploy.quant.ggml_types import type_by_name
 from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
@@ -290,6 +291,31 @@ def test_crispasr_transcribes_the_f16_export_with_the_transformers_tokens(export
 def test_crispasr_runs_the_tarq_q4_0_export(exports, clip):
     tokens = _crispasr_tokens(exports["crispasr-q4_0"], clip, 4)
     assert tokens and all(isinstance(t, str) for t in tokens)
+
+
+@pytest.mark.parametrize("type_name", ["q4_1", "q5_0", "q5_1", "q8_0"])
+def test_every_one_level_type_exports_exactly_and_runs_in_crispasr(type_name, tiny_dir, clip, tmp_path, capsys):
+    """Issue 16: a lattice of each one-level ggml type in CrispASR's GGUF, copied bit for bit, run by the wheel."""
+    from tarq_deploy.quant.choices import GGML_TYPES
+
+    scheme, bits, group = GGML_TYPES[type_name]
+    options = QuantizeOptions(method="rtn", bits=bits, group_size=group, scheme=scheme)
+    checkpoint, _ = quantize_backbone(load_qwen3_asr_backbone(tiny_dir), [], options, str(tiny_dir), log=lambda _: None)
+    ckpt, out = save_checkpoint(checkpoint, tmp_path / "ck"), tmp_path / f"tiny-{type_name}.gguf"
+    assert cli(["export", str(ckpt), "--target", "crispasr", "-o", str(out)]) == 0  # the checkpoint's own type
+    capsys.readouterr()
+    assert cli(["verify", str(out), "--against", str(ckpt), "--json"]) == 0
+    diffs, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert diffs and max(diffs.values()) == 0.0
+    assert read_gguf(out).tensors["token_embd.weight"].ggml_type == int(type_by_name(type_name))
+    tokens = _crispasr_tokens(out, clip, 4)
+    assert tokens and all(isinstance(t, str) for t in tokens)
+
+
+def test_k_quants_refuse_the_64_wide_tiny_model(tiny_dir, tmp_path, capsys):
+    status = cli(["quantize", "--model", str(tiny_dir), "--target", "crispasr", "--method", "rtn", "--type", "q4_k",
+                  "--out", str(tmp_path / "ck")])
+    assert status == 2 and "not a multiple of 256" in capsys.readouterr().err and not (tmp_path / "ck").exists()
 
 
 # ---------------------------------------------------------------------------------------- real dimensions

@@ -1,5 +1,5 @@
 """Export Qwen3-ASR to CrispASR's GGUF (PyPI ``crispasr``, a ggml runtime; arch "qwen3asr"): a lattice checkpoint
-bit-exactly (Q4_0 / Q8_0 blocks), or a float model as F16.
+bit-exactly (the blocks of the lattice's ggml type: Q4_0 ... Q6_K), or a float model as F16.
 
 Layout (CrispASR's qwen3-asr backend; its models/convert-qwen3-asr-to-gguf.py writes the same):
 * audio tower under ``audio.``: ``conv.{1,2,3}.{weight,bias}`` (Conv2d kernels F16, biases F32), ``conv_out.weight``,

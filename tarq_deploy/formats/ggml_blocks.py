@@ -40,7 +40,7 @@ QUANTIZED_TYPES = tuple(t for t, layout in BLOCKS.items() if layout.block_size >
 # lower-case names, as the command line and whisper.cpp's quantize tool spell them
 TYPE_BY_NAME: dict[str, GGMLType] = {t.name.lower(): t for t in KNOWN_TYPES}
 
-__all__ = ["LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec"]
+__all__ = ["LATTICE_TYPES", "LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec"]
 
 
 # ------------------------------------------------------------------------------------------------------- sizes

@@ -28,8 +28,12 @@ from .model_files import ModelFilesError
 
 MAGIC_BYTES = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
 # general.file_type (llama_ftype) of a file whose weight matrices are of the given type
+# (a file of one K-quant type throughout is llama.cpp's "_S" mix, the one without bigger types for some tensors)
 FILE_TYPES = {GGMLType.F32: LlamaFileType.ALL_F32, GGMLType.F16: LlamaFileType.MOSTLY_F16,
-              GGMLType.Q4_0: LlamaFileType.MOSTLY_Q4_0, GGMLType.Q8_0: LlamaFileType.MOSTLY_Q8_0}
+              GGMLType.Q4_0: LlamaFileType.MOSTLY_Q4_0, GGMLType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+              GGMLType.Q4_1: LlamaFileType.MOSTLY_Q4_1, GGMLType.Q5_0: LlamaFileType.MOSTLY_Q5_0,
+              GGMLType.Q5_1: LlamaFileType.MOSTLY_Q5_1, GGMLType.Q4_K: LlamaFileType.MOSTLY_Q4_K_S,
+              GGMLType.Q5_K: LlamaFileType.MOSTLY_Q5_K_S, GGMLType.Q6_K: LlamaFileType.MOSTLY_Q6_K}
 FILE_TYPE_NAMES = {int(file_type): GGML_TYPE_NAMES[t] for t, file_type in FILE_TYPES.items()}
 QUANTIZATION_VERSION = 2
 _SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",

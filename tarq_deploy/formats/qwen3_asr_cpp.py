@@ -1,5 +1,5 @@
 """Export Qwen3-ASR to upstream qwen3-asr.cpp's GGUF (predict-woo/qwen3-asr.cpp, arch "qwen3-asr"): a lattice
-checkpoint bit-exactly (Q4_0 / Q8_0 blocks), or a float model as F16.
+checkpoint bit-exactly (the blocks of its lattice's ggml type), or a float model as F16.
 
 Layout (what the upstream converter scripts/convert_hf_to_gguf.py writes and its C++ loads):
 * audio tower under ``audio.encoder.``: ``conv{1,2,3}.{weight,bias}`` (Conv2d kernels F16, biases F32),

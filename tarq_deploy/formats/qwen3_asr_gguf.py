@@ -4,7 +4,7 @@ the packing of every tensor, and the build and verify every runtime flavour shar
 flavours are records in qwen3_asr_cpp.py and crispasr.py (names, metadata, extra tables); qwen3_asr_targets.py
 picks one.
 
-Tensor roles decide the stored type: weight matrices take the file's weight type (Q4_0 / Q8_0 blocks straight from
+Tensor roles decide the stored type: weight matrices take the file's weight type (its ggml blocks straight from
 the lattice, see ggml_blocks.py; F16 in an F16 file or for a matrix the checkpoint kept in 16 bits), Conv2d kernels
 are F16 (what ggml convolutions take), norms, biases and the mel front-end tables F32. Computing and I/O are
 separate: ``pack_tensors`` builds every tensor in memory (refusing what the target cannot hold before a byte is
@@ -27,14 +27,15 @@ from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
 from .f16_rounding import F16Rounding
-from .ggml_blocks import GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable
+from .ggml_blocks import (GGML_TYPE_NAMES, LATTICE_TYPES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable,
+                          type_for_spec)
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
                            compare_tensors, max_abs_diff, pack_exact, pack_float)
 from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
                         write_gguf)
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
 
-TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+TARGET_TYPES = {"f16": GGMLType.F16, **{t.name.lower(): t for t in LATTICE_TYPES}}
 
 # tokenizer.ggml.token_type values (llama.cpp llama_token_type)
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
@@ -321,13 +322,14 @@ def weight_type_of(target: str) -> int:
 
 def default_target(source: Qwen3ASRSource) -> str:
     """The weight type a source naturally exports to: its lattice's type, f16 for a float model."""
-    bits = {q.spec.bits for q in source.lattice.values()}
-    if not bits:
+    types = {type_for_spec(q.spec) for q in source.lattice.values()}
+    if not types:
         return "f16"
-    if bits in ({4}, {8}):
-        return "q4_0" if bits == {4} else "q8_0"
-    raise GGUFExportError(f"{source.origin}: a {'/'.join(map(str, sorted(bits)))}-bit lattice has no single exact "
-                          f"ggml type (Q4_0 holds 4-bit, Q8_0 8-bit lattices); use f16")
+    if len(types) == 1 and None not in types:
+        return GGML_TYPE_NAMES[types.pop()].lower()
+    names = sorted(GGML_TYPE_NAMES[t].lower() if t is not None else "none" for t in types)
+    raise GGUFExportError(f"{source.origin}: the lattice weights have no single exact ggml type ({', '.join(names)}); "
+                          f"use f16")
 
 
 def pack_tensors(slots: list[TensorSlot], source: Qwen3ASRSource, weight_type: int) -> list[PackedTensor]:
