@@ -2,7 +2,8 @@
 
 Layout of a checkpoint directory::
 
-    manifest.json         format, version, lattice (bits, group size, scheme), method and knobs, per-layer records,
+    manifest.json         format, version, lattice (bits, group size, scheme, ggml type) and, for a per-tensor type
+                          mix, ``lattice_overrides`` (the tensors on another lattice), method and knobs, per-layer records,
                           calibration summary, source model, sha256 of every file below, and ``manifest_sha256``:
                           the sha256 of the manifest itself (its canonical JSON without that key)
     lattice.safetensors   per quantized weight NAME: "NAME.codes" and "NAME.scales" (float16 [m, n_groups]), and
@@ -113,9 +114,6 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     shapes: dict[str, list[int]] = {}
     for name in sorted(ckpt.quantized):
         q = ckpt.quantized[name]
-        if q.spec != ckpt.spec:
-            raise CheckpointError(f"{name} is on {q.spec}, the checkpoint on {ckpt.spec}: a checkpoint holds one "
-                                  f"lattice (per-tensor type mixes are not stored)")
         check_on_lattice(q)
         lattice[f"{name}.codes"] = pack_codes(q).cpu()
         for part, tensor in q.params().items():
@@ -132,16 +130,26 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "lattice": {"bits": ckpt.spec.bits, "group_size": ckpt.spec.group_size, "scheme": ckpt.spec.scheme,
-                    "ggml_type": ggml_type_name(ckpt.spec), "scale_dtype": "float16",
-                    "code_storage": "nibble" if ckpt.spec.bits == 4 else "int8"},
+        "lattice": _lattice_record(ckpt.spec),
         "quantized": shapes,
         "aliases": dict(sorted(ckpt.aliases.items())),
         **ckpt.metadata,
         "files": {rel: _sha256(directory / rel) for rel in _payload_files(directory)},
     }
+    overrides = {name: _lattice_record(q.spec) for name, q in sorted(ckpt.quantized.items()) if q.spec != ckpt.spec}
+    if overrides:  # a per-tensor type mix (quant/recipe.py); a uniform checkpoint's manifest has no such key
+        manifest["lattice_overrides"] = overrides
     manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _lattice_record(spec: LatticeSpec) -> dict:
+    return {"bits": spec.bits, "group_size": spec.group_size, "scheme": spec.scheme, "ggml_type": ggml_type_name(spec),
+            "scale_dtype": "float16", "code_storage": "nibble" if spec.bits == 4 else "int8"}
+
+
+def _spec_of_record(record: dict) -> LatticeSpec:
+    return LatticeSpec(bits=record["bits"], group_size=record["group_size"], scheme=record.get("scheme", "symmetric"))
 
 
 def ggml_type_name(spec: LatticeSpec) -> str | None:
@@ -205,19 +213,18 @@ def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True) ->
         _verify_manifest(root, manifest)
         _verify_files(root, manifest)
     try:
-        lattice_cfg = manifest["lattice"]
-        spec = LatticeSpec(bits=lattice_cfg["bits"], group_size=lattice_cfg["group_size"],
-                           scheme=lattice_cfg.get("scheme", "symmetric"))
+        spec = _spec_of_record(manifest["lattice"])
+        overrides = {name: _spec_of_record(record) for name, record in manifest.get("lattice_overrides", {}).items()}
         shapes = dict(manifest["quantized"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{root / MANIFEST}: malformed lattice description ({type(e).__name__}: {e})") from None
     raw = _load_safetensors(root / LATTICE_FILE)
-    quantized = {name: _quantized_from(raw, name, shape, spec, root / LATTICE_FILE)
+    quantized = {name: _quantized_from(raw, name, shape, overrides.get(name, spec), root / LATTICE_FILE)
                  for name, shape in shapes.items()}
     tensors = _load_safetensors(root / TENSORS_FILE)
     model_files = {str(p.relative_to(root / MODEL_FILES_DIR)): p.read_bytes()
                    for p in sorted((root / MODEL_FILES_DIR).rglob("*")) if p.is_file()}
-    reserved = {"format", "format_version", "lattice", "quantized", "aliases", "files"}
+    reserved = {"format", "format_version", "lattice", "lattice_overrides", "quantized", "aliases", "files"}
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
     return LatticeCheckpoint(spec, quantized, tensors, manifest.get("aliases", {}), metadata, model_files)
 

@@ -312,6 +312,31 @@ def test_every_one_level_type_exports_exactly_and_runs_in_crispasr(type_name, ti
     assert tokens and all(isinstance(t, str) for t in tokens)
 
 
+def test_a_per_tensor_mix_exports_exactly_and_runs_in_crispasr(tiny_dir, clip, tmp_path, capsys):
+    """--tensor-type keeps the audio tower at Q8_0 while the decoder takes Q4_1; CrispASR's GGUF holds the mix bit
+    for bit and runs it; whisper.cpp's one-type .bin refuses such a recipe up front."""
+    ckpt, out = tmp_path / "ck", tmp_path / "mix.gguf"
+    assert cli(["quantize", "--model", str(tiny_dir), "--target", "crispasr", "--method", "rtn", "--type", "q4_1",
+                "--tensor-type", "audio_tower=q8_0", "--out", str(ckpt)]) == 0
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    overridden = manifest["lattice_overrides"]
+    assert overridden and all("audio_tower" in name and r["ggml_type"] == "q8_0" for name, r in overridden.items())
+    assert manifest["lattice"]["ggml_type"] == "q4_1"
+    assert cli(["export", str(ckpt), "--target", "crispasr", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli(["verify", str(out), "--against", str(ckpt), "--json"]) == 0
+    diffs, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert diffs and max(diffs.values()) == 0.0
+    types = {name: rec.ggml_type for name, rec in read_gguf(out).tensors.items() if name.endswith("attn_q.weight")}
+    assert {t for n, t in types.items() if n.startswith("audio.")} == {int(type_by_name("q8_0"))}
+    assert {t for n, t in types.items() if not n.startswith("audio.")} == {int(type_by_name("q4_1"))}
+    tokens = _crispasr_tokens(out, clip, 4)
+    assert tokens and all(isinstance(t, str) for t in tokens)
+    status = cli(["quantize", "--model", str(tiny_dir), "--method", "rtn", "--tensor-type", "audio_tower=q8_0",
+                  "--out", str(tmp_path / "bin-ck")])
+    assert status == 2 and "holds one type for all weight matrices" in capsys.readouterr().err
+
+
 def test_k_quants_refuse_the_64_wide_tiny_model(tiny_dir, tmp_path, capsys):
     status = cli(["quantize", "--model", str(tiny_dir), "--target", "crispasr", "--method", "rtn", "--type", "q4_k",
                   "--out", str(tmp_path / "ck")])

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..data.corpus import POOLS
 from ..errors import UserError
 from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
-                             K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
+                             GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
 SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ggml type of the weight matrices (ggml targets): sets the lattice's bits, grouping and "
                         "scheme to exactly what that type stores; default q4_0 (the K-quants need rows of a "
                         "multiple of 256 values)")
+    p.add_argument("--tensor-type", action="append", default=[], metavar="PATTERN=TYPE",
+                   help="GGUF targets: weights whose name contains a match of the regular expression PATTERN take "
+                        "ggml type TYPE (repeatable, first match wins), e.g. 'audio_tower=q8_0'")
     p.add_argument("--bits", type=int, help="bits per weight code of a symmetric lattice (2 to 8; default 4, or the "
                                             "--type's)")
     p.add_argument("--group-size", type=int, help="input columns per scale (32, 64, 128, or -1 per channel); "
@@ -65,8 +68,10 @@ def options_from(args: argparse.Namespace):
     from ..quant.pipeline import QuantizeOptions
 
     scheme, bits, group = lattice_choice(args)
+    tensor_types = tensor_type_choice(args)
     return QuantizeOptions(
-        method=args.method, bits=bits, group_size=group, scheme=scheme, zipf_threshold=args.zipf_threshold,
+        method=args.method, bits=bits, group_size=group, scheme=scheme, tensor_types=tensor_types,
+        zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
@@ -92,6 +97,19 @@ def lattice_choice(args: argparse.Namespace) -> tuple[str, int, int]:
     return scheme, bits, group if scheme == "symmetric" else native_group
 
 
+def tensor_type_choice(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The --tensor-type overrides, each checked; a mix for whisper.cpp (one type per .bin) is a UserError."""
+    from ..quant.recipe import parse_tensor_type
+
+    if args.tensor_type and args.target not in GGUF_TARGETS:
+        raise UserError(f"--tensor-type {args.tensor_type[0]}: --target {args.target} holds one type for all weight "
+                        f"matrices; per-tensor mixes are for the GGUF targets ({', '.join(GGUF_TARGETS)})")
+    try:
+        return tuple(parse_tensor_type(text) for text in args.tensor_type)
+    except ValueError as e:
+        raise UserError(f"--tensor-type {e}") from None
+
+
 def check_ggml_quantizer(options) -> None:
     """imatrix and ggml call ggml's own quantizer, which writes one ggml type at its own grouping."""
     native = {(scheme, bits): (name, group) for name, (scheme, bits, group) in GGML_TYPES.items()}
@@ -109,8 +127,10 @@ def _width_problem(args: argparse.Namespace, spec, layer: str, columns: int) -> 
     if spec.two_level:
         fitting = [name for name, (scheme, _, group) in GGML_TYPES.items()
                    if not scheme.startswith("k-") and columns % group == 0]
-        return (f"--type {args.type}: {layer} has {columns} input columns, not a multiple of {K_QUANT_ROW} (the "
-                f"K-quant super-block); types that fit this model: {', '.join(fitting)}")
+        name = next(n for n, (scheme, bits, _) in GGML_TYPES.items() if (scheme, bits) == (spec.scheme, spec.bits))
+        option = f"--type {args.type}" if args.type == name else f"--tensor-type (type {name})"
+        return (f"{option}: {layer} has {columns} input columns, not a multiple of {K_QUANT_ROW} (the K-quant "
+                f"super-block); types that fit this model: {', '.join(fitting)}")
     return (f"--group-size {spec.group_size}: {layer} has {columns} input columns, not a multiple of it "
             f"(try 32 or -1)")
 
@@ -223,12 +243,13 @@ def load_checked_backbone(args: argparse.Namespace, options):
         if problem is not None:
             raise UserError(f"--model {args.model}: tensor {name} holds {problem}; refusing to quantize non-finite "
                             f"weights")
-    spec = options.spec()
+    recipe = options.recipe()
     for stage in backbone.stages():
         for block in stage.blocks:
             for group in block.groups:
                 for rel in group:
                     columns = block.linear(rel).in_features
+                    spec = recipe.spec_for(f"{block.full_name(rel)}.weight")
                     try:
                         spec.check_columns(columns)
                     except ValueError:

@@ -321,15 +321,22 @@ def weight_type_of(target: str) -> int:
 
 
 def default_target(source: Qwen3ASRSource) -> str:
-    """The weight type a source naturally exports to: its lattice's type, f16 for a float model."""
-    types = {type_for_spec(q.spec) for q in source.lattice.values()}
-    if not types:
+    """The weight type a source naturally exports to: its lattice's type (for a per-tensor mix, the type holding the
+    most weights, which names the file's general.file_type), f16 for a float model."""
+    weights: dict[int | None, int] = {}
+    for q in source.lattice.values():
+        t = type_for_spec(q.spec)
+        weights[t] = weights.get(t, 0) + q.codes.numel()
+    if not weights:
         return "f16"
-    if len(types) == 1 and None not in types:
-        return GGML_TYPE_NAMES[types.pop()].lower()
-    names = sorted(GGML_TYPE_NAMES[t].lower() if t is not None else "none" for t in types)
-    raise GGUFExportError(f"{source.origin}: the lattice weights have no single exact ggml type ({', '.join(names)}); "
-                          f"use f16")
+    if None in weights:
+        raise GGUFExportError(f"{source.origin}: some lattice weights are on a lattice no ggml type stores; use f16")
+    return GGML_TYPE_NAMES[max(weights, key=lambda t: (weights[t], -int(t)))].lower()
+
+
+def is_mix(source: Qwen3ASRSource) -> bool:
+    """Whether the lattice weights are on more than one ggml type (a --tensor-type recipe)."""
+    return len({type_for_spec(q.spec) for q in source.lattice.values()}) > 1
 
 
 def pack_tensors(slots: list[TensorSlot], source: Qwen3ASRSource, weight_type: int) -> list[PackedTensor]:
@@ -348,8 +355,10 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
     if not source.has(slot.hf_name):
         raise GGUFExportError(f"{source.origin}: tensor {slot.hf_name} missing (the runtime needs {slot.name})")
     if slot.role == ROLE_MATRIX and weight_type in QUANTIZED_TYPES and key in source.lattice:
-        return PackedTensor(slot.name, weight_type, slot.shape, _pack_lattice_slot(slot, source.lattice[key], source,
-                                                                                   weight_type))
+        q = source.lattice[key]
+        # a mix writes every tensor in its own lattice's type; a uniform lattice must be the file's type
+        stored = type_for_spec(q.spec) if is_mix(source) else weight_type
+        return PackedTensor(slot.name, stored, slot.shape, _pack_lattice_slot(slot, q, source, stored))
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
     values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
     return PackedTensor(slot.name, ggml_type, slot.shape, pack_float(slot.name, values, ggml_type, rounding))

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
 from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
+from .recipe import TypeRecipe
 from .stats import LayerStats
 from .tarq import TarqConfig, quantize_weight, reweighting_mask, rounding_losses
 
@@ -95,6 +96,10 @@ class CalibrationConfig:
     solver: TarqConfig
     device: str = "cpu"
     seed: int = 0
+    recipe: TypeRecipe | None = None  # per-tensor lattices; None: ``spec`` for every weight
+
+    def spec_for(self, name: str) -> LatticeSpec:
+        return self.recipe.spec_for(name) if self.recipe is not None else self.spec
 
 
 class _StopForward(Exception):
@@ -199,7 +204,8 @@ class WorkDir:
                     "block_sha256": self.block_sha256}
         write_json_atomic(self.progress_file, progress, indent=1)
 
-    def load_block(self, index: int, spec: LatticeSpec, block: "Block | None" = None) -> dict[str, QuantizedWeight]:
+    def load_block(self, index: int, spec_for: Callable[[str], LatticeSpec],
+                   block: "Block | None" = None) -> dict[str, QuantizedWeight]:
         """The lattice saved for block ``index``; WorkDirError naming the file when it is missing, does not match
         its recorded sha256, or does not hold the block's Linears on the lattice."""
         path = self.block_file(index)
@@ -225,7 +231,7 @@ class WorkDir:
             if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
                 raise WorkDirError(f"{path}: codes or scales of {name} missing")
             params = {part: raw[f"{name}.{part}"] for part in PARAM_FIELDS if f"{name}.{part}" in raw}
-            q = QuantizedWeight(raw[f"{name}.codes"], spec=spec, **params)
+            q = QuantizedWeight(raw[f"{name}.codes"], spec=spec_for(name), **params)
             try:
                 check_on_lattice(q)
             except ValueError as e:
@@ -287,7 +293,7 @@ class SequentialCalibrator:
         restored: list[dict[str, QuantizedWeight]] = []
         for index in range(min(finished, len(blocks))):
             try:
-                restored.append(self.work_dir.load_block(index, self.config.spec, blocks[index]))
+                restored.append(self.work_dir.load_block(index, self.config.spec_for, blocks[index]))
             except WorkDirError as e:
                 self.log(f"warning: {e}; discarding it and recomputing from block {index} ({blocks[index].name})")
                 break
@@ -438,7 +444,8 @@ class SequentialCalibrator:
     def _solve(self, block: Block, rel: str, stats: LayerStats) -> tuple[QuantizedWeight, LayerRecord]:
         linear = block.linear(rel)
         W = linear.weight.detach().to(self.device, torch.float32)
-        q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec, self.config.solver,
+        q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec_for(f"{block.full_name(rel)}.weight"),
+                                self.config.solver,
                                 identity_weight=block.identity_weight)
         if self.config.solver.sequential:
             _assign(linear, q)

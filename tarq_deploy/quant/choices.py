@@ -22,4 +22,5 @@ GGML_TYPES = {"q4_0": ("symmetric", 4, 32), "q4_1": ("affine", 4, 32), "q5_0": (
               "q5_1": ("affine", 5, 32), "q8_0": ("symmetric", 8, 32), "q4_k": ("k-affine", 4, 32),
               "q5_k": ("k-affine", 5, 32), "q6_k": ("k-symmetric", 6, 16)}
 K_QUANT_ROW = 256
-GGML_TARGETS = ("whisper.cpp", "qwen3-asr.cpp", "crispasr")
+GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr")  # these files hold a per-tensor mix of types
+GGML_TARGETS = ("whisper.cpp", *GGUF_TARGETS)

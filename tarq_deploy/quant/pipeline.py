@@ -25,6 +25,7 @@ from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrato
 from .ggml_quants import ggml_quantize
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
+from .recipe import TypeRecipe
 from .tarq import TarqConfig
 
 
@@ -45,6 +46,7 @@ class QuantizeOptions:
     bits: int = 4
     group_size: int = 32
     scheme: str = "symmetric"  # the lattice scheme (lattice.py); --type picks it with bits and group size
+    tensor_types: tuple[tuple[str, str], ...] = ()  # (pattern, ggml type) overrides, first match wins (recipe.py)
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
     cost_ratio: float = 1.0
     source: str = "rare"
@@ -66,6 +68,9 @@ class QuantizeOptions:
 
     def spec(self) -> LatticeSpec:
         return LatticeSpec(self.bits, self.group_size, self.scheme)
+
+    def recipe(self) -> TypeRecipe:
+        return TypeRecipe.from_types(self.spec(), self.tensor_types)
 
     def result_knobs(self) -> dict:
         """The options that shape the result (not where it runs)."""
@@ -102,7 +107,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     spec = options.spec()
     calibration: dict = {}
     if options.method in DATA_FREE_METHODS:
-        lattice = _round_to_nearest(backbone, spec, options.method)
+        lattice = _round_to_nearest(backbone, options.recipe(), options.method)
         result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
                                              for n in lattice], 0.0)
     else:
@@ -113,7 +118,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         calibration = _calibration_summary(chosen, stats, windows, options)
         key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         work_dir = WorkDir(work_path, key) if work_path else None
-        config = CalibrationConfig(spec, options.solver(), options.device, options.seed)
+        config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe())
         result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log).run()
     metadata = {
         "method": {"name": options.method, **options.result_knobs()},
@@ -127,7 +132,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     return checkpoint, timing
 
 
-def _round_to_nearest(backbone: Backbone, spec: LatticeSpec, method: str = "rtn") -> dict[str, QuantizedWeight]:
+def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn") -> dict[str, QuantizedWeight]:
     """Data-free rounding of every Linear: our lattice's rounding (rtn) or ggml's own quantizer (ggml)."""
     lattice = {}
     for stage in backbone.stages():
@@ -137,6 +142,7 @@ def _round_to_nearest(backbone: Backbone, spec: LatticeSpec, method: str = "rtn"
                     linear = block.linear(rel)
                     require_finite(f"{block.full_name(rel)}.weight", linear.weight, "; refusing to quantize it")
                     weight = linear.weight.detach().float().cpu()
+                    spec = recipe.spec_for(f"{block.full_name(rel)}.weight")
                     q = quantize_rtn(weight, spec) if method == "rtn" else ggml_quantize(weight, None, spec)
                     with torch.no_grad():
                         linear.weight.copy_(q.dequantize().to(linear.weight.device))
