@@ -337,6 +337,38 @@ def test_a_per_tensor_mix_exports_exactly_and_runs_in_crispasr(tiny_dir, clip, t
     assert status == 2 and "holds one type for all weight matrices" in capsys.readouterr().err
 
 
+def test_auto_recipe_spends_the_budget_where_measured_loss_is_highest(tiny_dir, tarq_checkpoint, exports, clip,
+                                                                     tmp_path, capsys):
+    from tarq_deploy.quant.recipe import auto_recipe, bits_per_weight, layer_score
+
+    manifest = json.loads((tarq_checkpoint[0] / "manifest.json").read_text())
+    scored = {f"{r['name']}.weight": layer_score(r) for r in manifest["layers"]}
+    every = auto_recipe(manifest["layers"], manifest["quantized"], "q4_0", "q8_0", float("inf"))
+    assert {c.name for c in every} == set(scored)  # an unbounded budget promotes everything
+    budget_mib = sum(c.extra_bytes for c in every) / 4 / (1 << 20)  # a quarter of what promoting all would cost
+    ckpt, out = tmp_path / "ck", tmp_path / "auto.gguf"
+    assert cli(["quantize", "--model", str(tiny_dir), "--target", "crispasr", "--method", "rtn", "--tensor-type",
+                "auto", "--recipe-from", str(tarq_checkpoint[0]), "--size-budget", str(budget_mib), "--out",
+                str(ckpt)]) == 0
+    promoted = set(json.loads((ckpt / "manifest.json").read_text())["lattice_overrides"])
+    assert promoted and promoted < set(scored)
+    extra = (bits_per_weight("q8_0") - bits_per_weight("q4_0")) / 8
+    sizes = {n: manifest["quantized"][n][0] * manifest["quantized"][n][1] * extra for n in scored}
+    assert sum(sizes[n] for n in promoted) <= budget_mib * (1 << 20)
+    best_left_out = max(scored[n] / sizes[n] for n in set(scored) - promoted)
+    assert min(scored[n] / sizes[n] for n in promoted) >= best_left_out or \
+        all(sizes[n] > budget_mib * (1 << 20) - sum(sizes[p] for p in promoted) for n in set(scored) - promoted)
+    assert cli(["export", str(ckpt), "--target", "crispasr", "-o", str(out)]) == 0
+    grown = out.stat().st_size - exports["crispasr-q4_0"].stat().st_size
+    assert 0 < grown <= budget_mib * (1 << 20)
+    assert _crispasr_tokens(out, clip, 4)
+    capsys.readouterr()
+    assert cli(["quantize", "--model", str(tiny_dir), "--target", "crispasr", "--method", "rtn", "--type", "q5_0",
+                "--tensor-type", "auto", "--recipe-from", str(tarq_checkpoint[0]), "--size-budget", "1", "--out",
+                str(tmp_path / "x")]) == 2
+    assert "measured on q4_0, not on a uniform q5_0" in capsys.readouterr().err
+
+
 def test_k_quants_refuse_the_64_wide_tiny_model(tiny_dir, tmp_path, capsys):
     status = cli(["quantize", "--model", str(tiny_dir), "--target", "crispasr", "--method", "rtn", "--type", "q4_k",
                   "--out", str(tmp_path / "ck")])

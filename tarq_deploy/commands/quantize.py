@@ -32,7 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "multiple of 256 values)")
     p.add_argument("--tensor-type", action="append", default=[], metavar="PATTERN=TYPE",
                    help="GGUF targets: weights whose name contains a match of the regular expression PATTERN take "
-                        "ggml type TYPE (repeatable, first match wins), e.g. 'audio_tower=q8_0'")
+                        "ggml type TYPE (repeatable, first match wins), e.g. 'audio_tower=q8_0'; or 'auto': "
+                        "spend --size-budget where --recipe-from's measured losses are highest")
+    p.add_argument("--recipe-from", metavar="CHECKPOINT_DIR",
+                   help="--tensor-type auto: a checkpoint of this model calibrated (gptq/tarq/...) at --type, whose "
+                        "per-layer losses rank the tensors")
+    p.add_argument("--size-budget", type=float, metavar="MIB",
+                   help="--tensor-type auto: MiB the file may grow over the uniform --type")
+    p.add_argument("--promote-to", choices=sorted(GGML_TYPES), default="q8_0",
+                   help="--tensor-type auto: the type chosen tensors take (default q8_0)")
     p.add_argument("--bits", type=int, help="bits per weight code of a symmetric lattice (2 to 8; default 4, or the "
                                             "--type's)")
     p.add_argument("--group-size", type=int, help="input columns per scale (32, 64, 128, or -1 per channel); "
@@ -104,10 +112,44 @@ def tensor_type_choice(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     if args.tensor_type and args.target not in GGUF_TARGETS:
         raise UserError(f"--tensor-type {args.tensor_type[0]}: --target {args.target} holds one type for all weight "
                         f"matrices; per-tensor mixes are for the GGUF targets ({', '.join(GGUF_TARGETS)})")
+    if "auto" in args.tensor_type:
+        return auto_tensor_types(args)
     try:
         return tuple(parse_tensor_type(text) for text in args.tensor_type)
     except ValueError as e:
         raise UserError(f"--tensor-type {e}") from None
+
+
+def auto_tensor_types(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """--tensor-type auto: the promotions that fit --size-budget, ranked by --recipe-from's measured losses."""
+    from ..checkpoint import CheckpointError, read_manifest
+    from ..quant.recipe import auto_recipe, promotion_patterns
+
+    if args.tensor_type != ["auto"]:
+        raise UserError("--tensor-type auto: give it alone (it writes the whole recipe)")
+    if args.recipe_from is None or args.size_budget is None:
+        raise UserError("--tensor-type auto needs --recipe-from CHECKPOINT_DIR and --size-budget MIB")
+    if not args.size_budget >= 0:
+        raise UserError(f"--size-budget {args.size_budget}: must be a non-negative number of MiB")
+    try:
+        manifest = read_manifest(args.recipe_from)
+    except CheckpointError as e:
+        raise UserError(f"--recipe-from {e}") from None
+    base = args.type or "q4_0"
+    measured_at = manifest.get("lattice", {}).get("ggml_type")
+    if measured_at != base or manifest.get("lattice_overrides"):
+        raise UserError(f"--recipe-from {args.recipe_from}: its losses were measured on {measured_at or 'no ggml type'}"
+                        f"{' with a mix' if manifest.get('lattice_overrides') else ''}, not on a uniform {base}: "
+                        f"calibrate it with --type {base}")
+    try:
+        chosen = auto_recipe(manifest.get("layers", []), manifest.get("quantized", {}), base, args.promote_to,
+                             args.size_budget * (1 << 20))
+    except ValueError as e:
+        raise UserError(f"--recipe-from {args.recipe_from}: {e}") from None
+    spent = sum(c.extra_bytes for c in chosen) / (1 << 20)
+    print(f"auto recipe: {len(chosen)} tensors to {args.promote_to} for {spent:.2f} of {args.size_budget:g} MiB"
+          + "".join(f"\n  {c.name} (loss {c.score:.4g}, +{c.extra_bytes / (1 << 20):.2f} MiB)" for c in chosen))
+    return promotion_patterns(chosen, args.promote_to)
 
 
 def check_ggml_quantizer(options) -> None:

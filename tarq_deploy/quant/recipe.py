@@ -50,3 +50,61 @@ class TypeRecipe:
             if re.search(pattern, name):
                 return spec
         return self.default
+
+
+# ------------------------------------------------------------------------------------------------- auto recipe
+@dataclass(frozen=True)
+class Promotion:
+    """One tensor the auto recipe moves to the richer type, and why."""
+
+    name: str  # the weight's name ("...fc1.weight")
+    score: float  # its measured rareBAL-weighted loss at the base type
+    extra_bytes: int  # what the richer type costs on top of the base type
+
+
+def bits_per_weight(type_name: str) -> float:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+    return 8 * size / block
+
+
+def layer_score(record: dict) -> float | None:
+    """A layer's measured loss with its tail positions weighted as rareBAL weighs them: L_common N_common + lam
+    L_tail N_tail (lam = 1 where the plain metric was used); None when the record carries no losses (rtn)."""
+    if "common_loss_final" not in record or "tail_loss_final" not in record:
+        return None
+    lam = record.get("lam") or 1.0
+    return (record["common_loss_final"] * record.get("n_common", 0)
+            + lam * record["tail_loss_final"] * record.get("n_tail", 0))
+
+
+def auto_recipe(records: list[dict], shapes: dict[str, list[int]], base: str, promote: str,
+                budget_bytes: float) -> list[Promotion]:
+    """The tensors to move from ``base`` to ``promote`` within ``budget_bytes`` extra: greedily by measured loss
+    per extra byte (a richer type removes most of a tensor's rounding loss, so the loss is the gain), largest first;
+    a tensor that does not fit the remaining budget is skipped for smaller ones."""
+    extra_per_weight = (bits_per_weight(promote) - bits_per_weight(base)) / 8
+    if extra_per_weight <= 0:
+        raise ValueError(f"promoting {base} to {promote} saves nothing: {promote} must hold more bits per weight")
+    candidates = []
+    for record in records:
+        name, score = f"{record['name']}.weight", layer_score(record)
+        if score is None or name not in shapes:
+            continue
+        rows, cols = shapes[name]
+        candidates.append(Promotion(name, score, round(rows * cols * extra_per_weight)))
+    if not candidates:
+        raise ValueError("the checkpoint's per-layer records carry no losses (calibrate it with gptq, rarebal, "
+                         "residual or tarq, not rtn)")
+    chosen, left = [], budget_bytes
+    for c in sorted(candidates, key=lambda c: (-c.score / max(c.extra_bytes, 1), c.name)):
+        if c.extra_bytes <= left:
+            chosen.append(c)
+            left -= c.extra_bytes
+    return chosen
+
+
+def promotion_patterns(chosen: list[Promotion], promote: str) -> tuple[tuple[str, str], ...]:
+    """--tensor-type overrides naming each promoted weight exactly."""
+    return tuple((f"^{re.escape(c.name)}$", promote) for c in sorted(chosen, key=lambda c: c.name))
