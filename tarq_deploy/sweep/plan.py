@@ -48,7 +48,7 @@ else:  # pragma: no cover - Python 3.10
 
 from .. import __version__
 from ..errors import UserError
-from ..quant.choices import DATA_FREE_METHODS, METHODS
+from ..quant.choices import DATA_FREE_METHODS, GGML_TYPES, METHODS
 
 STEPS = ("quantize", "export", "verify", "eval", "bench")
 REFERENCE_METHOD = "f16"
@@ -65,8 +65,8 @@ class LatticeType:
     group_size: int
 
 
-# The ggml types our lattice writes bit-exactly (formats/ggml_blocks.py): symmetric 4- and 8-bit blocks of 32.
-TYPES: dict[str, LatticeType] = {t.name: t for t in (LatticeType("q4_0", 4, 32), LatticeType("q8_0", 8, 32))}
+# The ggml types a lattice is made for (quant/choices.py; each written bit-exactly, quant/ggml_types.py).
+TYPES: dict[str, LatticeType] = {name: LatticeType(name, bits, group) for name, (_, bits, group) in GGML_TYPES.items()}
 # target -> (runtime that evaluates its files, file suffix)
 TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf")}
 EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float}
@@ -327,7 +327,7 @@ def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, la
     uses_data = method not in METHODS_WITHOUT_DATA
     cell = Cell(model, corpus.name if uses_data else "-", method, lattice.name)
     quantize = {"model": source, "model_hash": model_key, "method": method, "target": sweep.target,
-                "bits": lattice.bits, "group_size": lattice.group_size, "options": sweep.quantize_options,
+                "type": lattice.name, "options": sweep.quantize_options,
                 **({"calib": str(corpus.manifest), "corpus_hash": corpus_hashes[corpus.manifest], "n_calib": corpus.n}
                    if uses_data else {})}
     chain = {"quantize": _add(steps, "quantize", quantize, (), code)}
