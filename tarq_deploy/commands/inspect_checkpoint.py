@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def summarise(checkpoint_dir: str) -> dict:
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import ggml_type_name, load_checkpoint
 
     ckpt = load_checkpoint(checkpoint_dir)
     n_weights = sum(q.codes.numel() for q in ckpt.quantized.values())
@@ -22,6 +22,10 @@ def summarise(checkpoint_dir: str) -> dict:
         "checkpoint": checkpoint_dir,
         "bits": ckpt.spec.bits,
         "group_size": ckpt.spec.group_size,
+        "scheme": ckpt.spec.scheme,
+        "ggml_type": ggml_type_name(ckpt.spec),
+        "overrides": {name: ggml_type_name(q.spec) or f"{q.spec.bits}-bit {q.spec.scheme}"
+                      for name, q in sorted(ckpt.quantized.items()) if q.spec != ckpt.spec},
         "quantized_matrices": len(ckpt.quantized),
         "quantized_weights": n_weights,
         "untouched_tensors": len(ckpt.tensors),
@@ -37,9 +41,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    print(f"{summary['checkpoint']}: {summary['bits']}-bit lattice, group {summary['group_size']}, "
-          f"{summary['quantized_matrices']} matrices ({summary['quantized_weights']:,} weights), "
-          f"{summary['untouched_tensors']} untouched tensors; all files match their hashes")
+    kind = f" ({summary['ggml_type']})" if summary["ggml_type"] else ""
+    mix = f", {len(summary['overrides'])} on other types" if summary["overrides"] else ""
+    print(f"{summary['checkpoint']}: {summary['bits']}-bit {summary['scheme']} lattice{kind}, group "
+          f"{summary['group_size']}, {summary['quantized_matrices']} matrices{mix} ({summary['quantized_weights']:,} "
+          f"weights), {summary['untouched_tensors']} untouched tensors; all files match their hashes")
+    for name, type_name in summary["overrides"].items():
+        print(f"  {name}: {type_name}")
     if summary["method"]:
         print(f"method: {json.dumps(summary['method'], sort_keys=True)}")
     for row in summary["layers"]:
