@@ -121,6 +121,7 @@ class Recipe:
     knobs: dict  # method options as recorded: zipf_threshold, cost_ratio, source, n_calib, pool, seed, ...
     calibration: dict  # empty for methods without calibration data (rtn)
     tool_version: str | None
+    lattice: str = ""  # the value set in words (ggml type, codes, group parameters)
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ def checkpoint_inputs(ckpt_dir: Path, include_files: bool) -> tuple[Recipe, Sour
     method = dict(meta.get("method") or {})
     recipe = Recipe(method=str(method.pop("name", "unknown")), bits=ckpt.spec.bits, group_size=ckpt.spec.group_size,
                     knobs=method, calibration=dict(meta.get("calibration") or {}),
-                    tool_version=(meta.get("tool") or {}).get("version"))
+                    tool_version=(meta.get("tool") or {}).get("version"), lattice=lattice_words(ckpt))
     source_meta = meta.get("source_model") or {}
     source = SourceInfo(id=str(source_meta.get("id", "unknown")), architecture=source_meta.get("architecture"),
                         state_sha256=source_meta.get("state_sha256"), license=source_license(ckpt.model_files),
@@ -284,6 +285,29 @@ def checkpoint_inputs(ckpt_dir: Path, include_files: bool) -> tuple[Recipe, Sour
         lattice = RuntimeFile(ckpt_dir, LATTICE_DIR, LATTICE, f"int{recipe.bits} g{recipe.group_size}",
                               source.architecture, size)
     return recipe, source, lattice
+
+
+LATTICE_WORDS = {
+    "symmetric": "{bits}-bit symmetric codes, one fp16 scale per row and group of {group} input columns "
+                 "(value = scale × code)",
+    "affine": "{bits}-bit unsigned codes, an fp16 scale and minimum per row and group of {group} input columns "
+              "(value = scale × code + min)",
+    "k-affine": "{bits}-bit unsigned codes in groups of {group}, each group's scale and min a 6-bit code under an "
+                "fp16 super-block scale and min per 256 weights",
+    "k-symmetric": "{bits}-bit signed codes in groups of {group}, each group's scale an 8-bit code under an fp16 "
+                   "super-block scale per 256 weights",
+}
+
+
+def lattice_words(ckpt) -> str:
+    """The checkpoint's lattice in words, with its ggml type and any per-tensor mix."""
+    from .checkpoint import ggml_type_name
+
+    spec = ckpt.spec
+    words = LATTICE_WORDS[spec.scheme].format(bits=spec.bits, group=spec.group_size)
+    name = ggml_type_name(spec)
+    mixed = sum(q.spec != spec for q in ckpt.quantized.values())
+    return (f"{name.upper()}: " if name else "") + words + (f"; {mixed} tensors on other types" if mixed else "")
 
 
 def source_license(model_files: dict[str, bytes]) -> str | None:
@@ -543,8 +567,8 @@ def _intro(inputs: CardInputs) -> str:
         what = f"Quantized weights of [{inputs.base_model}](/{inputs.base_model})"
     else:
         what = f"Quantized weights of `{source.id}`"
-    how = (f", {recipe.bits}-bit lattice (one fp16 scale per {recipe.group_size} weights), method `{recipe.method}`"
-           if recipe else "")
+    how = (f", {recipe.bits}-bit lattice ({recipe.lattice or f'one fp16 scale per {recipe.group_size} weights'}), "
+           f"method `{recipe.method}`" if recipe else "")
     return f"{what}{how}, made with tarq-deploy (tail-aware 4-bit quantization of speech recognisers, TARQ).\n"
 
 
@@ -628,8 +652,10 @@ def _recipe_section(inputs: CardInputs) -> str:
     if recipe is None:
         return ""
     lines = ["## Quantization recipe\n",
-             f"- Method: `{recipe.method}`; lattice: {recipe.bits}-bit symmetric codes, one fp16 scale per row and "
-             f"group of {recipe.group_size} input columns (value = scale × code)"]
+             f"- Method: `{recipe.method}`; lattice: " + (recipe.lattice or
+                                                          f"{recipe.bits}-bit symmetric codes, one fp16 scale per row "
+                                                          f"and group of {recipe.group_size} input columns "
+                                                          f"(value = scale × code)")]
     if recipe.calibration:  # knobs of a method that never saw calibration data (rtn) would describe nothing
         knobs = ", ".join(f"{k} = {v}" for k, v in sorted(recipe.knobs.items()) if not isinstance(v, (dict, list)))
         lines.append(f"- Settings: {knobs}")
