@@ -66,6 +66,8 @@ REAL_DIMENSIONS = {
     "1.7B": {"audio": (1024, 16, 4096, 480), "text": (2048, 16, 8, 128, 6144)},
 }
 TINY_DIMENSIONS = {"audio": (64, 2, 128, 32), "text": (64, 2, 1, 32, 128)}
+# the smallest widths every quantized Linear of which the K-quants' 256-value rows fit (conv_out: 32 channels x 16)
+K_QUANT_DIMENSIONS = {"audio": (256, 2, 512, 32), "text": (256, 2, 1, 128, 512)}
 # Weights ~N(0, 0.5^2): with transformers' default 0.02 a 64-wide random model repeats one token forever; at 0.5 its
 # greedy output varies from step to step, so comparing runtimes token by token means something.
 TINY_INIT_RANGE = 0.5
@@ -166,6 +168,11 @@ def _config(audio: tuple[int, ...], text: tuple[int, ...], layers: int, init_ran
 
 def tiny_config() -> Qwen3ASRConfig:
     return _config(TINY_DIMENSIONS["audio"], TINY_DIMENSIONS["text"], layers=2, init_range=TINY_INIT_RANGE)
+
+
+def k_quant_config() -> Qwen3ASRConfig:
+    """One layer each, 256 wide: a model the K-quants can hold."""
+    return _config(K_QUANT_DIMENSIONS["audio"], K_QUANT_DIMENSIONS["text"], layers=1, init_range=TINY_INIT_RANGE)
 
 
 def real_dimension_config(size: str, layers: int = 2) -> Qwen3ASRConfig:

@@ -65,6 +65,11 @@ def tiny_dir(tmp_path_factory, tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
+def k_quant_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    return tiny.write_tiny_qwen3_asr(tmp_path_factory.mktemp("qwen3_asr_k") / "k", tiny.k_quant_config())
+
+
+@pytest.fixture(scope="module")
 def utterances(librivox_clips) -> list[TextAudio]:
     chosen = [(path, text) for path, text in librivox_clips if Path(path).stem.endswith(CLIP_SUFFIXES)]
     assert len(chosen) == len(CLIP_SUFFIXES)
@@ -367,6 +372,21 @@ def test_auto_recipe_spends_the_budget_where_measured_loss_is_highest(tiny_dir, 
                 "--tensor-type", "auto", "--recipe-from", str(tarq_checkpoint[0]), "--size-budget", "1", "--out",
                 str(tmp_path / "x")]) == 2
     assert "measured on q4_0, not on a uniform q5_0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("type_name", ["q4_k", "q5_k", "q6_k"])
+def test_k_quants_export_exactly_and_run_in_crispasr(type_name, k_quant_dir, clip, tmp_path, capsys):
+    ckpt, out = tmp_path / "ck", tmp_path / f"k-{type_name}.gguf"
+    assert cli(["quantize", "--model", str(k_quant_dir), "--target", "crispasr", "--method", "rtn", "--type", type_name,
+                "--out", str(ckpt)]) == 0
+    assert cli(["export", str(ckpt), "--target", "crispasr", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert cli(["verify", str(out), "--against", str(ckpt), "--json"]) == 0
+    diffs, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert diffs and max(diffs.values()) == 0.0
+    assert read_gguf(out).tensors["blk.0.ffn_down.weight"].ggml_type == int(type_by_name(type_name))
+    tokens = _crispasr_tokens(out, clip, 4)
+    assert tokens and all(isinstance(t, str) for t in tokens)
 
 
 def test_k_quants_refuse_the_64_wide_tiny_model(tiny_dir, tmp_path, capsys):
