@@ -2,7 +2,8 @@
 
 Per whisper.cpp type and method: file size (MiB), WER, rare-WER and capped rare-WER (95% bootstrap intervals), the
 teacher-forced rare-token KLD against F16, and TARQ's paired differences against ggml's own rounding and imatrix
-of the same type (rare-WER and rare KLD; * = the interval excludes 0). Writes table.md and size_quality.png.
+of the same type (WER, rare-WER, rare-word retention and rare KLD; * = the interval excludes 0). Writes table.md and size_quality.png (raw
+rare-WER, capped rare-WER and rare KLD against file size).
 
     python results/types/table.py REPORT.json BIN_DIR OUT_DIR
 """
@@ -32,6 +33,7 @@ def diff(figure: dict | None, scale: float, digits: int) -> str:
 def rows(report: dict, bin_dir: Path) -> list[dict]:
     dataset = report["datasets"][0]
     tf = {m["label"]: m for m in dataset["teacher_forced"]["models"]}
+    kept = {r["model"].split(" [")[0]: r for r in dataset.get("retention", {}).get("models", [])}
     out = []
     for m in dataset["models"]:
         label = m["label"]
@@ -39,7 +41,7 @@ def rows(report: dict, bin_dir: Path) -> list[dict]:
         out.append({"label": label, "method": method, "type": type_name,
                     "mib": (bin_dir / f"{label}.bin").stat().st_size / MIB, "wer": m["wer"],
                     "rare_wer": m["rare_wer"], "capped_rare_wer": m["capped_rare_wer"], "loops": m["loops"],
-                    "kld_rare": tf.get(label, {}).get("kld_rare")})
+                    "kld_rare": tf.get(label, {}).get("kld_rare"), "retention": kept.get(label)})
     return out
 
 
@@ -49,7 +51,9 @@ def differences(report: dict) -> dict[tuple[str, str], dict]:
     out: dict[tuple[str, str], dict] = {}
     for d in dataset["differences"]:
         key = (d["model"].split(" [")[0], d["versus"].split(" [")[0])
-        out.setdefault(key, {})["rare_wer"] = d["rare_wer"]
+        out.setdefault(key, {}).update(rare_wer=d["rare_wer"], wer=d["wer"])
+    for d in dataset.get("retention", {}).get("differences", []):
+        out.setdefault((d["model"].split(" [")[0], d["versus"].split(" [")[0]), {})["retention"] = d["retention"]
     for d in dataset["teacher_forced"].get("differences", []):
         out.setdefault((d["model"], d["versus"]), {})["kld_rare"] = d["kld_rare"]
     return out
@@ -63,23 +67,29 @@ def table(report: dict, bin_dir: Path) -> str:
              f"{dataset['rare_words']} rare (Zipf < {report['settings']['zipf_threshold']}); whisper.cpp greedy, "
              f"1 thread. Rates in %, 95% bootstrap intervals ({report['settings']['bootstrap_resamples']} "
              f"resamples); rare KLD in nats, teacher-forced against F16.", "",
-             "| type | method | MiB | WER | rare-WER | capped rare-WER | rare KLD | loops |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Retention: of the rare reference words F16 transcribes correctly, the share the model keeps "
+             "(kept / known).", "",
+             "| type | method | MiB | WER | rare-WER | capped rare-WER | retention | rare KLD | loops |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in found:
         kld = f"{r['kld_rare']['value']:.4f}" if r["kld_rare"] else "–"
+        ret = r["retention"]
+        kept = f"{pct(ret['retention'])} ({ret['kept']}/{ret['known']})" if ret else "–"
         lines.append(f"| {r['type']} | {r['method']} | {r['mib']:.1f} | {pct(r['wer'])} | {pct(r['rare_wer'])} | "
-                     f"{pct(r['capped_rare_wer'])} | {kld} | {r['loops']} |")
+                     f"{pct(r['capped_rare_wer'])} | {kept} | {kld} | {r['loops']} |")
     lines += ["", "TARQ minus the baseline of the same type (paired over the same utterances; * = interval excludes 0; "
-                  "negative = TARQ better):", "",
-              "| type | Δ rare-WER vs ggml | Δ rare-WER vs imatrix | Δ rare KLD vs ggml | Δ rare KLD vs imatrix |",
-              "|---|---|---|---|---|"]
+                  "negative = TARQ better, except retention, where positive is):", "",
+              "| type | Δ WER vs ggml | Δ WER vs imatrix | Δ rare-WER vs ggml | Δ rare-WER vs imatrix "
+              "| Δ retention vs ggml | Δ retention vs imatrix | Δ rare KLD vs ggml | Δ rare KLD vs imatrix |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for type_name in sorted({r["type"] for r in found if r["method"] == "tarq"}, key=_type_order):
         cells = []
-        for figure, scale, digits in (("rare_wer", 100, 1), ("kld_rare", 1, 4)):
+        for figure, scale, digits in (("wer", 100, 1), ("rare_wer", 100, 1), ("retention", 100, 1),
+                                      ("kld_rare", 1, 4)):
             for base in ("ggml", "imatrix"):
                 cells.append(diff(diffs.get((f"tarq-{type_name}", f"{base}-{type_name}"), {}).get(figure), scale,
                                   digits))
-        lines.append(f"| {type_name} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} |")
+        lines.append(f"| {type_name} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -94,11 +104,14 @@ def plot(report: dict, bin_dir: Path, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     found = rows(report, bin_dir)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for ax, key, title in ((axes[0], "rare_wer", "rare-WER (%)"), (axes[1], "kld_rare", "rare-token KLD (nats)")):
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    # raw rare-WER beside the capped one: a single repetition loop moves the raw figure by points
+    panels = ((axes[0], "rare_wer", "rare-WER (%)"), (axes[1], "capped_rare_wer", "capped rare-WER (%)"),
+              (axes[2], "kld_rare", "rare-token KLD (nats)"))
+    for ax, key, title in panels:
         for method in ("F16", *METHODS):
             pts = [r for r in found if r["method"] == method and r[key]]
-            scale = 100 if key == "rare_wer" else 1
+            scale = 1 if key == "kld_rare" else 100
             ax.scatter([r["mib"] for r in pts], [scale * r[key]["value"] for r in pts], marker=MARKERS[method],
                        label=method, s=60 if method != "F16" else 120)
             for r in pts:
