@@ -308,13 +308,7 @@ def test_every_one_level_type_exports_exactly_and_runs_in_crispasr(type_name, ti
     checkpoint, _ = quantize_backbone(load_qwen3_asr_backbone(tiny_dir), [], options, str(tiny_dir), log=lambda _: None)
     ckpt, out = save_checkpoint(checkpoint, tmp_path / "ck"), tmp_path / f"tiny-{type_name}.gguf"
     assert cli(["export", str(ckpt), "--target", "crispasr", "-o", str(out)]) == 0  # the checkpoint's own type
-    capsys.readouterr()
-    assert cli(["verify", str(out), "--against", str(ckpt), "--json"]) == 0
-    diffs, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
-    assert diffs and max(diffs.values()) == 0.0
-    assert read_gguf(out).tensors["token_embd.weight"].ggml_type == int(type_by_name(type_name))
-    tokens = _crispasr_tokens(out, clip, 4)
-    assert tokens and all(isinstance(t, str) for t in tokens)
+    _assert_exact_typed_and_transcribing(out, ckpt, "token_embd.weight", type_name, clip, capsys)
 
 
 def test_a_per_tensor_mix_exports_exactly_and_runs_in_crispasr(tiny_dir, clip, tmp_path, capsys):
@@ -380,12 +374,17 @@ def test_k_quants_export_exactly_and_run_in_crispasr(type_name, k_quant_dir, cli
     assert cli(["quantize", "--model", str(k_quant_dir), "--target", "crispasr", "--method", "rtn", "--type", type_name,
                 "--out", str(ckpt)]) == 0
     assert cli(["export", str(ckpt), "--target", "crispasr", "-o", str(out)]) == 0
+    _assert_exact_typed_and_transcribing(out, ckpt, "blk.0.ffn_down.weight", type_name, clip, capsys)
+
+
+def _assert_exact_typed_and_transcribing(gguf: Path, ckpt: Path, tensor: str, type_name: str, clip, capsys) -> None:
+    """verify finds max|diff| = 0 on every array, ``tensor`` is stored as ``type_name``, and CrispASR decodes."""
     capsys.readouterr()
-    assert cli(["verify", str(out), "--against", str(ckpt), "--json"]) == 0
+    assert cli(["verify", str(gguf), "--against", str(ckpt), "--json"]) == 0
     diffs, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
     assert diffs and max(diffs.values()) == 0.0
-    assert read_gguf(out).tensors["blk.0.ffn_down.weight"].ggml_type == int(type_by_name(type_name))
-    tokens = _crispasr_tokens(out, clip, 4)
+    assert read_gguf(gguf).tensors[tensor].ggml_type == int(type_by_name(type_name))
+    tokens = _crispasr_tokens(gguf, clip, 4)
     assert tokens and all(isinstance(t, str) for t in tokens)
 
 
