@@ -2,8 +2,8 @@
 
 Per whisper.cpp type and method: file size (MiB), WER, rare-WER and capped rare-WER (95% bootstrap intervals), the
 teacher-forced rare-token KLD against F16, and TARQ's paired differences against ggml's own rounding and imatrix
-of the same type (WER, rare-WER, rare-word retention and rare KLD; * = the interval excludes 0). Writes table.md and size_quality.png (raw
-rare-WER, capped rare-WER and rare KLD against file size).
+of the same type (WER, rare-WER, rare-word retention and rare KLD; * = the interval excludes 0). Writes table.md
+and size_quality.png (raw rare-WER, capped rare-WER and rare KLD against file size).
 
     python results/types/table.py REPORT.json BIN_DIR OUT_DIR
 """
@@ -30,10 +30,15 @@ def diff(figure: dict | None, scale: float, digits: int) -> str:
     return f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{star}"
 
 
+def _label(key: str) -> str:
+    """A model's label from the report's "label [backend]" key."""
+    return key.split(" [")[0]
+
+
 def rows(report: dict, bin_dir: Path) -> list[dict]:
     dataset = report["datasets"][0]
     tf = {m["label"]: m for m in dataset["teacher_forced"]["models"]}
-    kept = {r["model"].split(" [")[0]: r for r in dataset.get("retention", {}).get("models", [])}
+    kept = {_label(r["model"]): r for r in dataset.get("retention", {}).get("models", [])}
     out = []
     for m in dataset["models"]:
         label = m["label"]
@@ -50,10 +55,9 @@ def differences(report: dict) -> dict[tuple[str, str], dict]:
     dataset = report["datasets"][0]
     out: dict[tuple[str, str], dict] = {}
     for d in dataset["differences"]:
-        key = (d["model"].split(" [")[0], d["versus"].split(" [")[0])
-        out.setdefault(key, {}).update(rare_wer=d["rare_wer"], wer=d["wer"])
+        out.setdefault((_label(d["model"]), _label(d["versus"])), {}).update(rare_wer=d["rare_wer"], wer=d["wer"])
     for d in dataset.get("retention", {}).get("differences", []):
-        out.setdefault((d["model"].split(" [")[0], d["versus"].split(" [")[0]), {})["retention"] = d["retention"]
+        out.setdefault((_label(d["model"]), _label(d["versus"])), {})["retention"] = d["retention"]
     for d in dataset["teacher_forced"].get("differences", []):
         out.setdefault((d["model"], d["versus"]), {})["kld_rare"] = d["kld_rare"]
     return out

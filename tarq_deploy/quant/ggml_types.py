@@ -111,7 +111,7 @@ def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = Non
         u = codes8 - np.uint8(lo % 256)  # the unsigned code, modulo 256
         out[:, :, pos:pos + 4] = _bit_plane(u, 4)
         pos += 4
-        nibbles = u[:, :, QK // 2:] << np.uint8(4)
+        nibbles = u[:, :, QK // 2:] << np.uint8(4)  # the fifth bit shifts out of the byte: it went to the plane
         nibbles |= u[:, :, : QK // 2] & np.uint8(0x0F)
         out[:, :, pos:] = nibbles
         return out.reshape(m, -1)
