@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tarq_deploy.quant.gptq import gptq_quantize, weighted_loss
-from tarq_deploy.quant.lattice import LatticeSpec, check_on_lattice, codes_for, dequantize, scales_for
+from tarq_deploy.quant.lattice import (LatticeSpec, check_on_lattice, codes_for, dequantize, on_scale_grid, scales_for,
+                                      stored_scales)
 from tarq_deploy.quant.lattice_fit import quantize_rtn
 from tarq_deploy.quant.stats import LayerStats
 from tarq_deploy.quant.calibrate import solve_layer
@@ -69,6 +70,35 @@ def test_spec_rejects_bad_group_and_columns() -> None:
         LatticeSpec(4, 48)
     with pytest.raises(ValueError, match="multiple of group size"):
         quantize_rtn(torch.randn(4, 40), LatticeSpec(4, 32))
+
+
+def test_bfloat16_scale_grid_holds_values_exact_in_both_dtypes() -> None:
+    """The bf16 grid's stored fp16 scales survive a bf16 round trip, from fp16's subnormals to its largest values,
+    and stay within bf16's half-step of the float32 scale."""
+    magnitudes = torch.logspace(-28, 17, 20001, base=2.0)  # past fp16's largest value: clamped, never inf
+    x = magnitudes * torch.where(torch.arange(20001) % 2 == 0, 1.0, -1.0)
+    spec = LatticeSpec(4, 32, scale_grid="bfloat16")
+    s = stored_scales(x, spec)
+    assert s.dtype == torch.float16 and torch.equal(s.to(torch.bfloat16).to(torch.float16), s)
+    normal = (magnitudes >= 2.0 ** -14) & (magnitudes <= 65280)
+    assert s.float().abs().max() == 65280
+    assert ((s.float() - x).abs()[normal] <= x.abs()[normal] * 2.0 ** -8).all()  # half of bf16's 2^-7 step
+    assert not on_scale_grid(stored_scales(x, LatticeSpec(4, 32)), spec)  # the fp16 grid is finer
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_solvers_keep_a_bfloat16_grid(method: str) -> None:
+    spec = LatticeSpec(4, 128, scale_grid="bfloat16")
+    W = torch.randn(64, 256) * torch.logspace(-3, 1, 256)
+    X = correlated_activations(256, 1024, 0)
+    q = quantize_rtn(W, spec) if method == "rtn" else gptq_quantize(W, X.T.double() @ X.double(), spec)
+    check_on_lattice(q)
+    assert on_scale_grid(q.scales, spec)
+    q.scales[0, 0] = 1.0 + 2.0 ** -10  # exact in fp16, not in bf16
+    with pytest.raises(ValueError, match="bfloat16 grid"):
+        check_on_lattice(q)
+    with pytest.raises(ValueError, match="symmetric"):
+        LatticeSpec(4, 32, "affine", scale_grid="bfloat16")
 
 
 @pytest.mark.parametrize("group_size", [-1, 32, 128])

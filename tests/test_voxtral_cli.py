@@ -55,3 +55,26 @@ def test_export_refuses_a_bad_checkpoint_dir(tmp_path: Path) -> None:
     done = cli("export", str(tmp_path / "nothing"), "--target", "gptq", "-o", str(tmp_path / "out"))
     assert done.returncode == 2 and "not a lattice checkpoint" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bfloat16_scale_grid_is_served_in_bfloat16_exactly(tmp_path: Path) -> None:
+    """--scale-dtype bfloat16 puts every scale on values exact in bf16, so a bf16 export holds the lattice; the
+    default fp16 grid is refused for bf16 serving, with the option that fixes it named."""
+    model_dir = write_tiny_voxtral(tmp_path / "voxtral")
+    for grid in ("float16", "bfloat16"):
+        done = cli("quantize", "--model", str(model_dir), "--method", "rtn", "--target", "compressed-tensors",
+                   "--scale-dtype", grid, "--out", str(tmp_path / grid))
+        assert done.returncode == 0, done.stderr[-2000:]
+    refused = cli("export", str(tmp_path / "float16"), "--target", "compressed-tensors", "--serve-dtype", "bfloat16",
+                  "-o", str(tmp_path / "ct16"))
+    assert refused.returncode == 2 and "--scale-dtype bfloat16" in refused.stderr and not (tmp_path / "ct16").exists()
+
+    ckpt = load_checkpoint(tmp_path / "bfloat16")
+    assert ckpt.spec.scale_grid == "bfloat16"
+    done = cli("export", str(tmp_path / "bfloat16"), "--target", "compressed-tensors", "--serve-dtype", "bfloat16",
+               "-o", str(tmp_path / "ct"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    tensors = load_file(str(tmp_path / "ct" / "model.safetensors"))
+    for name, q in ckpt.quantized.items():
+        served = tensors[name.removesuffix(".weight") + ".weight_scale"]
+        assert served.dtype == torch.bfloat16 and torch.equal(served.float(), q.scales.float())

@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                             "--type's)")
     p.add_argument("--group-size", type=int, help="input columns per scale (32, 64, 128, or -1 per channel); "
                                                   "default 32 for ggml targets, 128 for GPU formats")
+    p.add_argument("--scale-dtype", choices=["float16", "bfloat16"], default="float16",
+                   help="values the (fp16-stored) group scales may take: bfloat16 keeps every scale exact in bfloat16 "
+                        "too, so runtimes computing in bf16 (Voxtral served in bf16, PyTorch's tinygemm INT4 kernel) "
+                        "hold the lattice exactly; symmetric lattices only")
     p.add_argument("--zipf-threshold", type=float, default=3.0, help="a word is rare if its Zipf score is below k")
     p.add_argument("--cost-ratio", type=float, default=1.0, help="c in lam = c tr(H_common) / tr(H_tail)")
     p.add_argument("--reweight-source", choices=SOURCES, default="rare", help="positions re-weighted as the tail")
@@ -78,7 +82,8 @@ def options_from(args: argparse.Namespace):
     scheme, bits, group = lattice_choice(args)
     tensor_types = tensor_type_choice(args)
     return QuantizeOptions(
-        method=args.method, bits=bits, group_size=group, scheme=scheme, tensor_types=tensor_types,
+        method=args.method, bits=bits, group_size=group, scheme=scheme, scale_grid=args.scale_dtype,
+        tensor_types=tensor_types,
         zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
@@ -215,6 +220,12 @@ def checked_options(args: argparse.Namespace):
     if options.scheme == "symmetric" and options.group_size not in SUPPORTED_GROUP_SIZES:
         raise UserError(f"--group-size {options.group_size}: must be one of "
                         f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))} (-1: one scale per row)")
+    if options.scale_grid != "float16" and (options.scheme != "symmetric" or options.tensor_types):
+        raise UserError(f"--scale-dtype {options.scale_grid}: needs one symmetric lattice (not --type "
+                        f"{args.type}{' or --tensor-type' if options.tensor_types else ''})")
+    if options.scale_grid != "float16" and options.method in ("imatrix", "ggml"):
+        raise UserError(f"--scale-dtype {options.scale_grid}: --method {options.method} is ggml's own quantizer, "
+                        f"whose scales are plain float16")
     if not options.cost_ratio > 0:
         raise UserError(f"--cost-ratio {options.cost_ratio}: must be positive")
     if options.method in ("imatrix", "ggml"):

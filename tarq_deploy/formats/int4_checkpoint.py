@@ -102,8 +102,8 @@ def check_scales_for(ckpt: LatticeCheckpoint, serve_dtype: str) -> None:
         raise ExportError(
             f"{sum(counts.values())} of {total} scales in {len(counts)} layers (first: {first}) are not exactly "
             f"representable in {serve_dtype}; a runtime serving in {serve_dtype} would round them and break the "
-            f"lattice. Quantize with scales snapped to values exact in both float16 and bfloat16, or export and "
-            f"serve with dtype float16.")
+            f"lattice. Quantize with --scale-dtype bfloat16 (scales exact in both float16 and bfloat16), or export "
+            f"and serve with dtype float16.")
 
 
 def resolve_serve_dtype(ckpt: LatticeCheckpoint, serve_dtype: str | None) -> str:

@@ -18,6 +18,12 @@ rounded against and dequantization is exact: every target that holds an fp16 sca
 s * q bit for bit. :func:`quantize_rtn` alone follows ggml's reference arithmetic instead (codes rounded against the
 float32 scale, halves rounded up), so that our RTN lattice is byte for byte ggml's own Q4_0 rounding.
 
+Scale grid. ``scale_grid="bfloat16"`` (symmetric lattices) keeps every scale on the values exact in *both* bfloat16
+and float16: the scale is rounded to bfloat16 first, then to float16 (which that value survives: a bfloat16 value
+in float16's normal range has 8 significant bits of float16's 11, and one in its subnormal range lands on a value of
+at most 8 significant bits). Runtimes that compute in bfloat16 (Voxtral's dtype; PyTorch's tinygemm INT4 kernel)
+then hold the lattice exactly, where a plain fp16 scale would be rounded again. The scales are still stored as fp16.
+
 Schemes. The lattice above is ``scheme="symmetric"`` (ggml Q4_0, Q5_0, Q8_0, and the GPU int4 formats). The other
 ggml types are lattices too, each exactly the value set its dequantizer produces; a value is always s * q + o with a
 per-group scale s and offset o, computed in float32 in the order gguf-py's dequantizers compute them:
@@ -47,12 +53,14 @@ CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric")
+SCALE_GRIDS = ("float16", "bfloat16")  # the values a stored (fp16) scale may take; see "Scale grid" above
 K_SUPER_BLOCK = 256  # values per K-quant super-block (ggml's QK_K)
 # (bits, group size) each non-symmetric scheme allows: the ggml types it stores
 SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((4, 32), (5, 32)), "k-symmetric": ((6, 16),)}
 K_SUB_CODE_MAX = 63  # Q4_K / Q5_K sub-block scale and min codes are 6-bit
 PARAM_FIELDS = ("scales", "mins", "sub_scales", "sub_mins")
 FP16_MAX = 65504.0
+BF16_FP16_MAX = 65280.0  # the largest value exact in both bfloat16 and float16
 # make_qx_quants' grid: divisors 2^(b-1) + 0.1 k, k = -9..9, around the max rule (k = 0).
 SEARCH_STEPS = tuple(0.1 * k for k in range(-9, 10))
 
@@ -64,10 +72,15 @@ class LatticeSpec:
     bits: int = 4
     group_size: int = 128
     scheme: str = "symmetric"
+    scale_grid: str = "float16"
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise ValueError(f"lattice scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        if self.scale_grid not in SCALE_GRIDS:
+            raise ValueError(f"scale grid must be one of {SCALE_GRIDS}, got {self.scale_grid!r}")
+        if self.scale_grid != "float16" and self.scheme != "symmetric":
+            raise ValueError(f"a {self.scale_grid} scale grid needs the symmetric scheme, not {self.scheme!r}")
         if self.scheme != "symmetric":
             if (self.bits, self.group_size) not in SCHEME_SHAPES[self.scheme]:
                 raise ValueError(f"a {self.scheme} lattice has (bits, group size) one of "
@@ -208,9 +221,23 @@ def max_rule_scales(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
     return peak / top
 
 
+def stored_scales(scales: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    """float32 scales as the format stores them: fp16, on the spec's scale grid (module docstring)."""
+    if spec.scale_grid == "bfloat16":  # clamped to the largest value of both (65504 would round up to 65536)
+        return scales.clamp(-BF16_FP16_MAX, BF16_FP16_MAX).to(torch.bfloat16).to(SCALE_DTYPE)
+    return scales.clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)
+
+
+def on_scale_grid(scales: torch.Tensor, spec: LatticeSpec) -> bool:
+    """True when every stored (fp16) scale is a value of the spec's scale grid."""
+    if spec.scale_grid == "float16":
+        return True
+    return bool(torch.equal(scales.to(torch.bfloat16).to(scales.dtype), scales))
+
+
 def scales_for(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
     """fp16 max-rule scales for the groups of ``w`` ([m, n] or a single group [m, g]); shape [m, n_groups]."""
-    return max_rule_scales(w, spec).clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)
+    return stored_scales(max_rule_scales(w, spec), spec)
 
 
 def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) -> torch.Tensor:
@@ -220,7 +247,7 @@ def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) 
     gives codes q by rounding; the least-squares scale for those codes, sum h w q / sum h q^2, is the candidate's
     scale, and the one with the smallest error wins (ties: the first, so the max rule's own codes win among equals).
     A group with no importance keeps the max rule."""
-    return searched_scales(w, spec, importance).clamp(-FP16_MAX, FP16_MAX).to(SCALE_DTYPE)
+    return stored_scales(searched_scales(w, spec, importance), spec)
 
 
 def searched_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) -> torch.Tensor:
@@ -310,6 +337,8 @@ def check_on_lattice(q: QuantizedWeight) -> None:
             raise ValueError(f"{name} shape {tuple(t.shape)} does not fit codes {m}x{n} with {q.spec}")
         if dtype == SCALE_DTYPE and not _all_finite(t):
             raise ValueError(f"{name} contain inf or nan")
+        if name == "scales" and not on_scale_grid(t, q.spec):
+            raise ValueError(f"scales are not all on the {q.spec.scale_grid} grid the lattice declares")
         if q.spec.affine and name.startswith("sub_") and t.numel() and int(t.max()) > K_SUB_CODE_MAX:
             raise ValueError(f"{name} exceed the 6-bit code {K_SUB_CODE_MAX}")
     lo, hi = _code_span(q.codes)

@@ -19,7 +19,8 @@ import torch
 
 from .choices import SCALE_RULES
 from .lattice import (CODE_DTYPE, FP16_MAX, K_SUB_CODE_MAX, SCALE_DTYPE, LatticeSpec, QuantizedWeight,
-                      _signed_max, choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
+                      _signed_max, choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales,
+                      stored_scales)
 
 AFFINE_SEARCH_STEPS = tuple(0.1 * k for k in range(-10, 11))
 Q6_K_SCALE_CODE_MIN = -128  # Q6_K's sub-block scales are int8 codes
@@ -63,7 +64,7 @@ def quantize_rtn(w: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
     rounding in ggml (its reference quantizer searches); theirs is the max rule of lattice_fit.py and nearest
     codes."""
     spec.check_columns(w.shape[1])
-    if spec.two_level:
+    if spec.two_level or spec.scale_grid != "float16":  # no ggml reference arithmetic to follow: nearest codes
         return quantize_nearest(w, spec)
     if spec.affine:
         return _rtn_affine(w, spec)

@@ -46,6 +46,7 @@ class QuantizeOptions:
     bits: int = 4
     group_size: int = 32
     scheme: str = "symmetric"  # the lattice scheme (lattice.py); --type picks it with bits and group size
+    scale_grid: str = "float16"  # "bfloat16": scales exact in bf16 too, for bf16 runtimes (lattice.py)
     tensor_types: tuple[tuple[str, str], ...] = ()  # (pattern, ggml type) overrides, first match wins (recipe.py)
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
     cost_ratio: float = 1.0
@@ -67,7 +68,7 @@ class QuantizeOptions:
                           scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule)
 
     def spec(self) -> LatticeSpec:
-        return LatticeSpec(self.bits, self.group_size, self.scheme)
+        return LatticeSpec(self.bits, self.group_size, self.scheme, self.scale_grid)
 
     def recipe(self) -> TypeRecipe:
         return TypeRecipe.from_types(self.spec(), self.tensor_types)
