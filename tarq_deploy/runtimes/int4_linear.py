@@ -35,7 +35,7 @@ INNER_K_TILES = (2, 4, 8)
 CUDA_DTYPE = torch.bfloat16  # tinygemm's only activation dtype on CUDA
 CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 K_TILE = 16
-N_TILE = 8
+N_TILE = 16  # outputs per tile: the CUDA packer takes multiples of 8, the CPU packer of 16
 
 
 class Int4Linear(nn.Module):
