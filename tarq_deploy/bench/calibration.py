@@ -50,14 +50,15 @@ def cycled_corpus(n: int, directory: Path) -> Path:
     return manifest
 
 
-def random_whisper(dims: str, device: str):
-    """A real-dimension Whisper with random weights and the packaged tiny.en tokenizer (vocabulary 51864)."""
+def random_whisper(dims: str, device: str, processor_source: str = "packaged:tiny.en"):
+    """A real-dimension Whisper with random weights and the tokenizer of ``processor_source`` (tiny.en's: vocabulary
+    51864)."""
     import torch
     from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor
 
     from tarq_deploy.models.loader import load_whisper
 
-    _, processor, generation_config = load_whisper("packaged:tiny.en")
+    _, processor, generation_config = load_whisper(processor_source)
     torch.manual_seed(0)
     config = WhisperConfig(vocab_size=51864, **DIMS[dims])
     model = WhisperForConditionalGeneration(config)
@@ -78,7 +79,8 @@ def child(args: argparse.Namespace) -> None:
     from tarq_deploy.models.whisper import WhisperBackbone
     from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
-    model, processor, gc = random_whisper(args.dims, args.device) if args.dims else load_whisper(args.model)
+    model, processor, gc = (random_whisper(args.dims, args.device, args.processor) if args.dims
+                            else load_whisper(args.model))
     backbone = WhisperBackbone(model, processor, gc, args.device)
     options = QuantizeOptions(method=args.method, n_calib=args.n, device=args.device, group_size=args.group_size)
     utterances = load_corpus(args.manifest)
@@ -106,7 +108,7 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path) -> dict:
            "--model", args.model, "--n", str(args.n), "--device", args.device, "--group-size", str(args.group_size),
            "--threads", str(args.threads or 0)]
     if args.dims:
-        cmd += ["--dims", args.dims]
+        cmd += ["--dims", args.dims, "--processor", args.processor]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="packaged:base")
     parser.add_argument("--dims", choices=sorted(DIMS), help="random-weight model of these real dimensions")
+    parser.add_argument("--processor", default="packaged:tiny.en",
+                        help="--dims: the Whisper whose tokenizer and feature extractor the random model takes")
     parser.add_argument("--n", type=int, default=128)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--group-size", type=int, default=32)
