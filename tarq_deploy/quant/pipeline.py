@@ -6,10 +6,11 @@ checkpoint bytes (timings go to a separate log, never into the checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -120,7 +121,8 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         work_dir = WorkDir(work_path, key) if work_path else None
         config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe())
-        result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log).run()
+        with full_float32():
+            result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log).run()
     metadata = {
         "method": {"name": options.method, **options.result_knobs()},
         "layers": [_without_timing(r) for r in result.records],
@@ -131,6 +133,19 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
     timing = {"seconds": result.seconds, "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
+
+
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """No TF32 while calibrating: cuDNN convolutions use it by default on Ampere and later, and its 10-bit mantissa
+    moves the activations (Whisper's input convolutions) and so the Hessians, and with them near-tie codes, away
+    from what the same calibration computes on a CPU."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn") -> dict[str, QuantizedWeight]:
