@@ -19,8 +19,7 @@ import torch
 
 from .choices import SCALE_RULES
 from .lattice import (CODE_DTYPE, FP16_MAX, K_SUB_CODE_MAX, SCALE_DTYPE, LatticeSpec, QuantizedWeight,
-                      _signed_max, choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales,
-                      stored_scales)
+                      _signed_max, choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
 
 AFFINE_SEARCH_STEPS = tuple(0.1 * k for k in range(-10, 11))
 Q6_K_SCALE_CODE_MIN = -128  # Q6_K's sub-block scales are int8 codes
