@@ -23,7 +23,9 @@ from tarq_deploy.quant.gptq import weighted_loss
 from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
 HELD_OUT = ("jfk", "cards-004", "cards-005", "goforward")
-METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq")
+# rarebal (metric only) and residual (solver only) are TARQ's two halves: their arithmetic is tested in
+# test_solvers.py, and TARQ runs both through this pipeline
+METHODS = ("rtn", "gptq", "tarq")
 
 
 
@@ -122,7 +124,7 @@ class _Interrupt(Exception):
 
 
 def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path, monkeypatch) -> None:
-    options = QuantizeOptions(method="tarq", n_calib=4)
+    options = QuantizeOptions(method="tarq", n_calib=2)
 
     def run(work: Path, out: Path) -> Path:
         model, processor, gc = load_whisper("packaged:tiny.en")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from tarq_deploy.formats.gptq_safetensors import gptq_dequantize
@@ -60,21 +61,25 @@ def test_export_refuses_a_bad_checkpoint_dir(tmp_path: Path) -> None:
 def test_a_bfloat16_scale_grid_is_served_in_bfloat16_exactly(tmp_path: Path) -> None:
     """--scale-dtype bfloat16 puts every scale on values exact in bf16, so a bf16 export holds the lattice; the
     default fp16 grid is refused for bf16 serving, with the option that fixes it named."""
-    model_dir = write_tiny_voxtral(tmp_path / "voxtral")
-    for grid in ("float16", "bfloat16"):
-        done = cli("quantize", "--model", str(model_dir), "--method", "rtn", "--target", "compressed-tensors",
-                   "--scale-dtype", grid, "--out", str(tmp_path / grid))
-        assert done.returncode == 0, done.stderr[-2000:]
-    refused = cli("export", str(tmp_path / "float16"), "--target", "compressed-tensors", "--serve-dtype", "bfloat16",
-                  "-o", str(tmp_path / "ct16"))
-    assert refused.returncode == 2 and "--scale-dtype bfloat16" in refused.stderr and not (tmp_path / "ct16").exists()
+    from tarq_deploy.formats.compressed_tensors import write_compressed_tensors_checkpoint
+    from tarq_deploy.formats.int4_checkpoint import ExportError
+    from tarq_deploy.models.registry import load_backbone
+    from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
-    ckpt = load_checkpoint(tmp_path / "bfloat16")
-    assert ckpt.spec.scale_grid == "bfloat16"
-    done = cli("export", str(tmp_path / "bfloat16"), "--target", "compressed-tensors", "--serve-dtype", "bfloat16",
-               "-o", str(tmp_path / "ct"))
+    model_dir = write_tiny_voxtral(tmp_path / "voxtral")
+    done = cli("quantize", "--model", str(model_dir), "--method", "rtn", "--target", "compressed-tensors",
+               "--scale-dtype", "bfloat16", "--out", str(tmp_path / "bf16-grid"))
     assert done.returncode == 0, done.stderr[-2000:]
-    tensors = load_file(str(tmp_path / "ct" / "model.safetensors"))
+    ckpt = load_checkpoint(tmp_path / "bf16-grid")
+    assert ckpt.spec.scale_grid == "bfloat16"
+    out = write_compressed_tensors_checkpoint(ckpt, tmp_path / "ct", serve_dtype="bfloat16")
+    tensors = load_file(str(out / "model.safetensors"))
     for name, q in ckpt.quantized.items():
         served = tensors[name.removesuffix(".weight") + ".weight_scale"]
         assert served.dtype == torch.bfloat16 and torch.equal(served.float(), q.scales.float())
+
+    fp16_grid, _ = quantize_backbone(load_backbone(str(model_dir)), [], QuantizeOptions(method="rtn", group_size=128),
+                                     str(model_dir), log=lambda _: None)
+    with pytest.raises(ExportError, match="--scale-dtype bfloat16"):
+        write_compressed_tensors_checkpoint(fp16_grid, tmp_path / "ct16", serve_dtype="bfloat16")
+    assert not (tmp_path / "ct16").exists()
