@@ -145,7 +145,8 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
 
 def _lattice_record(spec: LatticeSpec) -> dict:
     return {"bits": spec.bits, "group_size": spec.group_size, "scheme": spec.scheme, "ggml_type": ggml_type_name(spec),
-            "scale_dtype": "float16", "scale_grid": spec.scale_grid, "code_storage": "nibble" if spec.bits == 4 else "int8"}
+            "scale_dtype": "float16", "scale_grid": spec.scale_grid,
+            "code_storage": "nibble" if spec.bits == 4 else "int8"}
 
 
 def _spec_of_record(record: dict) -> LatticeSpec:

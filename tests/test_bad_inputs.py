@@ -212,6 +212,21 @@ def test_n_calib_zero_is_refused(models, corpus, tmp_path, capsys, monkeypatch):
     nothing_left(out)
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--target", "crispasr", "--type", "q4_1"], "--type q4_1's lattice is affine"),
+    (["--target", "crispasr", "--tensor-type", "fc1=q8_0"], "not to a --tensor-type mix"),
+    (["--method", "imatrix"], "ggml's own quantizer"),
+])
+def test_a_bfloat16_scale_grid_is_refused_where_it_cannot_hold(models, corpus, tmp_path, capsys, monkeypatch,
+                                                                extra, message):
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "ckpt"
+    status, err = run_cli(capsys, *quantize_args(models["clean"], out, "--scale-dtype", "bfloat16", *extra,
+                                                 calib=corpus))
+    assert_user_error(status, err, message)
+    nothing_left(out)
+
+
 def test_a_layer_no_position_reached_is_an_error_and_no_tail_keeps_its_fallback():
     from tarq_deploy.quant.lattice import LatticeSpec
     from tarq_deploy.quant.stats import LayerStats

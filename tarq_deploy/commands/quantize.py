@@ -220,12 +220,8 @@ def checked_options(args: argparse.Namespace):
     if options.scheme == "symmetric" and options.group_size not in SUPPORTED_GROUP_SIZES:
         raise UserError(f"--group-size {options.group_size}: must be one of "
                         f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))} (-1: one scale per row)")
-    if options.scale_grid != "float16" and (options.scheme != "symmetric" or options.tensor_types):
-        raise UserError(f"--scale-dtype {options.scale_grid}: needs one symmetric lattice (not --type "
-                        f"{args.type}{' or --tensor-type' if options.tensor_types else ''})")
-    if options.scale_grid != "float16" and options.method in ("imatrix", "ggml"):
-        raise UserError(f"--scale-dtype {options.scale_grid}: --method {options.method} is ggml's own quantizer, "
-                        f"whose scales are plain float16")
+    if options.scale_grid != "float16":
+        check_scale_grid(args, options)
     if not options.cost_ratio > 0:
         raise UserError(f"--cost-ratio {options.cost_ratio}: must be positive")
     if options.method in ("imatrix", "ggml"):
@@ -240,6 +236,18 @@ def checked_options(args: argparse.Namespace):
         raise UserError(f"--head-identity-weight {options.head_identity_weight}: must not be negative")
     check_device(options.device)
     return options
+
+
+def check_scale_grid(args: argparse.Namespace, options) -> None:
+    """A bf16 scale grid is a property of one symmetric lattice that our solvers choose (UserError otherwise)."""
+    grid = f"--scale-dtype {options.scale_grid}"
+    if options.scheme != "symmetric":
+        raise UserError(f"{grid}: --type {args.type}'s lattice is {options.scheme}; the grid is for symmetric "
+                        f"lattices (q4_0, q5_0, q8_0, or --bits)")
+    if options.tensor_types:
+        raise UserError(f"{grid}: applies to one lattice, not to a --tensor-type mix")
+    if options.method in ("imatrix", "ggml"):
+        raise UserError(f"{grid}: --method {options.method} is ggml's own quantizer, whose scales are plain float16")
 
 
 def checked_outputs(out_arg: str) -> tuple[Path, Path, Path]:
