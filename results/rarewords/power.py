@@ -32,7 +32,7 @@ def slope(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def analyse(report: dict, backend: str) -> str:
     d = report["datasets"][0]
-    n = d.get("utterances") or len(d.get("ids", [])) or None
+    n = d["utterances"]
     tf = {m["label"]: m for m in d["teacher_forced"]["models"]}
     rows = {m["label"]: m for m in d["models"] if m["backend"] == backend}
     points = [(tf[label]["kld_rare"]["value"], 100 * rows[label]["rare_wer"]["value"]) for label in tf if label in rows]
@@ -51,7 +51,7 @@ def analyse(report: dict, backend: str) -> str:
         w = diff["rare_wer"]
         se = 100 * (w["high"] - w["low"]) / 2 / 1.96
         predicted = b * kld["kld_rare"]["value"]
-        needed = n * (Z_POWER * se / predicted) ** 2 if n and predicted else float("inf")
+        needed = n * (Z_POWER * se / predicted) ** 2 if predicted else float("inf")
         lines.append(f"| {a} − {v} | {kld['kld_rare']['value']:+.4f} | {100 * w['value']:+.1f} "
                      f"[{100 * w['low']:+.1f}, {100 * w['high']:+.1f}] | {se:.1f} | {Z_POWER * se:.1f} | "
                      f"{predicted:+.1f} | {needed:,.0f} |")

@@ -30,20 +30,17 @@ models=()
 for label in F16 RTN IMATRIX GPTQ TARQ; do
   models+=(--model "$label=$WORK/bin/$label.bin")
 done
-# The decoded words are cached per utterance id (hypotheses/LABEL__BACKEND__DATASET.jsonl), so each set reuses
-# what an earlier set (or an interrupted run on the whole test.jsonl) decoded; only the teacher-forced figures, scored
-# in packed windows, are computed per set.
-src=test  # an interrupted run on the whole test.jsonl
+# The decoded words are cached per utterance id (hypotheses/LABEL__BACKEND__SET.jsonl): the secondary set, a subset of
+# the primary, starts from the primary's; only its teacher-forced figures (scored in packed windows) are computed anew.
 for data in test600 test-new400; do
   out="$WORK/eval-$data"
-  mkdir -p "$out/hypotheses"
-  for f in "$WORK/eval-$src"/hypotheses/*__whisper.cpp__$src.jsonl; do
-    [ -e "$f" ] || continue
-    label=$(basename "$f" .jsonl); label=${label%__$src}
-    g="$out/hypotheses/${label}__$data.jsonl"  # LABEL__whisper.cpp__SET
-    [ -f "$g" ] || cp "$f" "$g"
-  done
-  src=$data
+  if [ "$data" = test-new400 ]; then
+    mkdir -p "$out/hypotheses"
+    for f in "$WORK"/eval-test600/hypotheses/*__whisper.cpp__test600.jsonl; do
+      g="$out/hypotheses/$(basename "$f" __test600.jsonl)__test-new400.jsonl"
+      [ -f "$g" ] || cp "$f" "$g"
+    done
+  fi
   "${TD[@]}" eval --data "$data=$SYNTH/$data.jsonl" --tokenizer "$MODEL" --backend whisper.cpp "${models[@]}" \
       --reference F16 --teacher-forced --compare TARQ:RTN --compare TARQ:IMATRIX --compare TARQ:GPTQ \
       --compare GPTQ:RTN --compare GPTQ:IMATRIX --focus TARQ --threads 1 --jobs 2 --resamples 2000 --out "$out" --quiet
