@@ -2,17 +2,28 @@
 
 Layout of a checkpoint directory::
 
-    manifest.json         format, version, lattice (bits, group size, scheme, ggml type) and, for a per-tensor type
-                          mix, ``lattice_overrides`` (the tensors on another lattice), method and knobs, per-layer records,
-                          calibration summary, source model, sha256 of every file below, and ``manifest_sha256``:
-                          the sha256 of the manifest itself (its canonical JSON without that key)
-    lattice.safetensors   per quantized weight NAME: "NAME.codes" and "NAME.scales" (float16 [m, n_groups]), and
-                          for the affine and K-quant schemes "NAME.mins", "NAME.sub_scales", "NAME.sub_mins" as
-                          lattice.py stores them. Codes are uint8 nibble pairs [m, n/2] for 4-bit (code - qmin:
-                          code + 8 for the symmetric lattice; column 2j in the low nibble, 2j+1 in the high nibble)
-                          and int8 [m, n] otherwise. The manifest's ``lattice`` names the scheme and the ggml type.
+    manifest.json         format, version, lattice (bits, group size, scheme, ggml type, code storage) and, for a
+                          per-tensor type mix, ``lattice_overrides`` (the tensors on another lattice), method and knobs,
+                          per-layer records, calibration summary, source model, two digests of every file below
+                          (``files``: sha256, ``files_xxh3``: xxh3-128) and ``manifest_sha256``: the sha256 of the
+                          manifest itself (its canonical JSON without that key)
+    lattice.safetensors   per quantized weight NAME, by the lattice's ``code_storage``:
+                          "ggml-blocks": "NAME.blocks", uint8 [m, row bytes], the weight as the blocks of the ggml type
+                          whose lattice it is group for group (Q4_0 ... Q6_K: quant/ggml_types.py), so an export to
+                          that type copies bytes and a load decodes them only when a caller needs the codes;
+                          "nibble" / "int8" (every other lattice): "NAME.codes" and "NAME.scales" (float16
+                          [m, n_groups]), and for the affine and K-quant schemes "NAME.mins", "NAME.sub_scales",
+                          "NAME.sub_mins" as lattice.py stores them. Codes are uint8 nibble pairs [m, n/2] for 4-bit
+                          (code - qmin: code + 8 for the symmetric lattice; column 2j in the low nibble, 2j+1 in the
+                          high nibble) and int8 [m, n] otherwise.
     tensors.safetensors   every tensor of the model that was not quantized, in its own dtype
+    vocabulary.safetensors  a byte-level BPE tokenizer's tokens as raw bytes (vocabulary.py), derived from
+                          model/tokenizer.json when the checkpoint is written; absent for other tokenizers
     model/                the model's config, tokenizer and processor files, copied verbatim
+
+Loading checks every file against its xxh3-128 digest (a 40 MB checkpoint in 2 ms; sha256 takes 25 ms, as long as
+reading it); ``load_checkpoint(..., sha256=True)`` checks the sha256 digests too, as ``tarq-deploy verify`` does.
+Version 1 checkpoints (codes for every lattice, sha256 only, no vocabulary) are read as before.
 
 Tied tensors (Whisper's token embedding is its output projection) are stored once; ``aliases`` in the manifest maps
 each other name to the quantized weight it shares. Nothing in a checkpoint is a pickle. Every write goes to a
@@ -23,29 +34,109 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.numpy import save_file as save_numpy_file
+from safetensors.torch import load as load_torch_bytes
+from safetensors.torch import save_file
 
 from .fileio import atomic_directory
+from .quant.ggml_types import check_blocks, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
+from .safetensors_view import SafetensorsViewError, map_readonly, tensor_views
+from .vocabulary import NotByteLevel, TokenTable, token_table
 
 FORMAT_NAME = "tarq-lattice"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 LATTICE_FILE = "lattice.safetensors"
 TENSORS_FILE = "tensors.safetensors"
+VOCABULARY_FILE = "vocabulary.safetensors"
 MODEL_FILES_DIR = "model"
+TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_DIGEST_KEY = "manifest_sha256"
+FAST_DIGESTS_KEY = "files_xxh3"
+BLOCK_STORAGE = "ggml-blocks"
 
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be read as what it claims to be; the message names the file and the problem."""
+
+
+# ------------------------------------------------------------------------------------------------ lattice weights
+@dataclass(frozen=True)
+class StoredBlocks:
+    """A lattice weight as read from a checkpoint: the blocks of its native ggml type, not yet decoded."""
+
+    spec: LatticeSpec
+    shape: tuple[int, int]
+    blocks: np.ndarray  # uint8 [m, row bytes], checked by check_blocks
+
+    @property
+    def ggml_type(self):  # -> GGMLType
+        return native_type(self.spec)
+
+
+class LatticeWeights(MutableMapping):
+    """The lattice weights of a checkpoint by name (a Mapping[str, QuantizedWeight]). A weight read as ggml blocks
+    is decoded into codes and parameters the first time a caller asks for it (and checked on the lattice then), and
+    kept; ``blocks`` hands the stored bytes to an exporter of the same type, which then copies them and decodes
+    nothing. ``spec_of`` and ``shape_of`` answer without decoding."""
+
+    def __init__(self, weights: Mapping[str, QuantizedWeight] | None = None) -> None:
+        self._entries: dict[str, QuantizedWeight | StoredBlocks] = dict(weights or {})
+        self._decoded: dict[str, QuantizedWeight] = {}
+
+    def add_blocks(self, name: str, stored: StoredBlocks) -> None:
+        self._entries[name] = stored
+        self._decoded.pop(name, None)
+
+    def __getitem__(self, name: str) -> QuantizedWeight:
+        entry = self._entries[name]
+        if isinstance(entry, QuantizedWeight):
+            return entry
+        if name not in self._decoded:
+            q = unpack(entry.blocks, entry.ggml_type)
+            check_on_lattice(q)
+            self._decoded[name] = q
+        return self._decoded[name]
+
+    def __setitem__(self, name: str, q: QuantizedWeight) -> None:
+        self._entries[name] = q
+        self._decoded.pop(name, None)
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+        self._decoded.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:  # Mapping's own would decode the entry to answer
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def spec_of(self, name: str) -> LatticeSpec:
+        return self._entries[name].spec
+
+    def shape_of(self, name: str) -> tuple[int, int]:
+        return tuple(self._entries[name].shape)  # type: ignore[return-value]
+
+    def blocks(self, name: str, ggml_type: int) -> np.ndarray | None:
+        """The stored blocks of ``name`` if it was read as ``ggml_type`` blocks; None otherwise (pack it)."""
+        entry = self._entries[name]
+        return entry.blocks if isinstance(entry, StoredBlocks) and entry.ggml_type == ggml_type else None
 
 
 @dataclass
@@ -53,11 +144,16 @@ class LatticeCheckpoint:
     """In-memory form of a lattice checkpoint."""
 
     spec: LatticeSpec
-    quantized: dict[str, QuantizedWeight]
+    quantized: LatticeWeights  # a plain dict of QuantizedWeight is taken too (and wrapped)
     tensors: dict[str, torch.Tensor]
     aliases: dict[str, str] = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)  # method, knobs, layer records, calibration, source model
     model_files: dict[str, bytes] = field(default_factory=dict)
+    token_table: TokenTable | None = None  # as read from vocabulary.safetensors; see tokens()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.quantized, LatticeWeights):
+            self.quantized = LatticeWeights(self.quantized)
 
     def weight_names(self) -> list[str]:
         """Every tensor name of the full model, quantized or not, aliases included."""
@@ -73,6 +169,46 @@ class LatticeCheckpoint:
             state[alias] = state[target]
         return state
 
+    def tokens(self) -> TokenTable | None:
+        """The tokenizer's tokens as raw bytes: the stored table while model/tokenizer.json is the one it was
+        derived from, else derived anew; None without a byte-level BPE tokenizer.json."""
+        raw = self.model_files.get(TOKENIZER_FILE)
+        if raw is None:
+            return None
+        if self.token_table is None or self.token_table.source_digest != fast_digest(raw):
+            self.token_table = table_of_tokenizer(raw)
+        return self.token_table
+
+
+def table_of_tokenizer(raw: bytes) -> TokenTable | None:
+    """The token table of a tokenizer.json's bytes, tagged with their digest; None if it is not byte-level BPE."""
+    try:
+        table = token_table(json.loads(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError, NotByteLevel, AttributeError, TypeError, KeyError):
+        return None  # not one this table can describe: exporters read the tokenizer itself
+    return TokenTable(table.records, table.lengths, table.defined, fast_digest(raw))
+
+
+# ----------------------------------------------------------------------------------------------------- digests
+def fast_digest(data: bytes | memoryview | mmap.mmap) -> str:
+    """xxh3-128 of a buffer: a checksum against corruption and truncation at memory speed."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no whitespace) without its own digest: an edit to the
+    manifest (a shape, the lattice, a file hash) is caught like an edit to any file it lists."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
 
 # ----------------------------------------------------------------------------------------------------- codes packing
 def pack_codes(q: QuantizedWeight) -> torch.Tensor:
@@ -83,11 +219,11 @@ def pack_codes(q: QuantizedWeight) -> torch.Tensor:
     return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
 
 
-def unpack_codes(stored: torch.Tensor, spec: LatticeSpec, n_cols: int) -> torch.Tensor:
+def unpack_codes(stored: torch.Tensor | np.ndarray, spec: LatticeSpec, n_cols: int) -> torch.Tensor:
+    packed = stored.numpy() if isinstance(stored, torch.Tensor) else stored
     if not _packs_to_nibbles(spec, n_cols):
-        return stored
+        return torch.from_numpy(np.array(packed))  # a copy: a view of the file is read-only
     # numpy, one pass per nibble into a preallocated array: torch's stack of two int8 halves cost seconds for base
-    packed = stored.numpy()
     codes = np.empty((packed.shape[0], n_cols), dtype=np.int8)
     codes[:, 0::2] = (packed & 0x0F).view(np.int8)
     codes[:, 1::2] = (packed >> 4).view(np.int8)
@@ -97,6 +233,12 @@ def unpack_codes(stored: torch.Tensor, spec: LatticeSpec, n_cols: int) -> torch.
 
 def _packs_to_nibbles(spec: LatticeSpec, n_cols: int) -> bool:
     return spec.bits == 4 and n_cols % 2 == 0
+
+
+def code_storage(spec: LatticeSpec) -> str:
+    if native_type(spec) is not None:
+        return BLOCK_STORAGE
+    return "nibble" if spec.bits == 4 else "int8"
 
 
 # ------------------------------------------------------------------------------------------------------------ writing
@@ -110,23 +252,21 @@ def save_checkpoint(ckpt: LatticeCheckpoint, out_dir: str | os.PathLike) -> Path
 
 
 def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
-    lattice: dict[str, torch.Tensor] = {}
+    lattice: dict[str, np.ndarray] = {}
     shapes: dict[str, list[int]] = {}
     for name in sorted(ckpt.quantized):
-        q = ckpt.quantized[name]
-        check_on_lattice(q)
-        lattice[f"{name}.codes"] = pack_codes(q).cpu()
-        for part, tensor in q.params().items():
-            lattice[f"{name}.{part}"] = tensor.cpu().contiguous()
-        shapes[name] = list(q.codes.shape)
-    save_file(lattice, str(directory / LATTICE_FILE), metadata={"format": FORMAT_NAME})
+        lattice.update(_lattice_arrays(ckpt.quantized, name))
+        shapes[name] = list(ckpt.quantized.shape_of(name))
+    save_numpy_file(lattice, str(directory / LATTICE_FILE), metadata={"format": FORMAT_NAME})
     tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(ckpt.tensors.items())}
     save_file(tensors, str(directory / TENSORS_FILE), metadata={"format": FORMAT_NAME})
+    _write_vocabulary(ckpt.model_files, directory)
     (directory / MODEL_FILES_DIR).mkdir()
     for rel, data in sorted(ckpt.model_files.items()):
         target = directory / MODEL_FILES_DIR / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+    payload = _payload_files(directory)
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -134,19 +274,48 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         "quantized": shapes,
         "aliases": dict(sorted(ckpt.aliases.items())),
         **ckpt.metadata,
-        "files": {rel: _sha256(directory / rel) for rel in _payload_files(directory)},
+        "files": {rel: _sha256(directory / rel) for rel in payload},
+        FAST_DIGESTS_KEY: {rel: fast_digest((directory / rel).read_bytes()) for rel in payload},
     }
-    overrides = {name: _lattice_record(q.spec) for name, q in sorted(ckpt.quantized.items()) if q.spec != ckpt.spec}
+    overrides = {name: _lattice_record(ckpt.quantized.spec_of(name)) for name in sorted(ckpt.quantized)
+                 if ckpt.quantized.spec_of(name) != ckpt.spec}
     if overrides:  # a per-tensor type mix (quant/recipe.py); a uniform checkpoint's manifest has no such key
         manifest["lattice_overrides"] = overrides
     manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def _lattice_arrays(weights: LatticeWeights, name: str) -> dict[str, np.ndarray]:
+    """The arrays lattice.safetensors holds for one weight, by its lattice's code storage (module docstring)."""
+    spec = weights.spec_of(name)
+    ggml_type = native_type(spec)
+    stored = weights.blocks(name, ggml_type) if ggml_type is not None else None
+    if stored is not None:
+        return {f"{name}.blocks": stored}  # checked when it was read: saved again as it is
+    q = weights[name]
+    check_on_lattice(q)
+    if ggml_type is not None:
+        return {f"{name}.blocks": pack(q, ggml_type)}
+    arrays = {f"{name}.codes": pack_codes(q).cpu().numpy()}
+    arrays.update({f"{name}.{part}": t.cpu().contiguous().numpy() for part, t in q.params().items()})
+    return arrays
+
+
+def _write_vocabulary(model_files: dict[str, bytes], directory: Path) -> None:
+    raw = model_files.get(TOKENIZER_FILE)
+    table = table_of_tokenizer(raw) if raw is not None else None
+    if table is None:
+        return
+    arrays = {"token_records": table.records, "token_lengths": table.lengths,
+              "token_defined": table.defined.astype(np.uint8)}
+    save_numpy_file(arrays, str(directory / VOCABULARY_FILE),
+                    metadata={"format": FORMAT_NAME, "source": f"{MODEL_FILES_DIR}/{TOKENIZER_FILE}",
+                              "source_xxh3": table.source_digest})
+
+
 def _lattice_record(spec: LatticeSpec) -> dict:
     return {"bits": spec.bits, "group_size": spec.group_size, "scheme": spec.scheme, "ggml_type": ggml_type_name(spec),
-            "scale_dtype": "float16", "scale_grid": spec.scale_grid,
-            "code_storage": "nibble" if spec.bits == 4 else "int8"}
+            "scale_dtype": "float16", "scale_grid": spec.scale_grid, "code_storage": code_storage(spec)}
 
 
 def _spec_of_record(record: dict) -> LatticeSpec:
@@ -165,13 +334,6 @@ def ggml_type_name(spec: LatticeSpec) -> str | None:
     return None
 
 
-def manifest_digest(manifest: dict) -> str:
-    """sha256 of the manifest's canonical JSON (sorted keys, no whitespace) without its own digest: an edit to the
-    manifest (a shape, the lattice, a file hash) is caught like an edit to any file it lists."""
-    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST_KEY}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def _payload_files(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
@@ -180,14 +342,6 @@ def _check_replaceable(out: Path) -> None:
     """Only an earlier checkpoint may be replaced (atomic_directory sets it aside, removed after the move)."""
     if out.exists() and not (out / MANIFEST).is_file():
         raise CheckpointError(f"{out}: exists and is not a lattice checkpoint; refusing to overwrite it")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------------------ reading
@@ -199,36 +353,80 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         manifest = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if manifest.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"{path}: format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(f"{path}: format is {found!r}, expected {FORMAT_NAME!r}")
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{path}: format version {manifest.get('format_version')} is not supported "
-                              f"(this tool reads version {FORMAT_VERSION})")
+                              f"(this tool reads versions {', '.join(map(str, READABLE_VERSIONS))})")
     return manifest
 
 
-def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True) -> LatticeCheckpoint:
-    """Read a checkpoint back: bit-identical codes and scales, untouched tensors, model files and metadata."""
+def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sha256: bool = False
+                    ) -> LatticeCheckpoint:
+    """Read a checkpoint back: bit-identical lattices, untouched tensors, model files and metadata. Every file is
+    read once; ``verify_hashes`` checks those very bytes against the manifest's fast digests (sha256 for a version 1
+    checkpoint), ``sha256`` against its sha256 digests as well."""
     root = Path(directory)
     manifest = read_manifest(root)
+    contents = _read_files(root, manifest)
     if verify_hashes:
         _verify_manifest(root, manifest)
-        _verify_files(root, manifest)
+        _verify_files(root, manifest, contents, sha256)
     try:
         spec = _spec_of_record(manifest["lattice"])
-        overrides = {name: _spec_of_record(record) for name, record in manifest.get("lattice_overrides", {}).items()}
+        override_records = dict(manifest.get("lattice_overrides", {}))
+        overrides = {name: _spec_of_record(record) for name, record in override_records.items()}
         shapes = dict(manifest["quantized"])
-    except (KeyError, TypeError, ValueError) as e:
+        # version 1 had no code_storage: codes for every lattice
+        as_blocks = {name for name in shapes
+                     if override_records.get(name, manifest["lattice"]).get("code_storage") == BLOCK_STORAGE}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{root / MANIFEST}: malformed lattice description ({type(e).__name__}: {e})") from None
-    raw = _load_safetensors(root / LATTICE_FILE)
-    quantized = {name: _quantized_from(raw, name, shape, overrides.get(name, spec), root / LATTICE_FILE)
-                 for name, shape in shapes.items()}
-    tensors = _load_safetensors(root / TENSORS_FILE)
-    model_files = {str(p.relative_to(root / MODEL_FILES_DIR)): p.read_bytes()
-                   for p in sorted((root / MODEL_FILES_DIR).rglob("*")) if p.is_file()}
-    reserved = {"format", "format_version", "lattice", "lattice_overrides", "quantized", "aliases", "files"}
+    views = _views(root / LATTICE_FILE, contents[LATTICE_FILE])
+    quantized = LatticeWeights()
+    for name, shape in shapes.items():
+        _check_shape(root, name, shape)
+        weight_spec = overrides.get(name, spec)
+        if name in as_blocks:
+            # blocks whose digest matched are the bytes save_checkpoint wrote after checking them on the lattice;
+            # unverified ones get their scales checked here
+            quantized.add_blocks(name, _blocks_from(views, name, tuple(shape), weight_spec, root / LATTICE_FILE,
+                                                    check_scales=not verify_hashes))
+        else:
+            quantized[name] = _quantized_from(views, name, shape, weight_spec, root / LATTICE_FILE)
+    model_files = {rel[len(MODEL_FILES_DIR) + 1:]: data for rel, data in contents.items()
+                   if rel.startswith(MODEL_FILES_DIR + "/")}
+    reserved = {"format", "format_version", "lattice", "lattice_overrides", "quantized", "aliases", "files",
+                FAST_DIGESTS_KEY}
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
-    return LatticeCheckpoint(spec, quantized, tensors, manifest.get("aliases", {}), metadata, model_files)
+    return LatticeCheckpoint(spec, quantized, _torch_tensors(root / TENSORS_FILE, contents[TENSORS_FILE]),
+                             manifest.get("aliases", {}), metadata, model_files,
+                             _token_table(root / VOCABULARY_FILE, contents.get(VOCABULARY_FILE),
+                                          check=not verify_hashes))
+
+
+def _read_files(root: Path, manifest: dict) -> dict[str, bytes | object]:
+    """Every file of the checkpoint by its path relative to ``root``: the lattice memory-mapped (its blocks are
+    used in place), the others read whole. Every file the manifest lists must exist."""
+    present = {os.path.relpath(os.path.join(directory, name), root)
+               for directory, _, names in os.walk(root) for name in names if name != MANIFEST}
+    for rel in manifest.get("files", {}):
+        if rel not in present:
+            raise CheckpointError(f"{root / rel}: listed in {MANIFEST} but missing")
+    for required in (LATTICE_FILE, TENSORS_FILE):
+        if required not in present:
+            raise CheckpointError(f"{root / required}: missing")
+    wanted = {LATTICE_FILE, TENSORS_FILE, VOCABULARY_FILE, *manifest.get("files", {})}
+    return {rel: _read(root, rel) for rel in sorted(present)
+            if rel in wanted or rel.startswith(MODEL_FILES_DIR + os.sep)}
+
+
+def _read(root: Path, rel: str) -> bytes | object:
+    if rel == LATTICE_FILE:
+        return map_readonly(os.path.join(root, rel), populate=True)
+    with open(os.path.join(root, rel), "rb") as f:
+        return f.read()
 
 
 def _verify_manifest(root: Path, manifest: dict) -> None:
@@ -239,38 +437,83 @@ def _verify_manifest(root: Path, manifest: dict) -> None:
                               f"corrupted)")
 
 
-def _verify_files(root: Path, manifest: dict) -> None:
+def _verify_files(root: Path, manifest: dict, contents: dict, sha256: bool) -> None:
+    fast = manifest.get(FAST_DIGESTS_KEY)
+    for rel, expected in (fast or {}).items():
+        if fast_digest(contents[rel]) != expected:
+            raise CheckpointError(f"{root / rel}: content does not match its xxh3 digest in {MANIFEST} (corrupted or "
+                                  f"truncated)")
+    if fast is not None and not sha256:
+        return
     for rel, expected in manifest.get("files", {}).items():
-        path = root / rel
-        if not path.is_file():
-            raise CheckpointError(f"{path}: listed in {MANIFEST} but missing")
-        if _sha256(path) != expected:
-            raise CheckpointError(f"{path}: content does not match its sha256 in {MANIFEST} (corrupted or truncated)")
+        if hashlib.sha256(contents[rel]).hexdigest() != expected:
+            raise CheckpointError(f"{root / rel}: content does not match its sha256 in {MANIFEST} (corrupted or "
+                                  f"truncated)")
 
 
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
+def _views(path: Path, buffer: object) -> dict[str, np.ndarray]:
     try:
-        return load_file(str(path))
+        return tensor_views(buffer)[0]
+    except SafetensorsViewError as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _torch_tensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
+    try:
+        return load_torch_bytes(data)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
-def _quantized_from(raw: dict[str, torch.Tensor], name: str, shape: list[int], spec: LatticeSpec, path: Path) -> QuantizedWeight:
-    if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
-        raise CheckpointError(f"{path}: codes or scales of {name} missing")
-    params = {part: raw[f"{name}.{part}"] for part in PARAM_FIELDS if f"{name}.{part}" in raw}
+def _token_table(path: Path, buffer: bytes | None, check: bool) -> TokenTable | None:
+    """The stored token table; ``check`` reads every record's count (a table whose digest matched was checked when
+    it was made)."""
+    if buffer is None:
+        return None
+    try:
+        arrays, metadata = tensor_views(buffer)
+        table = TokenTable(arrays["token_records"], arrays["token_lengths"], arrays["token_defined"].view(bool),
+                           metadata["source_xxh3"])
+        if check:
+            table.check()
+    except (SafetensorsViewError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a token table ({type(e).__name__}: {e})") from None
+    return table
+
+
+def _check_shape(root: Path, name: str, shape: object) -> None:
     if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(d, int) and d > 0 for d in shape)):
-        raise CheckpointError(f"{path.parent / MANIFEST}: shape of {name} is {shape!r}, not [rows, columns]")
-    stored = raw[f"{name}.codes"]
+        raise CheckpointError(f"{root / MANIFEST}: shape of {name} is {shape!r}, not [rows, columns]")
+
+
+def _blocks_from(views: dict[str, np.ndarray], name: str, shape: tuple[int, int], spec: LatticeSpec,
+                 path: Path, check_scales: bool) -> StoredBlocks:
+    if native_type(spec) is None:
+        raise CheckpointError(f"{path.parent / MANIFEST}: {name} is stored as ggml blocks, but its lattice "
+                              f"({spec.bits}-bit {spec.scheme}, group {spec.group_size}) is no ggml type's")
+    if f"{name}.blocks" not in views:
+        raise CheckpointError(f"{path}: blocks of {name} missing")
+    try:
+        spec.check_columns(shape[1])
+        check_blocks(views[f"{name}.blocks"], native_type(spec), shape, scales=check_scales)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: blocks of {name} are {e}" if str(e).startswith("stored as")
+                              else f"{path}: {name}: {e}") from None
+    return StoredBlocks(spec, shape, views[f"{name}.blocks"])
+
+
+def _quantized_from(views: dict[str, np.ndarray], name: str, shape: list[int], spec: LatticeSpec,
+                    path: Path) -> QuantizedWeight:
+    if f"{name}.codes" not in views or f"{name}.scales" not in views:
+        raise CheckpointError(f"{path}: codes or scales of {name} missing")
+    params = {part: torch.from_numpy(np.array(views[f"{name}.{part}"])) for part in PARAM_FIELDS
+              if f"{name}.{part}" in views}
+    stored = views[f"{name}.codes"]
     packed = [shape[0], shape[1] // 2] if _packs_to_nibbles(spec, shape[1]) else list(shape)
     if list(stored.shape) != packed:
         raise CheckpointError(f"{path}: codes of {name} are stored as {list(stored.shape)}, which does not fit its "
                               f"shape {shape} in {MANIFEST}")
     q = QuantizedWeight(unpack_codes(stored, spec, shape[1]), spec=spec, **params)
-    if list(q.codes.shape) != list(shape):
-        raise CheckpointError(f"{path}: codes of {name} have shape {list(q.codes.shape)}, manifest says {shape}")
     try:
         check_on_lattice(q)
     except ValueError as e:

@@ -18,7 +18,8 @@ REPO_ROOT = PACKAGE_ROOT.parent
 # Lowest first. A module belongs to the first layer one of whose prefixes it starts with.
 LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks",
-             "tarq_deploy.checkpoint", "tarq_deploy.quant", "tarq_deploy.models", "tarq_deploy.data"),
+             "tarq_deploy.checkpoint", "tarq_deploy.safetensors_view", "tarq_deploy.vocabulary", "tarq_deploy.quant",
+             "tarq_deploy.models", "tarq_deploy.data"),
     "formats": ("tarq_deploy.formats",),
     "runtimes": ("tarq_deploy.runtimes",),
     "apps": ("tarq_deploy.cli", "tarq_deploy.commands", "tarq_deploy.evaluate", "tarq_deploy.bench",

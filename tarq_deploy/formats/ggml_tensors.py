@@ -8,6 +8,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,7 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
 from .f16_rounding import F16Rounding
@@ -251,3 +252,11 @@ def pack_exact(q: QuantizedWeight, ggml_type: int, hf_name: str, origin: str) ->
     except LatticeNotRepresentable as e:
         raise LatticeNotRepresentable(f"{origin}: {hf_name} cannot be stored exactly as {GGML_TYPE_NAMES[ggml_type]}: "
                                       f"{e}") from None
+
+
+def stored_or_packed(lattice: Mapping[str, QuantizedWeight], name: str, ggml_type: int, hf_name: str,
+                     origin: str) -> np.ndarray:
+    """The blocks of lattice weight ``name`` as ``ggml_type``: the checkpoint's own bytes when it stores them as that
+    type (LatticeWeights.blocks: a copy, nothing decoded), else packed from its codes."""
+    stored = lattice.blocks(name, ggml_type) if isinstance(lattice, LatticeWeights) else None
+    return stored if stored is not None else pack_exact(lattice[name], ggml_type, hf_name, origin)

@@ -23,23 +23,24 @@ import logging
 import os
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from tarq_deploy.checkpoint import LatticeCheckpoint
+from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
 from tarq_deploy.fileio import atomic_file
-from tarq_deploy.quant.lattice import QuantizedWeight
+from tarq_deploy.vocabulary import NotByteLevel, TokenTable, token_strings, token_table
 
 from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn,
                           type_for_spec)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
 from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyError, as_checkpoint, compare_tensors,
-                           max_abs_diff, pack_exact, pack_float)
+                           max_abs_diff, pack_float, stored_or_packed)
 from .model_files import ModelFilesError, ModelTensors, as_model_source, feature_extractor_config, json_file
 
 log = logging.getLogger(__name__)
@@ -66,20 +67,36 @@ class WhisperSource(ModelTensors):
     """A Whisper model as the exporter sees it, whatever it was read from."""
 
     config: dict
-    tokenizer: dict  # parsed tokenizer.json (or {"model": {"vocab": ...}, "added_tokens": [...]})
+    read_tokenizer: Callable[[], dict]  # parses tokenizer.json (or gives {"model": {"vocab": ...}, ...}) when needed
     feature_extractor: dict  # WhisperFeatureExtractor keyword arguments
     floats: dict[str, torch.Tensor]
-    lattice: dict[str, QuantizedWeight] = field(default_factory=dict)
+    lattice: LatticeWeights = field(default_factory=LatticeWeights)
     aliases: dict[str, str] = field(default_factory=dict)  # name -> the name whose tensor it shares
     origin: str = "model"
+    token_table: TokenTable | None = None  # the checkpoint's stored tokens, where it has them
     error = WhisperExportError
+
+    @cached_property
+    def tokenizer(self) -> dict:
+        return self.read_tokenizer()
 
     def hparams(self, weight_type: int) -> WhisperHParams:
         _check_whisper_cpp_config(self.config, self.origin)
         return WhisperHParams.from_config(self.config, weight_type)
 
     def vocab(self) -> list[bytes]:
+        """The base vocabulary from the tokenizer itself: the reference ``verify`` compares a file with."""
         return base_vocab_bytes(self.tokenizer, self.origin)
+
+    def export_vocab(self) -> TokenTable:
+        """The base vocabulary as the exporter writes it: from the checkpoint's token table when it has one (no
+        4 MB JSON to parse), else from the tokenizer; the same bytes either way (tests/test_export_speed.py)."""
+        if self.token_table is None:
+            return base_vocab_table(self.tokenizer, self.origin)
+        eot = self.token_table.find(EOT_TOKEN.encode())
+        if eot is None:
+            raise WhisperExportError(f"{self.origin}: the tokenizer has no {EOT_TOKEN} token")
+        return self.token_table.prefix(eot + 1)
 
     def mel_filters(self) -> np.ndarray:
         """float32 [n_mels, 201]: transformers' WhisperFeatureExtractor filters (Slaney), as whisper.cpp expects."""
@@ -100,8 +117,10 @@ def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Wh
         # A Qwen3-ASR or Voxtral checkpoint has no Whisper header to compare a .bin with: say so, not KeyError.
         raise WhisperExportError(f"{origin}: a {config.get('model_type')!r} checkpoint, not a Whisper one; "
                                  "whisper.cpp files hold Whisper models only")
-    source = WhisperSource(config, _tokenizer_of(files, origin), feature_extractor_config(files, origin),
-                           dict(ckpt.tensors), dict(ckpt.quantized), dict(ckpt.aliases), origin)
+    if "tokenizer.json" not in files and "vocab.json" not in files:
+        raise WhisperExportError(f"{origin}: no tokenizer.json or vocab.json among the model files")
+    source = WhisperSource(config, lambda: _tokenizer_of(files, origin), feature_extractor_config(files, origin),
+                           dict(ckpt.tensors), ckpt.quantized, dict(ckpt.aliases), origin, ckpt.tokens())
     _tie_output_projection(source)
     return source
 
@@ -112,7 +131,7 @@ def model_source(model: Any, processor: Any, origin: str = "model") -> WhisperSo
     tokenizer = (json.loads(backend.to_str()) if backend is not None
                  else {"model": {"vocab": processor.tokenizer.get_vocab()}})
     floats = {k: v.detach() for k, v in model.state_dict().items()}
-    source = WhisperSource(model.config.to_dict(), tokenizer, processor.feature_extractor.to_dict(), floats,
+    source = WhisperSource(model.config.to_dict(), lambda: tokenizer, processor.feature_extractor.to_dict(), floats,
                            origin=origin)
     _tie_output_projection(source)
     return source
@@ -159,41 +178,20 @@ def _check_whisper_cpp_config(config: dict, origin: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- vocabulary
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet, inverted: character -> the byte it stands for."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in chars.items()}
-
-
-_BYTE_DECODER = _byte_decoder()
-_TO_LATIN1 = str.maketrans({c: chr(b) for c, b in _BYTE_DECODER.items()})  # then .encode("latin-1") gives the bytes
+def base_vocab_table(tokenizer: dict, origin: str = "tokenizer") -> TokenTable:
+    """Raw bytes of tokens 0 .. <|endoftext|> (50257 for English-only Whisper, 50258 multilingual: an id without a
+    token, 50256 there, is written empty). whisper.cpp adds the special tokens after these itself."""
+    eot = [i for i, t in token_strings(tokenizer).items() if t == EOT_TOKEN]
+    if not eot:
+        raise WhisperExportError(f"{origin}: the tokenizer has no {EOT_TOKEN} token")
+    try:
+        return token_table(tokenizer, min(eot) + 1)
+    except NotByteLevel as e:
+        raise WhisperExportError(f"{origin}: {e}") from None
 
 
 def base_vocab_bytes(tokenizer: dict, origin: str = "tokenizer") -> list[bytes]:
-    """Raw bytes of tokens 0 .. <|endoftext|> (50257 for English-only Whisper, 50258 multilingual: an id without a
-    token, 50256 there, is written empty). whisper.cpp adds the special tokens after these itself."""
-    id_to_token = {i: t for t, i in tokenizer.get("model", {}).get("vocab", {}).items()}
-    for added in tokenizer.get("added_tokens", []):
-        id_to_token.setdefault(added["id"], added["content"])
-    eot = [i for i, t in id_to_token.items() if t == EOT_TOKEN]
-    if not eot:
-        raise WhisperExportError(f"{origin}: the tokenizer has no {EOT_TOKEN} token")
-    tokens = [id_to_token.get(i, "") for i in range(min(eot) + 1)]
-    foreign = set("".join(tokens)) - _BYTE_DECODER.keys()
-    if foreign:
-        raise WhisperExportError(f"{origin}: tokens use characters outside the byte-level BPE alphabet: "
-                                 f"{sorted(foreign)[:10]}")
-    # one translation of all tokens at once, cut where each token ends (every character stands for one byte): ten
-    # times faster than 50k separate translations
-    raw = "".join(tokens).translate(_TO_LATIN1).encode("latin-1")
-    ends = np.cumsum([len(t) for t in tokens]).tolist()
-    return [raw[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    return base_vocab_table(tokenizer, origin).tokens()
 
 
 # ------------------------------------------------------------------------------------------------------ packing
@@ -203,14 +201,14 @@ class WhisperCppModel:
 
     hparams: WhisperHParams
     mel_filters: np.ndarray
-    vocab: list[bytes]
+    vocab: TokenTable
     tensors: list[PackedTensor]
 
     @property
     def nbytes(self) -> int:
-        preamble = 4 * (1 + len(self.hparams.ints()) + 2 + 1 + len(self.vocab)) + self.mel_filters.nbytes
+        preamble = 4 * (1 + len(self.hparams.ints()) + 2 + 1) + self.mel_filters.nbytes + len(self.vocab.records)
         headers = sum(12 + 4 * len(t.shape) + len(t.name.encode()) for t in self.tensors)
-        return preamble + sum(map(len, self.vocab)) + headers + sum(t.data.nbytes for t in self.tensors)
+        return preamble + headers + sum(t.data.nbytes for t in self.tensors)
 
 
 def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None = None,
@@ -224,7 +222,7 @@ def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None =
     with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
         tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
     rounding.report(source.origin)
-    return WhisperCppModel(hparams, source.mel_filters(), source.vocab(), tensors)
+    return WhisperCppModel(hparams, source.mel_filters(), source.export_vocab(), tensors)
 
 
 def _target_type(target: str, baseline: str | None, source: WhisperSource) -> int:
@@ -275,18 +273,19 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
 
 
 def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
-    q = source.lattice.get(source.resolve(slot.hf_name))
+    key = source.resolve(slot.hf_name)
     name = GGML_TYPE_NAMES[ggml_type]
-    if q is None and source.resolve(slot.hf_name) not in source.floats:
+    if key not in source.lattice and key not in source.floats:
         raise WhisperExportError(f"{source.origin}: tensor {slot.hf_name} missing (whisper.cpp needs {slot.name})")
-    if q is None:
+    if key not in source.lattice:
         raise LatticeNotRepresentable(
             f"{source.origin}: {slot.hf_name} is not on a lattice; a {name} export stores a lattice checkpoint "
             f"exactly (quantize every weight matrix and proj_out), or use baseline 'rtn' for ggml's own rounding")
-    if tuple(q.shape) != slot.shape:
-        raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(q.shape)}, whisper.cpp expects "
+    shape = source.lattice.shape_of(key)
+    if shape != slot.shape:
+        raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, whisper.cpp expects "
                                  f"{list(slot.shape)}")
-    return pack_exact(q, ggml_type, slot.hf_name, source.origin)
+    return stored_or_packed(source.lattice, key, ggml_type, slot.hf_name, source.origin)
 
 
 def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
@@ -297,11 +296,13 @@ def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.nda
 
 def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
     """``t`` in the slot's shape; only a length-1 axis may be added or dropped (conv bias [d] -> [d, 1])."""
-    squeeze = tuple(s for s in t.shape if s != 1)
-    if tuple(t.shape) != slot.shape and squeeze != tuple(s for s in slot.shape if s != 1):
-        raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, whisper.cpp expects "
-                                 f"{list(slot.shape)} for {slot.name}")
-    return t.detach().cpu().float().reshape(slot.shape)
+    if tuple(t.shape) != slot.shape:
+        squeeze = tuple(s for s in t.shape if s != 1)
+        if squeeze != tuple(s for s in slot.shape if s != 1):
+            raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, whisper.cpp expects "
+                                     f"{list(slot.shape)} for {slot.name}")
+        t = t.reshape(slot.shape)
+    return t.detach().cpu().float()  # no copy for a float32 CPU tensor
 
 
 # ------------------------------------------------------------------------------------------------------ writing
@@ -321,9 +322,8 @@ def write_whisper_cpp(model: WhisperCppModel, out_path: str | os.PathLike, progr
 def _preamble_bytes(model: WhisperCppModel) -> bytes:
     h, mel = model.hparams, model.mel_filters
     parts = [struct.pack("<I", FILE_MAGIC), struct.pack(f"<{len(h.ints())}i", *h.ints()),
-             struct.pack("<2i", *mel.shape), mel.astype("<f4").tobytes(), struct.pack("<i", len(model.vocab))]
-    lengths = np.fromiter(map(len, model.vocab), dtype="<i4", count=len(model.vocab)).tobytes()
-    parts += [item for i, token in enumerate(model.vocab) for item in (lengths[4 * i:4 * i + 4], token)]
+             struct.pack("<2i", *mel.shape), mel.astype("<f4").tobytes(), struct.pack("<i", len(model.vocab)),
+             model.vocab.records.tobytes()]
     return b"".join(parts)
 
 
@@ -352,11 +352,12 @@ def default_target(source: WhisperSource, baseline: str | None) -> str:
     """The target a source naturally exports to: its lattice's type, q4_0 for a baseline, f16 for a float model."""
     if baseline:
         return "q4_0"
-    types = {type_for_spec(q.spec) for q in source.lattice.values()}
+    specs = [source.lattice.spec_of(name) for name in source.lattice]
+    types = {type_for_spec(spec) for spec in specs}
     if not types:
         return "f16"
     if None in types:
-        bits = sorted({q.spec.bits for q in source.lattice.values() if type_for_spec(q.spec) is None})
+        bits = sorted({spec.bits for spec in specs if type_for_spec(spec) is None})
         raise WhisperExportError(f"{source.origin}: a {'/'.join(map(str, bits))}-bit lattice has no exact "
                                  f"whisper.cpp type (Q4_0/Q5_0/Q8_0 hold 4/5/8-bit symmetric lattices); use "
                                  f"target f16")
