@@ -25,8 +25,8 @@ from gguf.quants import dequantize, quantize
 from tarq_deploy.formats.ggml_blocks import (BLOCKS as GGML_BLOCK, LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0,
                                              pack_q4_0, pack_q8_0)
 from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp, tensor_slots
-from tarq_deploy.formats.whisper_cpp import export_whisper_cpp, verify
-from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
+from tarq_deploy.formats.whisper_cpp import as_source, export_whisper_cpp, verify
+from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint
 from tarq_deploy.commands.export_whispercpp import add_export_arguments, run_export
 from tarq_deploy.commands.verify import add_arguments as add_verify_arguments, run as run_verify
 from tarq_deploy.data.real_clips import JFK_TEXT
@@ -191,6 +191,20 @@ def test_q4_0_export_is_bit_exact(checkpoints, work, group):
     expected = ["mel_filters", *(slot.name for slot in tensor_slots(read_whisper_cpp(out).hparams))]
     assert list(diffs) == expected
     assert {name: d for name, d in diffs.items() if d != 0.0} == {}
+
+
+def test_copied_blocks_and_stored_tokens_give_the_bytes_packing_and_the_tokenizer_give(tiny, checkpoints, work):
+    """The fast path (stored Q4_0 blocks copied, the vocabulary from the checkpoint's token table) writes the same
+    file as the slow one (blocks packed from codes, the vocabulary translated from tokenizer.json)."""
+    loaded = load_checkpoint(checkpoints[32])
+    assert loaded.token_table is not None and not loaded.quantized._decoded
+    fast = export_whisper_cpp(loaded, work / "fast.bin", "q4_0")
+    assert not loaded.quantized._decoded  # nothing was decoded: the blocks were copied
+    slow_source = as_source(lattice_checkpoint(tiny, LatticeSpec(4, 32)))  # in memory: codes and scales
+    slow_source.token_table = None
+    assert slow_source.export_vocab().tokens() == slow_source.vocab()
+    slow = export_whisper_cpp(slow_source, work / "slow.bin", "q4_0")
+    assert fast.read_bytes() == slow.read_bytes()
 
 
 def test_q8_0_export_of_an_8_bit_checkpoint_is_bit_exact_and_runs(tiny, work, jfk_wav):

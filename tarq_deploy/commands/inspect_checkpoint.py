@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "validate a lattice checkpoint (hashes, code ranges) and print its lattice, method and per-layer figures"
+HELP = "validate a lattice checkpoint (sha256 and xxh3 digests, code ranges, scales) and print its lattice, method and per-layer figures"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def summarise(checkpoint_dir: str) -> dict:
     from ..checkpoint import ggml_type_name, load_checkpoint
 
-    ckpt = load_checkpoint(checkpoint_dir)
+    ckpt = load_checkpoint(checkpoint_dir, sha256=True)  # both digests; decoding below checks every lattice
     n_weights = sum(q.codes.numel() for q in ckpt.quantized.values())
     return {
         "checkpoint": checkpoint_dir,

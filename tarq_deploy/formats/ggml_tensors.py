@@ -161,7 +161,7 @@ def as_checkpoint(checkpoint: str | os.PathLike | LatticeCheckpoint) -> tuple[La
     """(checkpoint, its name for messages) from a checkpoint directory or an in-memory LatticeCheckpoint."""
     if isinstance(checkpoint, LatticeCheckpoint):
         return checkpoint, "the checkpoint"
-    return load_checkpoint(checkpoint), str(checkpoint)
+    return load_checkpoint(checkpoint, sha256=True), str(checkpoint)  # verify is the thorough check: both digests
 
 
 @dataclass(frozen=True)
