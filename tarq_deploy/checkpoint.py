@@ -18,7 +18,8 @@ Layout of a checkpoint directory::
                           high nibble) and int8 [m, n] otherwise.
     tensors.safetensors   every tensor of the model that was not quantized, in its own dtype
     vocabulary.safetensors  a byte-level BPE tokenizer's tokens as raw bytes (vocabulary.py), derived from
-                          model/tokenizer.json when the checkpoint is written; absent for other tokenizers
+                          model/tokenizer.json when the checkpoint is written (the manifest's ``vocabulary`` names
+                          the tokenizer's xxh3); absent for other tokenizers
     model/                the model's config, tokenizer and processor files, copied verbatim
 
 Loading checks every file against its xxh3-128 digest (a 40 MB checkpoint in 2 ms; sha256 takes 25 ms, as long as
@@ -65,6 +66,7 @@ MODEL_FILES_DIR = "model"
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_DIGEST_KEY = "manifest_sha256"
 FAST_DIGESTS_KEY = "files_xxh3"
+VOCABULARY_KEY = "vocabulary"
 BLOCK_STORAGE = "ggml-blocks"
 
 
@@ -260,7 +262,7 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     save_numpy_file(lattice, str(directory / LATTICE_FILE), metadata={"format": FORMAT_NAME})
     tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(ckpt.tensors.items())}
     save_file(tensors, str(directory / TENSORS_FILE), metadata={"format": FORMAT_NAME})
-    _write_vocabulary(ckpt.model_files, directory)
+    vocabulary = _write_vocabulary(ckpt.model_files, directory)
     (directory / MODEL_FILES_DIR).mkdir()
     for rel, data in sorted(ckpt.model_files.items()):
         target = directory / MODEL_FILES_DIR / rel
@@ -277,6 +279,8 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         "files": {rel: _sha256(directory / rel) for rel in payload},
         FAST_DIGESTS_KEY: {rel: fast_digest((directory / rel).read_bytes()) for rel in payload},
     }
+    if vocabulary is not None:
+        manifest[VOCABULARY_KEY] = vocabulary
     overrides = {name: _lattice_record(ckpt.quantized.spec_of(name)) for name in sorted(ckpt.quantized)
                  if ckpt.quantized.spec_of(name) != ckpt.spec}
     if overrides:  # a per-tensor type mix (quant/recipe.py); a uniform checkpoint's manifest has no such key
@@ -301,16 +305,18 @@ def _lattice_arrays(weights: LatticeWeights, name: str) -> dict[str, np.ndarray]
     return arrays
 
 
-def _write_vocabulary(model_files: dict[str, bytes], directory: Path) -> None:
+def _write_vocabulary(model_files: dict[str, bytes], directory: Path) -> dict | None:
+    """Write vocabulary.safetensors when the tokenizer is byte-level BPE; its manifest entry, or None."""
     raw = model_files.get(TOKENIZER_FILE)
     table = table_of_tokenizer(raw) if raw is not None else None
     if table is None:
-        return
+        return None
     arrays = {"token_records": table.records, "token_lengths": table.lengths,
               "token_defined": table.defined.astype(np.uint8)}
-    save_numpy_file(arrays, str(directory / VOCABULARY_FILE),
-                    metadata={"format": FORMAT_NAME, "source": f"{MODEL_FILES_DIR}/{TOKENIZER_FILE}",
-                              "source_xxh3": table.source_digest})
+    # one metadata key: safetensors writes a metadata map in hash order, and the same checkpoint must give the
+    # same bytes; where the table came from goes into the manifest
+    save_numpy_file(arrays, str(directory / VOCABULARY_FILE), metadata={"format": FORMAT_NAME})
+    return {"file": VOCABULARY_FILE, "from": f"{MODEL_FILES_DIR}/{TOKENIZER_FILE}", "from_xxh3": table.source_digest}
 
 
 def _lattice_record(spec: LatticeSpec) -> dict:
@@ -398,12 +404,12 @@ def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sh
     model_files = {rel[len(MODEL_FILES_DIR) + 1:]: data for rel, data in contents.items()
                    if rel.startswith(MODEL_FILES_DIR + "/")}
     reserved = {"format", "format_version", "lattice", "lattice_overrides", "quantized", "aliases", "files",
-                FAST_DIGESTS_KEY}
+                FAST_DIGESTS_KEY, VOCABULARY_KEY}
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
     return LatticeCheckpoint(spec, quantized, _torch_tensors(root / TENSORS_FILE, contents[TENSORS_FILE]),
                              manifest.get("aliases", {}), metadata, model_files,
                              _token_table(root / VOCABULARY_FILE, contents.get(VOCABULARY_FILE),
-                                          check=not verify_hashes))
+                                          manifest.get(VOCABULARY_KEY), check=not verify_hashes))
 
 
 def _read_files(root: Path, manifest: dict) -> dict[str, bytes | object]:
@@ -465,15 +471,15 @@ def _torch_tensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
-def _token_table(path: Path, buffer: bytes | None, check: bool) -> TokenTable | None:
+def _token_table(path: Path, buffer: bytes | None, record: dict | None, check: bool) -> TokenTable | None:
     """The stored token table; ``check`` reads every record's count (a table whose digest matched was checked when
     it was made)."""
-    if buffer is None:
-        return None
+    if buffer is None or not isinstance(record, dict):
+        return None  # without its manifest entry a table cannot say which tokenizer it belongs to: not used
     try:
-        arrays, metadata = tensor_views(buffer)
+        arrays, _ = tensor_views(buffer)
         table = TokenTable(arrays["token_records"], arrays["token_lengths"], arrays["token_defined"].view(bool),
-                           metadata["source_xxh3"])
+                           str(record["from_xxh3"]))
         if check:
             table.check()
     except (SafetensorsViewError, KeyError, ValueError) as e:

@@ -44,6 +44,13 @@ class TokenTable:
     defined: np.ndarray  # bool [n]
     source_digest: str = ""  # of the tokenizer.json it was derived from, where a checkpoint stores it
 
+    @classmethod
+    def of(cls, tokens: list[bytes]) -> "TokenTable":
+        """A table of the given tokens, every id defined."""
+        lengths = np.array([len(t) for t in tokens], dtype="<i4")
+        return cls(length_prefixed(np.frombuffer(b"".join(tokens), np.uint8), lengths), lengths,
+                   np.ones(len(tokens), dtype=bool))
+
     def __len__(self) -> int:
         return len(self.lengths)
 

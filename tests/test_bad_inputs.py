@@ -417,7 +417,7 @@ def test_tampered_manifest_shape_is_a_checkpoint_error(checkpoint, tmp_path, cap
     (tampered / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     with pytest.raises(CheckpointError, match="manifest.json: content does not match its own manifest_sha256"):
         load_checkpoint(tampered)
-    with pytest.raises(CheckpointError, match=f"codes of {name} are stored as"):  # no reshape traceback either
+    with pytest.raises(CheckpointError, match=f"blocks of {name} are stored as"):  # no reshape traceback either
         load_checkpoint(tampered, verify_hashes=False)
     status, err = run_cli(capsys, "inspect", tampered)
     assert_user_error(status, err, str(tampered / "manifest.json"), "manifest_sha256")

@@ -51,9 +51,11 @@ def test_round_trip_is_bit_exact(tmp_path: Path, bits: int, group_size: int) -> 
 
 
 def test_same_checkpoint_gives_same_bytes(tmp_path: Path) -> None:
-    a = save_checkpoint(make_checkpoint(), tmp_path / "a")
-    b = save_checkpoint(make_checkpoint(), tmp_path / "b")
-    for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
+    ckpts = [make_checkpoint(), make_checkpoint()]
+    for ckpt in ckpts:  # with a token table too: its file's bytes must not depend on the run either
+        ckpt.model_files["tokenizer.json"] = b'{"model": {"vocab": {"a": 0, "<|endoftext|>": 1}}}'
+    a, b = (save_checkpoint(ckpt, tmp_path / name) for ckpt, name in zip(ckpts, "ab"))
+    for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors", "vocabulary.safetensors"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
 
 

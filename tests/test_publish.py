@@ -228,6 +228,7 @@ def write_tiny_whisper_cpp(path: Path) -> Path:
     from tarq_deploy.formats.ggml_blocks import GGMLType, tensor_nbytes
     from tarq_deploy.formats.ggml_file import QNT_VERSION, QNT_VERSION_FACTOR, FTYPE_OF_TYPE, WhisperHParams, tensor_slots
     from tarq_deploy.formats.whisper_cpp import PackedTensor, WhisperCppModel, write_whisper_cpp
+    from tarq_deploy.vocabulary import TokenTable
 
     h = WhisperHParams(n_vocab=64, n_audio_ctx=8, n_audio_state=64, n_audio_head=1, n_audio_layer=1, n_text_ctx=8,
                        n_text_state=64, n_text_head=1, n_text_layer=1, n_mels=80,
@@ -238,7 +239,8 @@ def write_tiny_whisper_cpp(path: Path) -> Path:
         ggml_type = slot.ggml_type(GGMLType.Q4_0)
         tensors.append(PackedTensor(slot.name, ggml_type, slot.shape,
                                     rng.integers(0, 60, tensor_nbytes(ggml_type, slot.shape), dtype=np.uint8)))
-    model = WhisperCppModel(h, np.zeros((80, 201), np.float32), [bytes([65 + i % 26]) for i in range(64)], tensors)
+    vocab = TokenTable.of([bytes([65 + i % 26]) for i in range(64)])
+    model = WhisperCppModel(h, np.zeros((80, 201), np.float32), vocab, tensors)
     return write_whisper_cpp(model, path)
 
 
