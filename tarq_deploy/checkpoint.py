@@ -37,8 +37,10 @@ import hashlib
 import json
 import mmap
 import os
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -152,10 +154,17 @@ class LatticeCheckpoint:
     metadata: dict = field(default_factory=dict)  # method, knobs, layer records, calibration, source model
     model_files: dict[str, bytes] = field(default_factory=dict)
     token_table: TokenTable | None = None  # as read from vocabulary.safetensors; see tokens()
+    digests: "DigestCheck | None" = None  # still running for a load_checkpoint(..., background=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.quantized, LatticeWeights):
             self.quantized = LatticeWeights(self.quantized)
+
+    def wait_verified(self) -> None:
+        """Return once the files' digests matched (at once unless loaded with background=True); CheckpointError
+        naming the file when one did not."""
+        if self.digests is not None:
+            self.digests.wait()
 
     def weight_names(self) -> list[str]:
         """Every tensor name of the full model, quantized or not, aliases included."""
@@ -192,6 +201,27 @@ def table_of_tokenizer(raw: bytes) -> TokenTable | None:
 
 
 # ----------------------------------------------------------------------------------------------------- digests
+class DigestCheck:
+    """A check of file digests run in a thread while the caller goes on (xxh3 and sha256 let go of the GIL while
+    they hash); ``wait`` joins it and raises the CheckpointError it found."""
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._error: CheckpointError | None = None
+        self._thread = threading.Thread(target=self._run, args=(check,), name="checkpoint digests", daemon=True)
+        self._thread.start()
+
+    def _run(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except CheckpointError as e:
+            self._error = e
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 def fast_digest(data: bytes | memoryview | mmap.mmap) -> str:
     """xxh3-128 of a buffer: a checksum against corruption and truncation at memory speed."""
     return xxhash.xxh3_128_hexdigest(data)
@@ -368,17 +398,37 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     return manifest
 
 
-def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sha256: bool = False
-                    ) -> LatticeCheckpoint:
+def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sha256: bool = False,
+                    background: bool = False) -> LatticeCheckpoint:
     """Read a checkpoint back: bit-identical lattices, untouched tensors, model files and metadata. Every file is
     read once; ``verify_hashes`` checks those very bytes against the manifest's fast digests (sha256 for a version 1
-    checkpoint), ``sha256`` against its sha256 digests as well."""
+    checkpoint), ``sha256`` against its sha256 digests as well. With ``background`` the file digests are checked in
+    a thread while the caller works on: it must call ``wait_verified()`` before it lets anything out (the exporters
+    do so before they rename their output into place)."""
     root = Path(directory)
     manifest = read_manifest(root)
     contents = _read_files(root, manifest)
+    digests = None
     if verify_hashes:
         _verify_manifest(root, manifest)
-        _verify_files(root, manifest, contents, sha256)
+        check = lambda: _verify_files(root, manifest, contents, sha256)  # noqa: E731
+        if background:
+            digests = DigestCheck(check)
+        else:
+            check()
+    try:
+        ckpt = _parse(root, manifest, contents, check_values=not verify_hashes)
+    except CheckpointError:
+        if digests is not None:
+            digests.wait()  # a damaged file is better named by its digest than by what failed to parse
+        raise
+    ckpt.digests = digests
+    return ckpt
+
+
+def _parse(root: Path, manifest: dict, contents: dict, check_values: bool) -> LatticeCheckpoint:
+    """The checkpoint in the files' bytes; ``check_values`` checks stored blocks' scales and the token table's
+    records, which a file whose digest matched had checked when it was written."""
     try:
         spec = _spec_of_record(manifest["lattice"])
         override_records = dict(manifest.get("lattice_overrides", {}))
@@ -398,7 +448,7 @@ def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sh
             # blocks whose digest matched are the bytes save_checkpoint wrote after checking them on the lattice;
             # unverified ones get their scales checked here
             quantized.add_blocks(name, _blocks_from(views, name, tuple(shape), weight_spec, root / LATTICE_FILE,
-                                                    check_scales=not verify_hashes))
+                                                    check_scales=check_values))
         else:
             quantized[name] = _quantized_from(views, name, shape, weight_spec, root / LATTICE_FILE)
     model_files = {rel[len(MODEL_FILES_DIR) + 1:]: data for rel, data in contents.items()
@@ -409,7 +459,7 @@ def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sh
     return LatticeCheckpoint(spec, quantized, _torch_tensors(root / TENSORS_FILE, contents[TENSORS_FILE]),
                              manifest.get("aliases", {}), metadata, model_files,
                              _token_table(root / VOCABULARY_FILE, contents.get(VOCABULARY_FILE),
-                                          manifest.get(VOCABULARY_KEY), check=not verify_hashes))
+                                          manifest.get(VOCABULARY_KEY), check=check_values))
 
 
 def _read_files(root: Path, manifest: dict) -> dict[str, bytes | object]:

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 
 _UMASK: int | None = None
@@ -48,9 +48,10 @@ def naming_os_errors(path: str | os.PathLike) -> Iterator[None]:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, before_rename: Callable[[], None] | None = None) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that insists on opening the file itself (soundfile, a
-    subprocess); renamed to ``path`` with the usual permissions on a clean exit, removed otherwise."""
+    subprocess); renamed to ``path`` with the usual permissions on a clean exit, removed otherwise. ``before_rename``
+    runs last, after the writer: an exception from it removes the file like any other."""
     target = Path(path)
     with naming_os_errors(target):
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.close(fd)
         try:
             yield Path(tmp)
+            if before_rename is not None:
+                before_rename()
             os.chmod(tmp, default_file_mode())
             os.replace(tmp, target)
         except BaseException:
@@ -66,10 +69,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+def atomic_file(path: str | os.PathLike, mode: str = "wb", before_rename: Callable[[], None] | None = None
+                ) -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing; on a clean exit it gets the usual permissions and is
     renamed to ``path``, on any exception it is removed. The one way this package writes a file."""
-    with atomic_path(path) as tmp, open(tmp, mode) as f:
+    with atomic_path(path, before_rename) as tmp, open(tmp, mode) as f:
         yield f
 
 
@@ -131,3 +135,28 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16
+
+
+def write_buffers(f: IO, buffers: list[bytes | memoryview]) -> int:
+    """Write ``buffers`` to the open binary file ``f`` in order, handed to the kernel many at a time (os.writev): a
+    model file is hundreds of small headers between large tensors, and a write call each cost more than the bytes.
+    Returns the byte count."""
+    f.flush()
+    views = [memoryview(b).cast("B") for b in buffers]
+    total = sum(v.nbytes for v in views)
+    if not hasattr(os, "writev"):
+        for v in views:
+            f.write(v)
+        return total
+    fd, start = f.fileno(), 0
+    while start < len(views):
+        written = os.writev(fd, views[start:start + IOV_MAX])
+        while written and written >= views[start].nbytes:  # drop what went out whole
+            written -= views[start].nbytes
+            start += 1
+        if written:  # a short write ended inside this buffer
+            views[start] = views[start][written:]
+    return total

@@ -400,7 +400,7 @@ def test_export_to_a_full_disk(checkpoint, tmp_path, capsys, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(whisper_cpp, "_write_tensor", full)
+    monkeypatch.setattr(whisper_cpp, "write_buffers", full)
     out = tmp_path / "m.bin"
     status, err = run_cli(capsys, "export", "--target", "whisper.cpp", checkpoint, "-o", out, "--quiet")
     assert_user_error(status, err, str(out), "No space left on device")

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import wave
@@ -26,7 +27,7 @@ from tarq_deploy.formats.ggml_blocks import (BLOCKS as GGML_BLOCK, LatticeNotRep
                                              pack_q4_0, pack_q8_0)
 from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp, tensor_slots
 from tarq_deploy.formats.whisper_cpp import as_source, export_whisper_cpp, verify
-from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint, save_checkpoint
+from tarq_deploy.checkpoint import CheckpointError, LatticeCheckpoint, load_checkpoint, save_checkpoint
 from tarq_deploy.commands.export_whispercpp import add_export_arguments, run_export
 from tarq_deploy.commands.verify import add_arguments as add_verify_arguments, run as run_verify
 from tarq_deploy.data.real_clips import JFK_TEXT
@@ -205,6 +206,19 @@ def test_copied_blocks_and_stored_tokens_give_the_bytes_packing_and_the_tokenize
     assert slow_source.export_vocab().tokens() == slow_source.vocab()
     slow = export_whisper_cpp(slow_source, work / "slow.bin", "q4_0")
     assert fast.read_bytes() == slow.read_bytes()
+
+
+def test_a_damaged_checkpoint_exports_nothing(checkpoints, work):
+    """The digests are checked while the export packs and writes; a mismatch removes the written file."""
+    damaged = work / "damaged"
+    shutil.copytree(checkpoints[32], damaged)
+    data = bytearray((damaged / "lattice.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0x10  # inside some tensor's blocks: the file still parses
+    (damaged / "lattice.safetensors").write_bytes(bytes(data))
+    out = work / "from-damaged" / "tiny.bin"
+    with pytest.raises(CheckpointError, match="lattice.safetensors: content does not match its xxh3 digest"):
+        export_whisper_cpp(damaged, out, "q4_0")
+    assert list(out.parent.iterdir()) == []
 
 
 def test_q8_0_export_of_an_8_bit_checkpoint_is_bit_exact_and_runs(tiny, work, jfk_wav):

@@ -45,16 +45,19 @@ class ModelTensors:
 
 
 def as_model_source(source: Any, source_type: type[Source], checkpoint_source: Callable[..., Source],
-                    model_source: Callable[[Any, Any], Source], model_items: tuple[int, ...]) -> Source:
+                    model_source: Callable[[Any, Any], Source], model_items: tuple[int, ...],
+                    background_digests: bool = False) -> Source:
     """An exporter's source from one already made, a LatticeCheckpoint, a checkpoint directory, or a (model,
     processor, ...) tuple whose length is in ``model_items`` (items after the processor are not needed).
-    ``checkpoint_source(ckpt, origin=...)`` and ``model_source(model, processor)`` make the exporter's own."""
+    ``checkpoint_source(ckpt, origin=...)`` and ``model_source(model, processor)`` make the exporter's own.
+    ``background_digests``: a directory's digests are checked while the exporter works, for one that waits on the
+    checkpoint (``LatticeCheckpoint.wait_verified``) before its output is renamed into place."""
     if isinstance(source, source_type):
         return source
     if isinstance(source, LatticeCheckpoint):
         return checkpoint_source(source)
     if isinstance(source, (str, os.PathLike)):
-        return checkpoint_source(load_checkpoint(source), origin=str(source))
+        return checkpoint_source(load_checkpoint(source, background=background_digests), origin=str(source))
     if isinstance(source, (tuple, list)) and len(source) in model_items:
         return model_source(source[0], source[1])
     raise TypeError(f"cannot export {type(source).__name__}: pass a LatticeCheckpoint, a checkpoint directory or "

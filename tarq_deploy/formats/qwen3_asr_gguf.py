@@ -23,14 +23,13 @@ import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
-from tarq_deploy.checkpoint import LatticeCheckpoint
-from tarq_deploy.quant.lattice import QuantizedWeight
+from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
 
 from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_TYPE_NAMES, LATTICE_TYPES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable,
                           type_for_spec)
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
-                           compare_tensors, max_abs_diff, pack_exact, pack_float)
+                           compare_tensors, max_abs_diff, pack_float, stored_or_packed)
 from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
                         write_gguf)
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
@@ -129,9 +128,13 @@ class Qwen3ASRSource(ModelTensors):
     tokenizer: dict  # parsed tokenizer.json
     feature_extractor: dict
     floats: dict[str, torch.Tensor]
-    lattice: dict[str, QuantizedWeight] = field(default_factory=dict)
+    lattice: LatticeWeights = field(default_factory=LatticeWeights)  # a checkpoint's blocks stay undecoded
     aliases: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lattice, LatticeWeights):
+            self.lattice = LatticeWeights(self.lattice)
     origin: str = "model"
     error = GGUFExportError
 
@@ -155,7 +158,7 @@ def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Qw
     files = ckpt.model_files
     tokenizer_config = json_file(files, "tokenizer_config.json", origin) if "tokenizer_config.json" in files else {}
     return Qwen3ASRSource(json_file(files, "config.json", origin), json_file(files, "tokenizer.json", origin),
-                          feature_extractor_config(files, origin), dict(ckpt.tensors), dict(ckpt.quantized),
+                          feature_extractor_config(files, origin), dict(ckpt.tensors), ckpt.quantized,
                           dict(ckpt.aliases), _chat_template(files, tokenizer_config), origin)
 
 
@@ -324,9 +327,10 @@ def default_target(source: Qwen3ASRSource) -> str:
     """The weight type a source naturally exports to: its lattice's type (for a per-tensor mix, the type holding the
     most weights, which names the file's general.file_type), f16 for a float model."""
     weights: dict[int | None, int] = {}
-    for q in source.lattice.values():
-        t = type_for_spec(q.spec)
-        weights[t] = weights.get(t, 0) + q.codes.numel()
+    for name in source.lattice:
+        t = type_for_spec(source.lattice.spec_of(name))
+        rows, cols = source.lattice.shape_of(name)
+        weights[t] = weights.get(t, 0) + rows * cols
     if not weights:
         return "f16"
     if None in weights:
@@ -336,7 +340,7 @@ def default_target(source: Qwen3ASRSource) -> str:
 
 def is_mix(source: Qwen3ASRSource) -> bool:
     """Whether the lattice weights are on more than one ggml type (a --tensor-type recipe)."""
-    return len({type_for_spec(q.spec) for q in source.lattice.values()}) > 1
+    return len({type_for_spec(source.lattice.spec_of(name)) for name in source.lattice}) > 1
 
 
 def pack_tensors(slots: list[TensorSlot], source: Qwen3ASRSource, weight_type: int) -> list[PackedTensor]:
@@ -355,20 +359,20 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
     if not source.has(slot.hf_name):
         raise GGUFExportError(f"{source.origin}: tensor {slot.hf_name} missing (the runtime needs {slot.name})")
     if slot.role == ROLE_MATRIX and weight_type in QUANTIZED_TYPES and key in source.lattice:
-        q = source.lattice[key]
         # a mix writes every tensor in its own lattice's type; a uniform lattice must be the file's type
-        stored = type_for_spec(q.spec) if is_mix(source) else weight_type
-        return PackedTensor(slot.name, stored, slot.shape, _pack_lattice_slot(slot, q, source, stored))
+        stored = type_for_spec(source.lattice.spec_of(key)) if is_mix(source) else weight_type
+        return PackedTensor(slot.name, stored, slot.shape, _pack_lattice_slot(slot, key, source, stored))
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
     values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
     return PackedTensor(slot.name, ggml_type, slot.shape, pack_float(slot.name, values, ggml_type, rounding))
 
 
-def _pack_lattice_slot(slot: TensorSlot, q: QuantizedWeight, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
-    if tuple(q.shape) != slot.shape:
-        raise GGUFExportError(f"{source.origin}: {slot.hf_name} has shape {list(q.shape)}, the runtime expects "
+def _pack_lattice_slot(slot: TensorSlot, key: str, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
+    shape = source.lattice.shape_of(key)
+    if shape != slot.shape:
+        raise GGUFExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, the runtime expects "
                               f"{list(slot.shape)} for {slot.name}")
-    return pack_exact(q, weight_type, slot.hf_name, source.origin)
+    return stored_or_packed(source.lattice, key, weight_type, slot.hf_name, source.origin)
 
 
 def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
-from tarq_deploy.fileio import atomic_file
+from tarq_deploy.fileio import atomic_file, write_buffers
 from tarq_deploy.vocabulary import NotByteLevel, TokenTable, token_strings, token_table
 
 from .f16_rounding import F16Rounding
@@ -74,6 +74,7 @@ class WhisperSource(ModelTensors):
     aliases: dict[str, str] = field(default_factory=dict)  # name -> the name whose tensor it shares
     origin: str = "model"
     token_table: TokenTable | None = None  # the checkpoint's stored tokens, where it has them
+    wait_verified: Callable[[], None] = lambda: None  # the checkpoint's digest check, when it runs in the background
     error = WhisperExportError
 
     @cached_property
@@ -120,7 +121,8 @@ def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Wh
     if "tokenizer.json" not in files and "vocab.json" not in files:
         raise WhisperExportError(f"{origin}: no tokenizer.json or vocab.json among the model files")
     source = WhisperSource(config, lambda: _tokenizer_of(files, origin), feature_extractor_config(files, origin),
-                           dict(ckpt.tensors), ckpt.quantized, dict(ckpt.aliases), origin, ckpt.tokens())
+                           dict(ckpt.tensors), ckpt.quantized, dict(ckpt.aliases), origin, ckpt.tokens(),
+                           ckpt.wait_verified)
     _tie_output_projection(source)
     return source
 
@@ -138,8 +140,11 @@ def model_source(model: Any, processor: Any, origin: str = "model") -> WhisperSo
 
 
 def as_source(source: Any) -> WhisperSource:
-    """A WhisperSource from a LatticeCheckpoint, a checkpoint directory, or (model, processor[, generation_config])."""
-    return as_model_source(source, WhisperSource, checkpoint_source, model_source, model_items=(2, 3))
+    """A WhisperSource from a LatticeCheckpoint, a checkpoint directory, or (model, processor[, generation_config]).
+    A directory's digests are checked while the export packs and writes; the file is renamed into place only after
+    they matched (WhisperCppModel.wait_verified)."""
+    return as_model_source(source, WhisperSource, checkpoint_source, model_source, model_items=(2, 3),
+                           background_digests=True)
 
 
 def _tokenizer_of(files: dict[str, bytes], origin: str) -> dict:
@@ -203,6 +208,7 @@ class WhisperCppModel:
     mel_filters: np.ndarray
     vocab: TokenTable
     tensors: list[PackedTensor]
+    wait_verified: Callable[[], None] = lambda: None  # the source checkpoint's digests; checked before the rename
 
     @property
     def nbytes(self) -> int:
@@ -214,15 +220,20 @@ class WhisperCppModel:
 def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None = None,
                       progress: bool = False) -> WhisperCppModel:
     """Pack every tensor for ``target``; raises before anything is written if the source does not fit."""
-    weight_type = _target_type(target, baseline, source)
-    hparams = source.hparams(weight_type)
-    slots = tensor_slots(hparams)
-    _check_nothing_left_over(source, slots)
-    rounding = F16Rounding()
-    with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
-        tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
+    try:
+        weight_type = _target_type(target, baseline, source)
+        hparams = source.hparams(weight_type)
+        slots = tensor_slots(hparams)
+        _check_nothing_left_over(source, slots)
+        rounding = F16Rounding()
+        with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
+            tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
+        model = WhisperCppModel(hparams, source.mel_filters(), source.export_vocab(), tensors, source.wait_verified)
+    except Exception:
+        source.wait_verified()  # a damaged checkpoint is named by its digest first, not by what failed on it
+        raise
     rounding.report(source.origin)
-    return WhisperCppModel(hparams, source.mel_filters(), source.export_vocab(), tensors)
+    return model
 
 
 def _target_type(target: str, baseline: str | None, source: WhisperSource) -> int:
@@ -310,13 +321,28 @@ def write_whisper_cpp(model: WhisperCppModel, out_path: str | os.PathLike, progr
     """Write ``model`` to ``out_path`` through a temporary file in the same directory, renamed when complete;
     nothing is left behind on error."""
     out = Path(out_path)
-    with atomic_file(out) as f:
+    with atomic_file(out, before_rename=model.wait_verified) as f:
         f.write(_preamble_bytes(model))
         with tqdm(total=model.nbytes, desc=f"write {out.name}", unit="B", unit_scale=True,
                   disable=not progress, leave=False) as bar:
-            for tensor in model.tensors:
-                bar.update(_write_tensor(f, tensor))
+            for batch in _batches(model.tensors, WRITE_BATCH_BYTES):
+                bar.update(write_buffers(f, [part for tensor in batch for part in _tensor_parts(tensor)]))
     return out
+
+
+WRITE_BATCH_BYTES = 64 << 20  # tensors handed to the kernel together; progress moves once per batch
+
+
+def _batches(tensors: list[PackedTensor], limit: int) -> list[list[PackedTensor]]:
+    batches: list[list[PackedTensor]] = [[]]
+    size = 0
+    for tensor in tensors:
+        if batches[-1] and size + tensor.data.nbytes > limit:
+            batches.append([])
+            size = 0
+        batches[-1].append(tensor)
+        size += tensor.data.nbytes
+    return batches
 
 
 def _preamble_bytes(model: WhisperCppModel) -> bytes:
@@ -327,14 +353,13 @@ def _preamble_bytes(model: WhisperCppModel) -> bytes:
     return b"".join(parts)
 
 
-def _write_tensor(f: Any, tensor: PackedTensor) -> int:
+def _tensor_parts(tensor: PackedTensor) -> tuple[bytes, memoryview]:
+    """A tensor's record: header (dims, name length, type, ne, name) and data."""
     name = tensor.name.encode("utf-8")
     ne = tuple(reversed(tensor.shape))  # ggml order: ne[0] is the row length
     header = struct.pack(f"<3i{len(ne)}i", len(ne), len(name), tensor.ggml_type, *ne) + name
-    f.write(header)
     data = np.ascontiguousarray(tensor.data, dtype=tensor.data.dtype.newbyteorder("<"))  # no-op on little-endian
-    f.write(memoryview(data).cast("B"))
-    return len(header) + tensor.data.nbytes
+    return header, memoryview(data).cast("B")
 
 
 # --------------------------------------------------------------------------------------------------- public API
