@@ -14,7 +14,8 @@ Per model, medians of ``--repeats`` runs, from an RTN lattice checkpoint directo
 * ``load_without_sha256_s``: the load without checking the files' recorded sha256 (what the integrity check costs).
 * ``io_s``: the floor an exporter cannot beat: reading the checkpoint's files and writing as many bytes as the
   output has to a new file (for ``f16_from_model`` only the write: its source is already in memory).
-  ``ratio`` = export / io.
+  ``ratio``: the median over repeats of export / floor, each pair timed back to back (``ratio_of_medians``
+  beside it).
 * ``replace_s``: the export again, over the output of the previous run instead of to a new path. On ext4 renaming a
   new file over an existing one makes the kernel allocate and start writing the new file's blocks at once
   (auto_da_alloc, its guard against empty files after a crash): a cost of replacing a file, not of exporting, which
@@ -107,12 +108,12 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 def median_time_new_file(write: Callable[[Path], object], work: Path, repeats: int) -> float:
     """Median time of ``write(path)`` to a path that does not exist yet; the file is removed after each timing."""
-    return median_times_new_file([write], work, repeats)[0]
+    return statistics.median(times_new_file([write], work, repeats)[0])
 
 
-def median_times_new_file(writers: list[Callable[[Path], object]], work: Path, repeats: int) -> list[float]:
-    """Median time of each ``write(path)``, to a new path each time (removed after the timing), the writers taking
-    turns within every repeat so that a slow spell of a shared machine falls on all of them alike."""
+def times_new_file(writers: list[Callable[[Path], object]], work: Path, repeats: int) -> list[list[float]]:
+    """Times of each ``write(path)``, to a new path each time (removed after the timing), the writers taking turns
+    within every repeat so that a slow spell of a shared machine falls on all of them alike."""
     times: list[list[float]] = [[] for _ in writers]
     for i in range(repeats):
         for write, column in zip(writers, times):
@@ -121,7 +122,15 @@ def median_times_new_file(writers: list[Callable[[Path], object]], work: Path, r
             write(path)
             column.append(time.perf_counter() - start)
             path.unlink()
-    return [statistics.median(column) for column in times]
+    return times
+
+
+def against_floor(export: list[float], floor: list[float]) -> dict:
+    """Medians of the export and of the floor, and the ratio as the median of the ratios of the pairs timed side by
+    side (a slow spell of the machine moves both members of a pair); the ratio of the medians beside it."""
+    return {"export_s": statistics.median(export), "io_s": statistics.median(floor),
+            "ratio": statistics.median(e / f for e, f in zip(export, floor)),
+            "ratio_of_medians": statistics.median(export) / statistics.median(floor)}
 
 
 def read_files(paths: list[Path]) -> int:
@@ -151,8 +160,8 @@ def bench_checkpoint(ckpt_dir: Path, target: str, work: Path, repeats: int) -> d
     out = export_whisper_cpp(ckpt_dir, work / f"model-{target}.bin", target)
     files = [p for p in ckpt_dir.rglob("*") if p.is_file()]
     size = out.stat().st_size
-    total, io = median_times_new_file([lambda path: export_whisper_cpp(ckpt_dir, path, target),
-                                       lambda path: (read_files(files), write_bytes(path, size))], work, repeats)
+    timed = against_floor(*times_new_file([lambda path: export_whisper_cpp(ckpt_dir, path, target),
+                                           lambda path: (read_files(files), write_bytes(path, size))], work, repeats))
     replace = median_time(lambda: export_whisper_cpp(ckpt_dir, out, target), repeats)
     load = median_time(lambda: load_checkpoint(ckpt_dir), repeats)
     load_unverified = median_time(lambda: load_checkpoint(ckpt_dir, verify_hashes=False), repeats)
@@ -162,8 +171,8 @@ def bench_checkpoint(ckpt_dir: Path, target: str, work: Path, repeats: int) -> d
     built = build_whisper_cpp(source, target)
     write = median_time_new_file(lambda path: write_whisper_cpp(built, path), work, repeats)
     out.unlink()
-    return {"export_s": total, "replace_s": replace, "load_checkpoint_s": load, "load_without_digests_s": load_unverified,
-            "load_with_sha256_s": load_sha256, "pack_s": pack, "write_s": write, "io_s": io, "ratio": total / io,
+    return {**timed, "replace_s": replace, "load_checkpoint_s": load, "load_without_digests_s": load_unverified,
+            "load_with_sha256_s": load_sha256, "pack_s": pack, "write_s": write,
             "source_bytes": sum(p.stat().st_size for p in files), "output_bytes": size}
 
 
@@ -174,10 +183,9 @@ def bench_model_f16(bundle, work: Path, repeats: int) -> dict:
     built = build_whisper_cpp(source, "f16")
     write = median_time_new_file(lambda path: write_whisper_cpp(built, path), work, repeats)
     size = built.nbytes
-    total, io = median_times_new_file([lambda path: export_whisper_cpp(bundle, path, "f16"),
-                                       lambda path: write_bytes(path, size)], work, repeats)
-    return {"export_s": total, "pack_s": pack, "write_s": write, "io_s": io, "ratio": total / io,
-            "output_bytes": size}
+    timed = against_floor(*times_new_file([lambda path: export_whisper_cpp(bundle, path, "f16"),
+                                           lambda path: write_bytes(path, size)], work, repeats))
+    return {**timed, "pack_s": pack, "write_s": write, "output_bytes": size}
 
 
 def bench_model(name: str, types: list[str], repeats: int) -> dict:
@@ -203,7 +211,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny.en,base,small")
     parser.add_argument("--types", default=",".join(GGML_TYPES), help="lattice types to export (comma-separated)")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", default="bench/results/export.json")
     args = parser.parse_args()
     types = args.types.split(",")
