@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "validate a lattice checkpoint (sha256 and xxh3 digests, code ranges, scales) and print its lattice, method and per-layer figures"
+HELP = ("validate a lattice checkpoint (sha256 and xxh3 digests, code ranges, scales) and print its lattice, method "
+        "and per-layer figures")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
