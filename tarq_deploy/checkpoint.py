@@ -38,9 +38,8 @@ import json
 import mmap
 import os
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +51,7 @@ from safetensors.torch import load as load_torch_bytes
 from safetensors.torch import save_file
 
 from .fileio import atomic_directory
-from .quant.ggml_types import check_blocks, native_type, pack, unpack
+from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 from .safetensors_view import SafetensorsViewError, map_readonly, tensor_views
 from .vocabulary import NotByteLevel, TokenTable, token_table
@@ -65,6 +64,7 @@ LATTICE_FILE = "lattice.safetensors"
 TENSORS_FILE = "tensors.safetensors"
 VOCABULARY_FILE = "vocabulary.safetensors"
 MODEL_FILES_DIR = "model"
+MODEL_FILES_PREFIX = MODEL_FILES_DIR + os.sep  # of a model file's path relative to the checkpoint
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_DIGEST_KEY = "manifest_sha256"
 FAST_DIGESTS_KEY = "files_xxh3"
@@ -83,7 +83,7 @@ class StoredBlocks:
 
     spec: LatticeSpec
     shape: tuple[int, int]
-    blocks: np.ndarray  # uint8 [m, row bytes], checked by check_blocks
+    blocks: np.ndarray  # uint8 [m, row bytes], in the shape block_matrix_shape gives
 
     @property
     def ggml_type(self):  # -> GGMLType
@@ -197,7 +197,7 @@ def table_of_tokenizer(raw: bytes) -> TokenTable | None:
         table = token_table(json.loads(raw))
     except (UnicodeDecodeError, json.JSONDecodeError, NotByteLevel, AttributeError, TypeError, KeyError):
         return None  # not one this table can describe: exporters read the tokenizer itself
-    return TokenTable(table.records, table.lengths, table.defined, fast_digest(raw))
+    return replace(table, source_digest=fast_digest(raw))
 
 
 # ----------------------------------------------------------------------------------------------------- digests
@@ -225,14 +225,6 @@ class DigestCheck:
 def fast_digest(data: bytes | memoryview | mmap.mmap) -> str:
     """xxh3-128 of a buffer: a checksum against corruption and truncation at memory speed."""
     return xxhash.xxh3_128_hexdigest(data)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def manifest_digest(manifest: dict) -> str:
@@ -298,7 +290,7 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         target = directory / MODEL_FILES_DIR / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    payload = _payload_files(directory)
+    payload = {rel: (directory / rel).read_bytes() for rel in _payload_files(directory)}  # read once, both digests
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -306,8 +298,8 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         "quantized": shapes,
         "aliases": dict(sorted(ckpt.aliases.items())),
         **ckpt.metadata,
-        "files": {rel: _sha256(directory / rel) for rel in payload},
-        FAST_DIGESTS_KEY: {rel: fast_digest((directory / rel).read_bytes()) for rel in payload},
+        "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in payload.items()},
+        FAST_DIGESTS_KEY: {rel: fast_digest(data) for rel, data in payload.items()},
     }
     if vocabulary is not None:
         manifest[VOCABULARY_KEY] = vocabulary
@@ -451,8 +443,8 @@ def _parse(root: Path, manifest: dict, contents: dict, check_values: bool) -> La
                                                     check_scales=check_values))
         else:
             quantized[name] = _quantized_from(views, name, shape, weight_spec, root / LATTICE_FILE)
-    model_files = {rel[len(MODEL_FILES_DIR) + 1:]: data for rel, data in contents.items()
-                   if rel.startswith(MODEL_FILES_DIR + "/")}
+    model_files = {rel[len(MODEL_FILES_PREFIX):]: data for rel, data in contents.items()
+                   if rel.startswith(MODEL_FILES_PREFIX)}
     reserved = {"format", "format_version", "lattice", "lattice_overrides", "quantized", "aliases", "files",
                 FAST_DIGESTS_KEY, VOCABULARY_KEY}
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
@@ -462,7 +454,7 @@ def _parse(root: Path, manifest: dict, contents: dict, check_values: bool) -> La
                                           manifest.get(VOCABULARY_KEY), check=check_values))
 
 
-def _read_files(root: Path, manifest: dict) -> dict[str, bytes | object]:
+def _read_files(root: Path, manifest: dict) -> dict[str, bytes | mmap.mmap]:
     """Every file of the checkpoint by its path relative to ``root``: the lattice memory-mapped (its blocks are
     used in place), the others read whole. Every file the manifest lists must exist."""
     present = {os.path.relpath(os.path.join(directory, name), root)
@@ -475,10 +467,10 @@ def _read_files(root: Path, manifest: dict) -> dict[str, bytes | object]:
             raise CheckpointError(f"{root / required}: missing")
     wanted = {LATTICE_FILE, TENSORS_FILE, VOCABULARY_FILE, *manifest.get("files", {})}
     return {rel: _read(root, rel) for rel in sorted(present)
-            if rel in wanted or rel.startswith(MODEL_FILES_DIR + os.sep)}
+            if rel in wanted or rel.startswith(MODEL_FILES_PREFIX)}
 
 
-def _read(root: Path, rel: str) -> bytes | object:
+def _read(root: Path, rel: str) -> bytes | mmap.mmap:
     if rel == LATTICE_FILE:
         return map_readonly(os.path.join(root, rel), populate=True)
     with open(os.path.join(root, rel), "rb") as f:
@@ -549,13 +541,19 @@ def _blocks_from(views: dict[str, np.ndarray], name: str, shape: tuple[int, int]
                               f"({spec.bits}-bit {spec.scheme}, group {spec.group_size}) is no ggml type's")
     if f"{name}.blocks" not in views:
         raise CheckpointError(f"{path}: blocks of {name} missing")
+    blocks = views[f"{name}.blocks"]
     try:
         spec.check_columns(shape[1])
-        check_blocks(views[f"{name}.blocks"], native_type(spec), shape, scales=check_scales)
+        expected = block_matrix_shape(native_type(spec), shape)
+        if blocks.dtype != np.uint8 or tuple(blocks.shape) != expected:
+            raise CheckpointError(f"{path}: blocks of {name} are stored as {blocks.dtype} {list(blocks.shape)}, which "
+                                  f"does not fit its shape {list(shape)} as {native_type(spec).name} blocks "
+                                  f"({list(expected)} uint8)")
+        if check_scales:
+            check_block_scales(blocks, native_type(spec))
     except ValueError as e:
-        raise CheckpointError(f"{path}: blocks of {name} are {e}" if str(e).startswith("stored as")
-                              else f"{path}: {name}: {e}") from None
-    return StoredBlocks(spec, shape, views[f"{name}.blocks"])
+        raise CheckpointError(f"{path}: {name}: {e}") from None
+    return StoredBlocks(spec, shape, blocks)
 
 
 def _quantized_from(views: dict[str, np.ndarray], name: str, shape: list[int], spec: LatticeSpec,

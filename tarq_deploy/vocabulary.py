@@ -59,10 +59,6 @@ class TokenTable:
         """int64 [n + 1]: where each record starts, and the end."""
         return np.concatenate([[0], np.cumsum(self.lengths.astype(np.int64) + 4)])
 
-    def token(self, i: int) -> bytes:
-        start = int(self.starts[i]) + 4
-        return self.records[start:start + int(self.lengths[i])].tobytes()
-
     def tokens(self) -> list[bytes]:
         blob, starts = self.records.tobytes(), self.starts.tolist()
         return [blob[start + 4:end] for start, end in zip(starts[:-1], starts[1:])]
@@ -88,8 +84,7 @@ class TokenTable:
         if starts[-1] != len(self.records):
             raise ValueError(f"{len(self.lengths)} tokens of {int(starts[-1])} record bytes, but {len(self.records)} "
                              f"are stored")
-        heads = (starts[:-1, None] + np.arange(4)).ravel()
-        if not np.array_equal(self.records[heads].view("<i4"), self.lengths):
+        if not np.array_equal(self.records[_count_bytes(starts[:-1])].view("<i4"), self.lengths):
             raise ValueError("the records' byte counts differ from lengths")
 
 
@@ -125,10 +120,14 @@ def length_prefixed(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     n = len(lengths)
     ends = np.cumsum(lengths, dtype=np.int64)
     out = np.empty(4 * n + len(data), dtype=np.uint8)
-    head_at = ends - lengths + 4 * np.arange(n)  # where token i's count goes
-    heads = (head_at[:, None] + np.arange(4)).ravel()
+    heads = _count_bytes(ends - lengths + 4 * np.arange(n))  # token i's record starts after i counts and i tokens
     is_token_byte = np.ones(len(out), dtype=bool)
     is_token_byte[heads] = False
     out[heads] = lengths.astype("<i4").view(np.uint8)
     out[is_token_byte] = data
     return out
+
+
+def _count_bytes(record_starts: np.ndarray) -> np.ndarray:
+    """The positions of the four bytes of each record's int32 count."""
+    return (record_starts[:, None] + np.arange(4)).ravel()

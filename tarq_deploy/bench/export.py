@@ -11,7 +11,8 @@ Per model, medians of ``--repeats`` runs, from an RTN lattice checkpoint directo
   start-up; also each stage alone. The K-quants only where the model's width is a multiple of 256 (not tiny.en).
 * ``f16``: the Q4_0 checkpoint, dequantized, -> F16 model file.
 * ``f16_from_model``: the in-memory transformers model -> F16 model file.
-* ``load_without_sha256_s``: the load without checking the files' recorded sha256 (what the integrity check costs).
+* ``load_checkpoint_s`` / ``load_without_digests_s`` / ``load_with_sha256_s``: the load as export does it (xxh3
+  digests), without any digest check, and with the sha256 check ``verify`` adds.
 * ``io_s``: the floor an exporter cannot beat: reading the checkpoint's files and writing as many bytes as the
   output has to a new file (for ``f16_from_model`` only the write: its source is already in memory).
   ``ratio``: the median over repeats of export / floor, each pair timed back to back (``ratio_of_medians``

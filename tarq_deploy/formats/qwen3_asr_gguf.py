@@ -131,12 +131,12 @@ class Qwen3ASRSource(ModelTensors):
     lattice: LatticeWeights = field(default_factory=LatticeWeights)  # a checkpoint's blocks stay undecoded
     aliases: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None
+    origin: str = "model"
+    error = GGUFExportError
 
     def __post_init__(self) -> None:
         if not isinstance(self.lattice, LatticeWeights):
             self.lattice = LatticeWeights(self.lattice)
-    origin: str = "model"
-    error = GGUFExportError
 
     def hparams(self) -> Qwen3ASRHParams:
         if self.config.get("model_type") not in (None, "qwen3_asr"):

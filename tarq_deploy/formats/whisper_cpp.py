@@ -91,7 +91,7 @@ class WhisperSource(ModelTensors):
 
     def export_vocab(self) -> TokenTable:
         """The base vocabulary as the exporter writes it: from the checkpoint's token table when it has one (no
-        4 MB JSON to parse), else from the tokenizer; the same bytes either way (tests/test_export_speed.py)."""
+        4 MB JSON to parse), else from the tokenizer; the same bytes either way (tests/test_whisper_cpp_export.py)."""
         if self.token_table is None:
             return base_vocab_table(self.tokenizer, self.origin)
         eot = self.token_table.find(EOT_TOKEN.encode())
@@ -148,13 +148,12 @@ def as_source(source: Any) -> WhisperSource:
 
 
 def _tokenizer_of(files: dict[str, bytes], origin: str) -> dict:
+    """tokenizer.json, or a slow tokenizer's vocab.json (checkpoint_source has made sure there is one of them)."""
     if "tokenizer.json" in files:
         return json_file(files, "tokenizer.json", origin)
-    if "vocab.json" in files:  # a slow tokenizer's files
-        added = json_file(files, "added_tokens.json", origin) if "added_tokens.json" in files else {}
-        return {"model": {"vocab": json_file(files, "vocab.json", origin)},
-                "added_tokens": [{"id": i, "content": t} for t, i in added.items()]}
-    raise WhisperExportError(f"{origin}: no tokenizer.json or vocab.json among the model files")
+    added = json_file(files, "added_tokens.json", origin) if "added_tokens.json" in files else {}
+    return {"model": {"vocab": json_file(files, "vocab.json", origin)},
+            "added_tokens": [{"id": i, "content": t} for t, i in added.items()]}
 
 
 def _tie_output_projection(source: WhisperSource) -> None:

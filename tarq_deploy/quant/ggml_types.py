@@ -296,22 +296,16 @@ def native_type(spec: LatticeSpec) -> GGMLType | None:
     return t if t is not None and spec == spec_for_type(t) else None
 
 
-def row_bytes(ggml_type: GGMLType, n_cols: int) -> int:
+def block_matrix_shape(ggml_type: GGMLType, shape: tuple[int, int]) -> tuple[int, int]:
+    """[m, row bytes]: how a [m, n] matrix is stored as ``ggml_type`` blocks."""
     block_size, type_size = GGML_QUANT_SIZES[ggml_type]
-    return n_cols // block_size * type_size
+    return shape[0], shape[1] // block_size * type_size
 
 
-def check_blocks(blocks: np.ndarray, ggml_type: GGMLType, shape: tuple[int, int], scales: bool = True) -> None:
-    """Raise ValueError unless ``blocks`` are uint8 [m, row bytes] of a ``shape`` matrix and, with ``scales``, every
-    fp16 field is finite. Every other bit pattern of a block is a code of the lattice, so this is the whole check.
-    The scale check reads every cache line of the blocks (a d every 18 bytes): 3 ms for whisper base."""
-    m, n = shape
-    expected = (m, row_bytes(ggml_type, n))
-    if blocks.dtype != np.uint8 or tuple(blocks.shape) != expected:
-        raise ValueError(f"stored as {blocks.dtype} {list(blocks.shape)}, which does not fit its shape [{m}, {n}] "
-                         f"as {ggml_type.name} blocks ({list(expected)} uint8)")
-    if not scales:
-        return
+def check_block_scales(blocks: np.ndarray, ggml_type: GGMLType) -> None:
+    """Raise ValueError unless every fp16 field of the blocks is finite. Every other bit pattern of a block is a code
+    of the lattice, so with the shape this is the whole check. It reads every cache line of the blocks (a d every 18
+    bytes): 3 ms for whisper base."""
     raw = blocks.reshape(-1, GGML_QUANT_SIZES[ggml_type][1])
     for offset in FP16_FIELDS[ggml_type]:
         bits = raw[:, offset:offset + 2].view("<u2")
