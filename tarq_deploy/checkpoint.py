@@ -53,7 +53,7 @@ from safetensors.torch import save_file
 from .fileio import atomic_directory
 from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
-from .safetensors_view import SafetensorsViewError, map_readonly, tensor_views
+from .safetensors_view import SafetensorsViewError, map_private, map_readonly, tensor_views, torch_views
 from .vocabulary import NotByteLevel, TokenTable, token_table
 
 FORMAT_NAME = "tarq-lattice"
@@ -139,8 +139,13 @@ class LatticeWeights(MutableMapping):
 
     def blocks(self, name: str, ggml_type: int) -> np.ndarray | None:
         """The stored blocks of ``name`` if it was read as ``ggml_type`` blocks; None otherwise (pack it)."""
+        stored = self.stored(name)
+        return stored.blocks if stored is not None and stored.ggml_type == ggml_type else None
+
+    def stored(self, name: str) -> StoredBlocks | None:
+        """``name`` as read from the checkpoint's blocks, undecoded; None for a weight held as codes."""
         entry = self._entries[name]
-        return entry.blocks if isinstance(entry, StoredBlocks) and entry.ggml_type == ggml_type else None
+        return entry if isinstance(entry, StoredBlocks) else None
 
 
 @dataclass
@@ -455,8 +460,8 @@ def _parse(root: Path, manifest: dict, contents: dict, check_values: bool) -> La
 
 
 def _read_files(root: Path, manifest: dict) -> dict[str, bytes | mmap.mmap]:
-    """Every file of the checkpoint by its path relative to ``root``: the lattice memory-mapped (its blocks are
-    used in place), the others read whole. Every file the manifest lists must exist."""
+    """Every file of the checkpoint by its path relative to ``root``: the lattice and the tensors memory-mapped
+    (used in place), the others read whole. Every file the manifest lists must exist."""
     present = {os.path.relpath(os.path.join(directory, name), root)
                for directory, _, names in os.walk(root) for name in names if name != MANIFEST}
     for rel in manifest.get("files", {}):
@@ -473,6 +478,8 @@ def _read_files(root: Path, manifest: dict) -> dict[str, bytes | mmap.mmap]:
 def _read(root: Path, rel: str) -> bytes | mmap.mmap:
     if rel == LATTICE_FILE:
         return map_readonly(os.path.join(root, rel), populate=True)
+    if rel == TENSORS_FILE:  # torch tensors view it in place; they may be written to, the file never is
+        return map_private(os.path.join(root, rel), populate=True)
     with open(os.path.join(root, rel), "rb") as f:
         return f.read()
 
@@ -506,10 +513,12 @@ def _views(path: Path, buffer: object) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
-def _torch_tensors(path: Path, data: bytes) -> dict[str, torch.Tensor]:
+def _torch_tensors(path: Path, data: bytes | mmap.mmap) -> dict[str, torch.Tensor]:
+    """Tensors viewing the file's map (torch_views); the safetensors library's copies for dtypes it has no view of."""
     try:
-        return load_torch_bytes(data)
-    except (SafetensorError, OSError, ValueError) as e:
+        views = torch_views(data)
+        return views if views is not None else load_torch_bytes(bytes(data))
+    except (SafetensorError, SafetensorsViewError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 

@@ -1,11 +1,11 @@
-"""Zero-copy reading of a safetensors file: numpy views into one read-only memory map.
+"""Zero-copy reading of a safetensors file: numpy arrays or torch tensors viewing one memory map.
 
 The safetensors library copies every tensor it loads; an exporter that only moves a checkpoint's ggml blocks into a
 model file would spend as long on that copy as on its whole output. The layout is small and fixed (an 8-byte
 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the
-data), so it is read here directly, every field checked. Only dtypes numpy holds natively are mapped (what
-lattice.safetensors and vocabulary.safetensors hold); tensors.safetensors, which may hold bfloat16, goes through the
-safetensors library.
+data), so it is read here directly, every field checked. numpy views cover the dtypes numpy holds natively (what
+lattice.safetensors and vocabulary.safetensors hold); torch views cover bfloat16 too (tensors.safetensors), and
+need a writable map: a private one (map_private), whose pages a write copies, so the file never changes.
 """
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ import mmap
 import os
 
 import numpy as np
+import torch
 
 NUMPY_DTYPES = {"U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F16": np.float16,
                 "F32": np.float32, "F64": np.float64, "BOOL": np.bool_}
 LITTLE_ENDIAN = {name: np.dtype(t).newbyteorder("<") for name, t in NUMPY_DTYPES.items()}
+TORCH_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+                "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+                "BOOL": torch.bool}
 HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the library's own limit
 
@@ -38,15 +42,43 @@ def map_readonly(path: str | os.PathLike, populate: bool = False) -> mmap.mmap |
         return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
 
 
+def map_private(path: str | os.PathLike, populate: bool = False) -> mmap.mmap | bytes:
+    """A writable private memory map of the whole file, for torch_views: a write to it copies the page it falls on,
+    never reaching the file. ``populate`` as for map_readonly."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        flags = mmap.MAP_PRIVATE | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+        return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 def tensor_views(buffer: mmap.mmap | bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(name -> read-only array viewing ``buffer``, the header's __metadata__) of a safetensors file's bytes, every
     offset checked against the file and every size against dtype and shape."""
+    entries, metadata, data_start = _entries(buffer)
+    data_bytes = len(buffer) - data_start
+    views = {name: _view(buffer, name, entry, data_start, data_bytes, LITTLE_ENDIAN) for name, entry in entries}
+    return views, metadata
+
+
+def torch_views(buffer: mmap.mmap | bytes) -> dict[str, torch.Tensor] | None:
+    """name -> tensor viewing ``buffer`` (a map_private map, or bytes: then the tensors are copies), checked as in
+    tensor_views; None when a dtype has no view here (float8: the caller asks the safetensors library)."""
+    entries, _, data_start = _entries(buffer)
+    if any(isinstance(entry, dict) and entry.get("dtype") not in TORCH_DTYPES for _, entry in entries):
+        return None
+    if not isinstance(buffer, mmap.mmap):
+        buffer = bytearray(buffer)  # torch views only writable memory
+    data_bytes = len(buffer) - data_start
+    return {name: _tensor(buffer, name, entry, data_start, data_bytes) for name, entry in entries}
+
+
+def _entries(buffer: mmap.mmap | bytes) -> tuple[list[tuple[str, object]], dict[str, str], int]:
     header, data_start = _header(buffer)
     metadata = header.pop("__metadata__", {}) or {}
     if not isinstance(metadata, dict):
         raise SafetensorsViewError("__metadata__ is not a JSON object")
-    data_bytes = len(buffer) - data_start
-    return {name: _view(buffer, name, entry, data_start, data_bytes) for name, entry in header.items()}, metadata
+    return list(header.items()), metadata, data_start
 
 
 def _header(buffer: mmap.mmap | bytes) -> tuple[dict, int]:
@@ -64,19 +96,37 @@ def _header(buffer: mmap.mmap | bytes) -> tuple[dict, int]:
     return header, HEADER_LENGTH_BYTES + n
 
 
-def _view(buffer: mmap.mmap | bytes, name: str, entry: object, data_start: int, data_bytes: int) -> np.ndarray:
+def _view(buffer: mmap.mmap | bytes, name: str, entry: object, data_start: int, data_bytes: int,
+          dtypes: dict[str, np.dtype]) -> np.ndarray:
+    shape, start = _checked_entry(name, entry, data_start, data_bytes, {k: t.itemsize for k, t in dtypes.items()})
+    return np.ndarray(shape, dtype=dtypes[entry["dtype"]], buffer=buffer, offset=start)
+
+
+def _tensor(buffer: mmap.mmap | bytearray, name: str, entry: object, data_start: int, data_bytes: int
+            ) -> torch.Tensor:
+    sizes = {k: t.itemsize for k, t in TORCH_DTYPES.items()}
+    shape, start = _checked_entry(name, entry, data_start, data_bytes, sizes)
+    dtype = TORCH_DTYPES[entry["dtype"]]
+    count = math.prod(shape)
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)  # frombuffer refuses an empty range
+    return torch.frombuffer(buffer, dtype=dtype, count=count, offset=start).reshape(shape)
+
+
+def _checked_entry(name: str, entry: object, data_start: int, data_bytes: int, itemsizes: dict[str, int]
+                   ) -> tuple[list[int], int]:
+    """(shape, absolute start) of a header entry, every field checked against the file (little-endian data)."""
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
         raise SafetensorsViewError(f"tensor {name!r}: entry lacks dtype, shape or data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in LITTLE_ENDIAN:
-        raise SafetensorsViewError(f"tensor {name!r}: dtype {dtype!r} has no numpy view")
+    if dtype not in itemsizes:
+        raise SafetensorsViewError(f"tensor {name!r}: dtype {dtype!r} has no view here")
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
         raise SafetensorsViewError(f"tensor {name!r}: shape {shape!r} is not a list of sizes")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
             and 0 <= offsets[0] <= offsets[1] <= data_bytes):
         raise SafetensorsViewError(f"tensor {name!r}: data_offsets {offsets!r} fall outside the {data_bytes} data "
                                    f"bytes (truncated file?)")
-    item = LITTLE_ENDIAN[dtype]
-    if offsets[1] - offsets[0] != math.prod(shape) * item.itemsize:
+    if offsets[1] - offsets[0] != math.prod(shape) * itemsizes[dtype]:
         raise SafetensorsViewError(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not hold {shape} {dtype}")
-    return np.ndarray(shape, dtype=item, buffer=buffer, offset=data_start + offsets[0])
+    return shape, data_start + offsets[0]

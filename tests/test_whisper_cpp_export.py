@@ -241,6 +241,21 @@ def test_f16_export_of_a_checkpoint_rounds_only_lattice_values(checkpoints, work
         assert diffs[n] <= float(np.abs(model.dequantize(n)).max()) * 2.0**-11, n
 
 
+def test_f16_from_stored_blocks_is_the_f16_of_the_decoded_lattice(tiny, checkpoints, work):
+    """An F16 export of a checkpoint whose Q4_0 blocks are decoded straight into fp16 (compiled kernels, on threads
+    while the file is written) writes the bytes of the slow path: codes and scales, s * q, rounded by torch."""
+    loaded = load_checkpoint(checkpoints[32])
+    fast = export_whisper_cpp(loaded, work / "fast-f16.bin", "f16")
+    assert not loaded.quantized._decoded  # nothing went through codes and scales
+    slow = export_whisper_cpp(lattice_checkpoint(tiny, LatticeSpec(4, 32)), work / "slow-f16.bin", "f16")
+    assert fast.read_bytes() == slow.read_bytes()
+    model = read_whisper_cpp(fast)
+    name = "decoder.blocks.0.mlp.0.weight"
+    assert model.tensors[name].ggml_type == 1  # F16
+    expected = loaded.quantized["model.decoder.layers.0.fc1.weight"].dequantize().half().float().numpy()
+    assert np.array_equal(model.dequantize(name), expected)
+
+
 def test_rtn_baseline_is_byte_identical_to_gguf(tiny, work):
     out = export_whisper_cpp(tiny, work / "tiny-rtn-q4_0.bin", "q4_0", baseline="rtn")
     model = read_whisper_cpp(out)

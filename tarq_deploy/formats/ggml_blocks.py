@@ -13,6 +13,7 @@ library for the K-quants, whose reference quantizer gguf-py does not carry).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,8 +58,7 @@ def row_nbytes(ggml_type: int, n_cols: int) -> int:
 
 def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     """Bytes of a tensor; ``shape`` in numpy order (last axis = row = ggml ne[0])."""
-    n_rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-    return n_rows * row_nbytes(ggml_type, shape[-1])
+    return math.prod(shape[:-1]) * row_nbytes(ggml_type, shape[-1])  # Python ints: no overflow, and no numpy call
 
 
 # ----------------------------------------------------------------------------------------------- lattice packing

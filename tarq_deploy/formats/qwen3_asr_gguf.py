@@ -29,7 +29,7 @@ from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_TYPE_NAMES, LATTICE_TYPES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable,
                           type_for_spec)
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
-                           compare_tensors, max_abs_diff, pack_float, stored_or_packed)
+                           compare_tensors, max_abs_diff, pack_float, stored_blocks_as_f16, stored_or_packed)
 from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
                         write_gguf)
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
@@ -348,9 +348,9 @@ def pack_tensors(slots: list[TensorSlot], source: Qwen3ASRSource, weight_type: i
     if weight_type in QUANTIZED_TYPES and not source.lattice:
         raise LatticeNotRepresentable(f"{source.origin}: no lattice weights; a {GGML_TYPE_NAMES[weight_type]} export "
                                       f"stores a lattice checkpoint exactly (quantize first, or export f16)")
-    rounding = F16Rounding()
+    rounding = F16Rounding(source.origin)
     packed = [_pack_slot(slot, source, weight_type, rounding) for slot in slots]
-    rounding.report(source.origin)
+    rounding.report()
     return packed
 
 
@@ -363,16 +363,25 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
         stored = type_for_spec(source.lattice.spec_of(key)) if is_mix(source) else weight_type
         return PackedTensor(slot.name, stored, slot.shape, _pack_lattice_slot(slot, key, source, stored))
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
+    if ggml_type == GGMLType.F16 and key in source.lattice:
+        _check_lattice_shape(slot, key, source)
+        data = stored_blocks_as_f16(source.lattice, key, slot.name, rounding)  # None unless held as blocks
+        if data is not None:
+            return PackedTensor(slot.name, ggml_type, slot.shape, data)
     values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
     return PackedTensor(slot.name, ggml_type, slot.shape, pack_float(slot.name, values, ggml_type, rounding))
 
 
 def _pack_lattice_slot(slot: TensorSlot, key: str, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
+    _check_lattice_shape(slot, key, source)
+    return stored_or_packed(source.lattice, key, weight_type, slot.hf_name, source.origin)
+
+
+def _check_lattice_shape(slot: TensorSlot, key: str, source: Qwen3ASRSource) -> None:
     shape = source.lattice.shape_of(key)
     if shape != slot.shape:
         raise GGUFExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, the runtime expects "
                               f"{list(slot.shape)} for {slot.name}")
-    return stored_or_packed(source.lattice, key, weight_type, slot.hf_name, source.origin)
 
 
 def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:

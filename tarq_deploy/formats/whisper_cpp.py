@@ -22,10 +22,11 @@ import json
 import logging
 import os
 import struct
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNot
                           type_for_spec)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
 from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyError, as_checkpoint, compare_tensors,
-                           max_abs_diff, pack_float, stored_or_packed)
+                           max_abs_diff, pack_float, stored_blocks_as_f16, stored_or_packed)
 from .model_files import ModelFilesError, ModelTensors, as_model_source, feature_extractor_config, json_file
 
 log = logging.getLogger(__name__)
@@ -208,12 +209,13 @@ class WhisperCppModel:
     vocab: TokenTable
     tensors: list[PackedTensor]
     wait_verified: Callable[[], None] = lambda: None  # the source checkpoint's digests; checked before the rename
+    rounding: F16Rounding | None = None  # the F16 tensors still being made, and the warning about their rounding
 
     @property
     def nbytes(self) -> int:
         preamble = 4 * (1 + len(self.hparams.ints()) + 2 + 1) + self.mel_filters.nbytes + len(self.vocab.records)
         headers = sum(12 + 4 * len(t.shape) + len(t.name.encode()) for t in self.tensors)
-        return preamble + headers + sum(t.data.nbytes for t in self.tensors)
+        return preamble + headers + sum(t.nbytes for t in self.tensors)
 
 
 def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None = None,
@@ -224,14 +226,14 @@ def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None =
         hparams = source.hparams(weight_type)
         slots = tensor_slots(hparams)
         _check_nothing_left_over(source, slots)
-        rounding = F16Rounding()
+        rounding = F16Rounding(source.origin)
         with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
             tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
-        model = WhisperCppModel(hparams, source.mel_filters(), source.export_vocab(), tensors, source.wait_verified)
+        model = WhisperCppModel(hparams, source.mel_filters(), source.export_vocab(), tensors, source.wait_verified,
+                                rounding)
     except Exception:
         source.wait_verified()  # a damaged checkpoint is named by its digest first, not by what failed on it
         raise
-    rounding.report(source.origin)
     return model
 
 
@@ -277,9 +279,28 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
     if ggml_type in QUANTIZED_TYPES:
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
     else:
-        data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type,
-                          rounding)
+        data = _stored_blocks_as_f16(slot, source, rounding) if ggml_type == GGMLType.F16 else None
+        if data is None:
+            data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type,
+                              rounding)
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
+
+
+def _stored_blocks_as_f16(slot: TensorSlot, source: WhisperSource, rounding: F16Rounding) -> Future | None:
+    """An F16 slot whose lattice weight the checkpoint holds as ggml blocks: its values decoded from the blocks
+    directly (the same values as s * q rounded to fp16, without making codes, scales and s * q first)."""
+    key = source.resolve(slot.hf_name)
+    if key not in source.lattice:
+        return None
+    _check_lattice_shape(slot, source, key)
+    return stored_blocks_as_f16(source.lattice, key, slot.name, rounding)
+
+
+def _check_lattice_shape(slot: TensorSlot, source: WhisperSource, key: str) -> None:
+    shape = source.lattice.shape_of(key)
+    if shape != slot.shape:
+        raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, whisper.cpp expects "
+                                 f"{list(slot.shape)}")
 
 
 def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
@@ -291,10 +312,7 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
         raise LatticeNotRepresentable(
             f"{source.origin}: {slot.hf_name} is not on a lattice; a {name} export stores a lattice checkpoint "
             f"exactly (quantize every weight matrix and proj_out), or use baseline 'rtn' for ggml's own rounding")
-    shape = source.lattice.shape_of(key)
-    if shape != slot.shape:
-        raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, whisper.cpp expects "
-                                 f"{list(slot.shape)}")
+    _check_lattice_shape(slot, source, key)
     return stored_or_packed(source.lattice, key, ggml_type, slot.hf_name, source.origin)
 
 
@@ -326,22 +344,27 @@ def write_whisper_cpp(model: WhisperCppModel, out_path: str | os.PathLike, progr
                   disable=not progress, leave=False) as bar:
             for batch in _batches(model.tensors, WRITE_BATCH_BYTES):
                 bar.update(write_buffers(f, [part for tensor in batch for part in _tensor_parts(tensor)]))
+    if model.rounding is not None:
+        model.rounding.report()
     return out
 
 
 WRITE_BATCH_BYTES = 64 << 20  # tensors handed to the kernel together; progress moves once per batch
 
 
-def _batches(tensors: list[PackedTensor], limit: int) -> list[list[PackedTensor]]:
-    batches: list[list[PackedTensor]] = [[]]
+def _batches(tensors: list[PackedTensor], limit: int) -> Iterator[list[PackedTensor]]:
+    """The tensors in runs of at most ``limit`` bytes, handed to the kernel together; a run also ends before a
+    tensor still being made, so that what is ready is written meanwhile."""
+    batch: list[PackedTensor] = []
     size = 0
     for tensor in tensors:
-        if batches[-1] and size + tensor.data.nbytes > limit:
-            batches.append([])
-            size = 0
-        batches[-1].append(tensor)
-        size += tensor.data.nbytes
-    return batches
+        if batch and (size + tensor.nbytes > limit or not tensor.ready()):
+            yield batch
+            batch, size = [], 0
+        batch.append(tensor)
+        size += tensor.nbytes
+    if batch:
+        yield batch
 
 
 def _preamble_bytes(model: WhisperCppModel) -> bytes:
@@ -357,7 +380,8 @@ def _tensor_parts(tensor: PackedTensor) -> tuple[bytes, memoryview]:
     name = tensor.name.encode("utf-8")
     ne = tuple(reversed(tensor.shape))  # ggml order: ne[0] is the row length
     header = struct.pack(f"<3i{len(ne)}i", len(ne), len(name), tensor.ggml_type, *ne) + name
-    data = np.ascontiguousarray(tensor.data, dtype=tensor.data.dtype.newbyteorder("<"))  # no-op on little-endian
+    array = tensor.array()  # an F16 tensor may still be in the making: this waits for it
+    data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))  # no-op on little-endian
     return header, memoryview(data).cast("B")
 
 

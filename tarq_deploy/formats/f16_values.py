@@ -1,0 +1,101 @@
+"""fp16 tensors for F16 runtime files: float32 values rounded to fp16, and a lattice's ggml blocks decoded straight
+from the checkpoint and rounded, by compiled kernels (f16_kernels.py) that count the values fp16 changed on the way
+for the exporters' rounding warning (F16Rounding). A large tensor is cut into one part per core.
+
+Whole-tensor numpy / torch arithmetic made the F16 export of a tiny.en checkpoint 13x its I/O floor: a dozen
+full-size temporaries per matrix, each written once and read once, and a separate comparison for the count.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+import torch
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as GGMLType
+
+MIN_PART_VALUES = 1 << 20  # a tensor is shared among the cores from two parts of this size on
+
+
+@functools.cache
+def _workers() -> ThreadPoolExecutor:
+    """Threads for the parts of a large tensor: the kernels release the GIL."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="f16-parts")
+
+
+@functools.cache
+def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
+    from . import f16_kernels  # numba: imported (and its kernels compiled or read from the cache) by F16 exports only
+
+    decoders = {GGMLType.Q4_0: f16_kernels.decode_q4_0, GGMLType.Q4_1: f16_kernels.decode_q4_1,
+                GGMLType.Q5_0: f16_kernels.decode_q5_0, GGMLType.Q5_1: f16_kernels.decode_q5_1,
+                GGMLType.Q8_0: f16_kernels.decode_q8_0, GGMLType.Q4_K: f16_kernels.decode_q4_k,
+                GGMLType.Q5_K: f16_kernels.decode_q5_k, GGMLType.Q6_K: f16_kernels.decode_q6_k}
+    if ggml_type not in decoders:
+        raise ValueError(f"no decoder for {GGMLType(ggml_type).name} blocks")
+    return decoders[ggml_type]
+
+
+class Slabs:
+    """Output arrays cut from large allocations. On a virtual machine a first touch of a 4 kB page can cost 2 us:
+    the 77 MB of fp16 of tiny.en as one fresh array per tensor took 38 ms of page faults, more than writing them.
+    numpy asks for transparent huge pages for allocations of 4 MB and up, so tensors cut from a 64 MB slab fault in
+    2 MB at a time."""
+
+    def __init__(self, slab_bytes: int = 64 << 20) -> None:
+        self.slab_bytes = slab_bytes
+        self._free = np.empty(0, dtype=np.uint8)
+
+    def take(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array of ``count`` values (a view of a slab kept alive by it)."""
+        nbytes = count * np.dtype(dtype).itemsize
+        if nbytes > self._free.size:
+            self._free = np.empty(max(nbytes, self.slab_bytes), dtype=np.uint8)
+        taken, self._free = self._free[:nbytes], self._free[nbytes:]
+        return taken.view(dtype)
+
+
+def float_to_f16(values: torch.Tensor, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(``values`` as fp16, in their shape; how many of them fp16 changed, NaN not counted). ``out``: where to put
+    them (fp16 or uint16, as many values), else a new array."""
+    from .f16_kernels import to_f16
+
+    flat = values.detach().cpu().float().contiguous().numpy().reshape(-1)
+    bits = _output(out, flat.size)
+    changed = _in_parts(flat.size, 1, lambda a, b: to_f16(flat[a:b], bits[a:b]))
+    return bits.view(np.float16).reshape(tuple(values.shape)), changed
+
+
+def blocks_to_f16(blocks: np.ndarray, ggml_type: GGMLType, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(the values of a matrix stored as ``ggml_type`` blocks uint8 [rows, row bytes], fp16 [rows, columns]; how
+    many of them fp16 changed). Exactly ``unpack(blocks, ggml_type).dequantize()`` rounded to fp16. ``out`` as for
+    float_to_f16."""
+    block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    raw = np.ascontiguousarray(blocks).reshape(-1, type_size)
+    decode = _decoder(ggml_type)
+    bits = _output(out, raw.shape[0] * block_size)
+    changed = _in_parts(raw.shape[0], block_size,
+                        lambda a, b: decode(raw[a:b], bits[a * block_size:b * block_size]))
+    return bits.view(np.float16).reshape(blocks.shape[0], -1), changed
+
+
+def _output(out: np.ndarray | None, count: int) -> np.ndarray:
+    """uint16 view of ``out`` (checked to hold ``count`` values), or a new array."""
+    if out is None:
+        return np.empty(count, dtype=np.uint16)
+    if out.size != count or out.dtype.itemsize != 2:
+        raise ValueError(f"output for {count} fp16 values is {out.dtype} {list(out.shape)}")
+    return out.reshape(-1).view(np.uint16)
+
+
+def _in_parts(n: int, values_per_item: int, job: Callable[[int, int], int]) -> int:
+    """The sum of ``job(start, stop)`` over [0, n) cut into one part per core (one part for a small tensor), run
+    on the worker threads: one compiled call per part, so the threads hardly ever need the GIL."""
+    parts = min(os.cpu_count() or 1, max(n * values_per_item // MIN_PART_VALUES, 1))
+    if parts == 1:
+        return int(job(0, n))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return sum(int(c) for c in _workers().map(job, bounds[:-1], bounds[1:]))
