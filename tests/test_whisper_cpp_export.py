@@ -221,6 +221,21 @@ def test_a_damaged_checkpoint_exports_nothing(checkpoints, work):
     assert list(out.parent.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["tiny.en", "base"])  # English-only, and multilingual with an id left empty
+def test_an_in_memory_model_asks_its_tokenizer_for_the_vocabulary_tokenizer_json_gives(name):
+    """model_source reads the vocabulary from the tokenizer object instead of parsing its JSON: the same tokens, ids
+    and added tokens, so the same vocabulary bytes in the file."""
+    from tarq_deploy.formats.whisper_cpp import base_vocab_table, model_source
+    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.vocabulary import token_strings
+
+    model, processor, _ = load_whisper(f"packaged:{name}")
+    parsed = json.loads(processor.tokenizer.backend_tokenizer.to_str())
+    asked = model_source(model, processor).tokenizer
+    assert token_strings(asked) == token_strings(parsed)
+    assert np.array_equal(base_vocab_table(asked).records, base_vocab_table(parsed).records)
+
+
 def test_q8_0_export_of_an_8_bit_checkpoint_is_bit_exact_and_runs(tiny, work, jfk_wav):
     ckpt_dir = save_checkpoint(lattice_checkpoint(tiny, LatticeSpec(8, 128)), work / "ckpt-8bit-g128")
     out = export_whisper_cpp(ckpt_dir, work / "tiny-q8_0.bin", "q8_0")

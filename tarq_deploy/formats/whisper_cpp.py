@@ -18,7 +18,7 @@ The file layout and its strict parser are in ggml_file.py.
 """
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import os
 import struct
@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
 from tarq_deploy.fileio import atomic_file, write_buffers
-from tarq_deploy.vocabulary import NotByteLevel, TokenTable, token_strings, token_table
+from tarq_deploy.vocabulary import NotByteLevel, TokenTable, table_of_tokens, token_strings
 
 from .f16_rounding import F16Rounding
 from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn,
@@ -130,12 +130,9 @@ def checkpoint_source(ckpt: LatticeCheckpoint, origin: str = "checkpoint") -> Wh
 
 def model_source(model: Any, processor: Any, origin: str = "model") -> WhisperSource:
     """A transformers WhisperForConditionalGeneration and its WhisperProcessor."""
-    backend = getattr(processor.tokenizer, "backend_tokenizer", None)  # a fast (tokenizers) tokenizer
-    tokenizer = (json.loads(backend.to_str()) if backend is not None
-                 else {"model": {"vocab": processor.tokenizer.get_vocab()}})
     floats = {k: v.detach() for k, v in model.state_dict().items()}
-    source = WhisperSource(model.config.to_dict(), lambda: tokenizer, processor.feature_extractor.to_dict(), floats,
-                           origin=origin)
+    source = WhisperSource(model.config.to_dict(), functools.cache(lambda: _tokenizer_of_processor(processor)),
+                           processor.feature_extractor.to_dict(), floats, origin=origin)
     _tie_output_projection(source)
     return source
 
@@ -146,6 +143,17 @@ def as_source(source: Any) -> WhisperSource:
     they matched (WhisperCppModel.wait_verified)."""
     return as_model_source(source, WhisperSource, checkpoint_source, model_source, model_items=(2, 3),
                            background_digests=True)
+
+
+def _tokenizer_of_processor(processor: Any) -> dict:
+    """The parts of tokenizer.json the vocabulary needs, asked of the tokenizer object: serialising a fast tokenizer
+    to JSON and parsing it back cost 0.1-0.2 s per export, most of an in-memory model's."""
+    backend = getattr(processor.tokenizer, "backend_tokenizer", None)  # a fast (tokenizers) tokenizer
+    if backend is None:
+        return {"model": {"vocab": processor.tokenizer.get_vocab()}}
+    return {"model": {"vocab": backend.get_vocab(with_added_tokens=False)},
+            "added_tokens": [{"id": i, "content": token.content}
+                             for i, token in sorted(backend.get_added_tokens_decoder().items())]}
 
 
 def _tokenizer_of(files: dict[str, bytes], origin: str) -> dict:
@@ -186,11 +194,12 @@ def _check_whisper_cpp_config(config: dict, origin: str) -> None:
 def base_vocab_table(tokenizer: dict, origin: str = "tokenizer") -> TokenTable:
     """Raw bytes of tokens 0 .. <|endoftext|> (50257 for English-only Whisper, 50258 multilingual: an id without a
     token, 50256 there, is written empty). whisper.cpp adds the special tokens after these itself."""
-    eot = [i for i, t in token_strings(tokenizer).items() if t == EOT_TOKEN]
+    id_to_token = token_strings(tokenizer)
+    eot = [i for i, t in id_to_token.items() if t == EOT_TOKEN]
     if not eot:
         raise WhisperExportError(f"{origin}: the tokenizer has no {EOT_TOKEN} token")
     try:
-        return token_table(tokenizer, min(eot) + 1)
+        return table_of_tokens(id_to_token, min(eot) + 1)
     except NotByteLevel as e:
         raise WhisperExportError(f"{origin}: {e}") from None
 
