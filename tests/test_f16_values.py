@@ -1,12 +1,14 @@
 """fp16 tensors of F16 exports (formats/f16_values.py, f16_kernels.py): the compiled decoders give exactly what
 ggml_types.unpack(...).dequantize() rounded by torch gives, for every ggml lattice type; float32 rounding is torch's
 bit for bit over the whole float32 range (NaN and infinities, subnormals, overflow); the counts of changed values
-are exact; large tensors cut into parts on threads give the same bytes; and the F16 tensors, made on threads while
-the file is written, are named in the rounding warning in the order they were asked for."""
+are exact; large tensors cut into parts on threads give the same bytes; and the F16 tensors, made on threads a
+bounded window ahead of the writer into buffers it gives back (MadeAhead), are each their own values and are named in
+the rounding warning in the order they were asked for."""
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -15,8 +17,8 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 
 from tarq_deploy.formats import f16_values
-from tarq_deploy.formats.f16_rounding import F16Rounding
-from tarq_deploy.formats.f16_values import Slabs, blocks_to_f16, float_to_f16
+from tarq_deploy.formats.f16_rounding import F16Rounding, F16Values, MadeAhead
+from tarq_deploy.formats.f16_values import blocks_to_f16, float_to_f16
 from tarq_deploy.quant.ggml_types import FP16_FIELDS, LATTICE_TYPES, unpack
 
 SCALE_MAGNITUDES = [1e-7, 1e-5, 1e-3, 1.0, 300.0, 6e4]  # fp16 subnormal scales to the top of its range
@@ -84,30 +86,50 @@ def test_output_array_is_filled_in_place_and_checked():
         float_to_f16(values, np.zeros(999, dtype=np.float16))
 
 
-def test_slabs_hand_out_disjoint_arrays():
-    slabs = Slabs(slab_bytes=1 << 12)
-    arrays = [slabs.take(n, np.float16) for n in (100, 1000, 3000, 1)]  # 3000 values: more than a slab
-    assert [a.size for a in arrays] == [100, 1000, 3000, 1] and all(a.dtype == np.float16 for a in arrays)
-    for i, a in enumerate(arrays):
-        assert not any(np.shares_memory(a, b) for b in arrays[i + 1:])
+def _made_of(value: float, count: int, before: Callable[[], None] = lambda: None) -> F16Values:
+    def make(out):
+        before()
+        return float_to_f16(torch.full((count,), value), out)
+
+    return F16Values(f"t{value}-{count}", (count,), make)
+
+
+def test_made_ahead_gives_every_tensor_and_reuses_buffers_once_written():
+    """Three tensors of one size and a 2-tensor window: the third is made into the first one's buffer once the
+    writer has written the first, and each tensor's values are its own."""
+    tensors = [_made_of(v, 1000) for v in (0.5, 1.5, 2.5)] + [_made_of(3.5, 10)]
+    ahead = MadeAhead(tensors, F16Rounding("ckpt"), window_bytes=2 * 2000)
+    first = ahead.values(tensors[0])
+    assert ahead.values(tensors[1]).tolist() == [1.5] * 1000
+    assert len(ahead._futures) == 2  # the window: the third is not made before the first is written
+    first_list = first.tolist()
+    ahead.written(tensors[0])
+    third = ahead.values(tensors[2])
+    assert first_list == [0.5] * 1000 and third.tolist() == [2.5] * 1000
+    assert np.shares_memory(first, third)  # the first one's buffer, reused
+    ahead.written(tensors[1])
+    ahead.written(tensors[2])
+    assert ahead.values(tensors[3]).tolist() == [3.5] * 10
+
+
+def test_made_ahead_makes_a_tensor_the_writer_asks_for_beyond_the_window():
+    tensors = [_made_of(v, 1000) for v in (0.5, 1.5, 2.5)]
+    ahead = MadeAhead(tensors, F16Rounding("ckpt"), window_bytes=1)
+    assert ahead.values(tensors[2]).tolist() == [2.5] * 1000  # submitted on demand, with those before it
+    with pytest.raises(ValueError, match="not one of the tensors"):
+        ahead.values(_made_of(9.0, 1))
 
 
 def test_warning_names_tensors_in_the_order_they_were_asked_for(caplog):
     """The tensors are made on several threads; the first one finishes last here."""
     rounding = F16Rounding("ckpt")
     first_may_finish = threading.Event()
-
-    def slow(out):
-        first_may_finish.wait(timeout=10)
-        return float_to_f16(torch.full((4,), 0.1), out)
-
-    def fast(out):
-        result = float_to_f16(torch.full((2,), 0.3), out)
-        first_may_finish.set()
-        return result
-
-    first, second = rounding.later("first", (4,), slow), rounding.later("second", (2,), fast)
+    slow = _made_of(0.1, 4, before=lambda: first_may_finish.wait(timeout=10))
+    fast = _made_of(0.3, 2)
+    ahead = MadeAhead([slow, fast], rounding)
+    assert ahead.values(fast).tolist() == [np.float16(0.3)] * 2
+    first_may_finish.set()
+    assert ahead.values(slow).tolist() == [np.float16(0.1)] * 4
     with caplog.at_level(logging.WARNING):
         rounding.report()
-    assert first.result().tolist() == [np.float16(0.1)] * 4 and second.result().tolist() == [np.float16(0.3)] * 2
-    assert "6 of 6 values in 2 tensors (first, second)" in caplog.text
+    assert "6 of 6 values in 2 tensors (t0.1-4, t0.3-2)" in caplog.text

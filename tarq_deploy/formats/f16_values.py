@@ -39,25 +39,6 @@ def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
     return decoders[ggml_type]
 
 
-class Slabs:
-    """Output arrays cut from large allocations. On a virtual machine a first touch of a 4 kB page can cost 2 us:
-    the 77 MB of fp16 of tiny.en as one fresh array per tensor took 38 ms of page faults, more than writing them.
-    numpy asks for transparent huge pages for allocations of 4 MB and up, so tensors cut from a 64 MB slab fault in
-    2 MB at a time."""
-
-    def __init__(self, slab_bytes: int = 64 << 20) -> None:
-        self.slab_bytes = slab_bytes
-        self._free = np.empty(0, dtype=np.uint8)
-
-    def take(self, count: int, dtype: np.dtype) -> np.ndarray:
-        """An uninitialised array of ``count`` values (a view of a slab kept alive by it)."""
-        nbytes = count * np.dtype(dtype).itemsize
-        if nbytes > self._free.size:
-            self._free = np.empty(max(nbytes, self.slab_bytes), dtype=np.uint8)
-        taken, self._free = self._free[:nbytes], self._free[nbytes:]
-        return taken.view(dtype)
-
-
 def float_to_f16(values: torch.Tensor, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """(``values`` as fp16, in their shape; how many of them fp16 changed, NaN not counted). ``out``: where to put
     them (fp16 or uint16, as many values), else a new array."""

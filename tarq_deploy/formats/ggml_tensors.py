@@ -9,7 +9,6 @@ import mmap
 import os
 import struct
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,9 +19,9 @@ import torch
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights, load_checkpoint
 from tarq_deploy.quant.lattice import QuantizedWeight
 
-from .f16_rounding import F16Rounding
+from .f16_rounding import F16Values
 from .f16_values import blocks_to_f16, float_to_f16
-from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, LatticeNotRepresentable, pack_lattice, tensor_nbytes
+from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, LatticeNotRepresentable, pack_lattice
 
 # tensor roles: which ggml type a runtime stores the tensor in (TensorSlot.ggml_type)
 ROLE_MATRIX = "matrix"  # the file's weight type (lattice blocks, or F16 / F32 in a float file)
@@ -78,24 +77,16 @@ class TensorRecord:
 @dataclass
 class PackedTensor:
     """One tensor ready to write: ``data`` holds exactly its bytes (float32 / float16 values or uint8 blocks), or
-    will: an F16 tensor's is a Future while its values are being made (F16Rounding.later), so that writing the
-    tensors before it overlaps with making them."""
+    is the recipe of an F16 tensor's values, made when the file is written (f16_rounding.MadeAhead)."""
 
     name: str
     ggml_type: int
     shape: tuple[int, ...]
-    data: np.ndarray | Future
-
-    def ready(self) -> bool:
-        return not isinstance(self.data, Future) or self.data.done()
-
-    def array(self) -> np.ndarray:
-        """The bytes' array, once made."""
-        return self.data.result() if isinstance(self.data, Future) else self.data
+    data: np.ndarray | F16Values
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes if isinstance(self.data, np.ndarray) else tensor_nbytes(self.ggml_type, self.shape)
+        return self.data.nbytes
 
 
 def n_rows(shape: tuple[int, ...]) -> int:
@@ -248,25 +239,23 @@ def max_abs_diff(actual: np.ndarray, expected: np.ndarray | torch.Tensor) -> flo
 
 
 # ----------------------------------------------------------------------------------------- packing, both files
-def pack_float(name: str, values: torch.Tensor, ggml_type: int, rounding: F16Rounding) -> np.ndarray | Future:
-    """Float32 ``values`` stored as ``ggml_type``: F32 at once, F16 made on the F16 thread (F16Rounding.later, which
-    counts what fp16 rounded for its warning)."""
+def pack_float(name: str, values: torch.Tensor, ggml_type: int) -> np.ndarray | F16Values:
+    """Float32 ``values`` stored as ``ggml_type``: F32 at once, F16 as the recipe of its fp16 values (made when the
+    file is written, the values fp16 rounded counted for the warning)."""
     if ggml_type == GGMLType.F32:
         return values.to(torch.float32).contiguous().numpy()
     if ggml_type != GGMLType.F16:
         raise ValueError(f"{name}: {GGML_TYPE_NAMES.get(ggml_type, ggml_type)} is not a float type")
-    return rounding.later(name, tuple(values.shape), lambda out: float_to_f16(values, out))
+    return F16Values(name, tuple(values.shape), lambda out: float_to_f16(values, out))
 
 
-def stored_blocks_as_f16(lattice: Mapping[str, QuantizedWeight], key: str, name: str,
-                         rounding: F16Rounding) -> Future | None:
-    """The fp16 values of lattice weight ``key`` decoded straight from the checkpoint's blocks, made on the F16
-    thread (``name``: the tensor in the file, for the rounding warning); None when the weight is not held as
-    stored blocks."""
+def stored_blocks_as_f16(lattice: Mapping[str, QuantizedWeight], key: str, name: str) -> F16Values | None:
+    """The fp16 values of lattice weight ``key`` decoded straight from the checkpoint's blocks when the file is
+    written (``name``: the tensor in the file); None when the weight is not held as stored blocks."""
     stored = lattice.stored(key) if isinstance(lattice, LatticeWeights) else None
     if stored is None:
         return None
-    return rounding.later(name, stored.shape, lambda out: blocks_to_f16(stored.blocks, stored.ggml_type, out))
+    return F16Values(name, stored.shape, lambda out: blocks_to_f16(stored.blocks, stored.ggml_type, out))
 
 
 def pack_exact(q: QuantizedWeight, ggml_type: int, hf_name: str, origin: str) -> np.ndarray:

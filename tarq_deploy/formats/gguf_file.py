@@ -93,7 +93,7 @@ def write_gguf(model: GGUFModel, out_path: str | os.PathLike) -> Path:
             for kv in model.kv:
                 _add_kv(writer, kv)
             for t in model.tensors:
-                writer.add_tensor(t.name, np.ascontiguousarray(t.array()), raw_dtype=GGMLType(t.ggml_type),
+                writer.add_tensor(t.name, np.ascontiguousarray(t.data), raw_dtype=GGMLType(t.ggml_type),
                                   raw_shape=None if t.ggml_type in QUANTIZED_TYPES else t.shape)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()

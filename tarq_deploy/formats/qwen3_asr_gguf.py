@@ -25,7 +25,7 @@ from gguf.constants import GGUFValueType
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
 
-from .f16_rounding import F16Rounding
+from .f16_rounding import F16Rounding, F16Values
 from .ggml_blocks import (GGML_TYPE_NAMES, LATTICE_TYPES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable,
                           type_for_spec)
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
@@ -363,13 +363,20 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
         stored = type_for_spec(source.lattice.spec_of(key)) if is_mix(source) else weight_type
         return PackedTensor(slot.name, stored, slot.shape, _pack_lattice_slot(slot, key, source, stored))
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
-    if ggml_type == GGMLType.F16 and key in source.lattice:
-        _check_lattice_shape(slot, key, source)
-        data = stored_blocks_as_f16(source.lattice, key, slot.name, rounding)  # None unless held as blocks
-        if data is not None:
-            return PackedTensor(slot.name, ggml_type, slot.shape, data)
-    values = _shaped(source.float_value(slot.hf_name), slot, source.origin)
-    return PackedTensor(slot.name, ggml_type, slot.shape, pack_float(slot.name, values, ggml_type, rounding))
+    data = _f16_from_blocks(slot, key, source) if ggml_type == GGMLType.F16 else None
+    if data is None:
+        data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type)
+    # gguf-py's writer takes every tensor's array before it writes: F16 values are made here, not while writing
+    values = rounding.made(data) if isinstance(data, F16Values) else data
+    return PackedTensor(slot.name, ggml_type, slot.shape, values)
+
+
+def _f16_from_blocks(slot: TensorSlot, key: str, source: Qwen3ASRSource) -> F16Values | None:
+    """An F16 slot whose lattice weight the checkpoint holds as ggml blocks: decoded from them directly."""
+    if key not in source.lattice:
+        return None
+    _check_lattice_shape(slot, key, source)
+    return stored_blocks_as_f16(source.lattice, key, slot.name)
 
 
 def _pack_lattice_slot(slot: TensorSlot, key: str, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:

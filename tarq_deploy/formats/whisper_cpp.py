@@ -22,7 +22,6 @@ import functools
 import logging
 import os
 import struct
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -36,7 +35,7 @@ from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
 from tarq_deploy.fileio import atomic_file, write_buffers
 from tarq_deploy.vocabulary import NotByteLevel, TokenTable, table_of_tokens, token_strings
 
-from .f16_rounding import F16Rounding
+from .f16_rounding import F16Rounding, F16Values, MadeAhead
 from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn,
                           type_for_spec)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
@@ -218,7 +217,7 @@ class WhisperCppModel:
     vocab: TokenTable
     tensors: list[PackedTensor]
     wait_verified: Callable[[], None] = lambda: None  # the source checkpoint's digests; checked before the rename
-    rounding: F16Rounding | None = None  # the F16 tensors still being made, and the warning about their rounding
+    origin: str = "model"  # the source, as the warning about F16 rounding names it
 
     @property
     def nbytes(self) -> int:
@@ -235,11 +234,10 @@ def build_whisper_cpp(source: WhisperSource, target: str, baseline: str | None =
         hparams = source.hparams(weight_type)
         slots = tensor_slots(hparams)
         _check_nothing_left_over(source, slots)
-        rounding = F16Rounding(source.origin)
         with tqdm(slots, desc=f"pack {target}", unit="tensor", disable=not progress, leave=False) as bar:
-            tensors = [_pack_slot(slot, source, weight_type, baseline, rounding) for slot in bar]
+            tensors = [_pack_slot(slot, source, weight_type, baseline) for slot in bar]
         model = WhisperCppModel(hparams, source.mel_filters(), source.export_vocab(), tensors, source.wait_verified,
-                                rounding)
+                                source.origin)
     except Exception:
         source.wait_verified()  # a damaged checkpoint is named by its digest first, not by what failed on it
         raise
@@ -282,27 +280,25 @@ def _check_nothing_left_over(source: WhisperSource, slots: list[TensorSlot]) -> 
                                  + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
 
 
-def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseline: str | None,
-               rounding: "F16Rounding") -> PackedTensor:
+def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseline: str | None) -> PackedTensor:
     ggml_type = slot.ggml_type(weight_type)
     if ggml_type in QUANTIZED_TYPES:
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
     else:
-        data = _stored_blocks_as_f16(slot, source, rounding) if ggml_type == GGMLType.F16 else None
+        data = _stored_blocks_as_f16(slot, source) if ggml_type == GGMLType.F16 else None
         if data is None:
-            data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type,
-                              rounding)
+            data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type)
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
 
 
-def _stored_blocks_as_f16(slot: TensorSlot, source: WhisperSource, rounding: F16Rounding) -> Future | None:
+def _stored_blocks_as_f16(slot: TensorSlot, source: WhisperSource) -> F16Values | None:
     """An F16 slot whose lattice weight the checkpoint holds as ggml blocks: its values decoded from the blocks
     directly (the same values as s * q rounded to fp16, without making codes, scales and s * q first)."""
     key = source.resolve(slot.hf_name)
     if key not in source.lattice:
         return None
     _check_lattice_shape(slot, source, key)
-    return stored_blocks_as_f16(source.lattice, key, slot.name, rounding)
+    return stored_blocks_as_f16(source.lattice, key, slot.name)
 
 
 def _check_lattice_shape(slot: TensorSlot, source: WhisperSource, key: str) -> None:
@@ -345,29 +341,35 @@ def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------------ writing
 def write_whisper_cpp(model: WhisperCppModel, out_path: str | os.PathLike, progress: bool = False) -> Path:
     """Write ``model`` to ``out_path`` through a temporary file in the same directory, renamed when complete;
-    nothing is left behind on error."""
+    nothing is left behind on error. F16 tensors are made while the tensors before them are written (MadeAhead)."""
     out = Path(out_path)
+    rounding = F16Rounding(model.origin)
+    f16 = MadeAhead([t.data for t in model.tensors if isinstance(t.data, F16Values)], rounding)
     with atomic_file(out, before_rename=model.wait_verified) as f:
         f.write(_preamble_bytes(model))
         with tqdm(total=model.nbytes, desc=f"write {out.name}", unit="B", unit_scale=True,
                   disable=not progress, leave=False) as bar:
-            for batch in _batches(model.tensors, WRITE_BATCH_BYTES):
-                bar.update(write_buffers(f, [part for tensor in batch for part in _tensor_parts(tensor)]))
-    if model.rounding is not None:
-        model.rounding.report()
+            for batch in _batches(model.tensors, WRITE_BATCH_BYTES, f16.ready):
+                bar.update(write_buffers(f, [part for tensor in batch for part in _tensor_parts(tensor, f16)]))
+                for tensor in batch:
+                    if isinstance(tensor.data, F16Values):
+                        f16.written(tensor.data)
+    rounding.report()
     return out
 
 
 WRITE_BATCH_BYTES = 64 << 20  # tensors handed to the kernel together; progress moves once per batch
 
 
-def _batches(tensors: list[PackedTensor], limit: int) -> Iterator[list[PackedTensor]]:
-    """The tensors in runs of at most ``limit`` bytes, handed to the kernel together; a run also ends before a
+def _batches(tensors: list[PackedTensor], limit: int, f16_ready: Callable[[F16Values], bool]
+             ) -> Iterator[list[PackedTensor]]:
+    """The tensors in runs of at most ``limit`` bytes, handed to the kernel together; a run also ends before an F16
     tensor still being made, so that what is ready is written meanwhile."""
     batch: list[PackedTensor] = []
     size = 0
     for tensor in tensors:
-        if batch and (size + tensor.nbytes > limit or not tensor.ready()):
+        waits = isinstance(tensor.data, F16Values) and not f16_ready(tensor.data)
+        if batch and (size + tensor.nbytes > limit or waits):
             yield batch
             batch, size = [], 0
         batch.append(tensor)
@@ -384,12 +386,11 @@ def _preamble_bytes(model: WhisperCppModel) -> bytes:
     return b"".join(parts)
 
 
-def _tensor_parts(tensor: PackedTensor) -> tuple[bytes, memoryview]:
-    """A tensor's record: header (dims, name length, type, ne, name) and data."""
+def _tensor_parts(tensor: PackedTensor, f16: MadeAhead) -> tuple[bytes, memoryview]:
     name = tensor.name.encode("utf-8")
     ne = tuple(reversed(tensor.shape))  # ggml order: ne[0] is the row length
     header = struct.pack(f"<3i{len(ne)}i", len(ne), len(name), tensor.ggml_type, *ne) + name
-    array = tensor.array()  # an F16 tensor may still be in the making: this waits for it
+    array = f16.values(tensor.data) if isinstance(tensor.data, F16Values) else tensor.data  # waits for an F16 one
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))  # no-op on little-endian
     return header, memoryview(data).cast("B")
 
