@@ -5,7 +5,8 @@ Rounding is the processor's own conversion (LLVM's fptrunc to half: F16C's vcvtp
 to nearest even, NaN made quiet with the top of its payload kept -- what torch's conversion gives, bit for bit
 (tests/test_f16_values.py). Numba has no fp16 type on the CPU, so two intrinsics reach the instruction directly.
 
-Each ``decode_*`` kernel takes one type's blocks ``raw`` uint8 [blocks, type size] and fills ``out`` uint16
+Each ``decode_*`` kernel takes one type's blocks ``raw`` uint8 [blocks, type size] (decode_blocks_of_32 and
+decode_k_affine: of the types their flags name) and fills ``out`` uint16
 [blocks * block size] with the fp16 bits of exactly what ``ggml_types.unpack(...).dequantize()`` gives: the unsigned
 code u, the code q = u + qmin, then q * s (and + o) as two float32 roundings, with s = d * sc and o = -(dmin * mn)
 for the K-quants. Every operand is made float32 before it meets another, so numba computes in float32 as the
@@ -74,30 +75,6 @@ def _fp16_at(raw: np.ndarray, b: int, at: int) -> np.float32:
 
 
 @_kernel
-def decode_q4_0(raw: np.ndarray, out: np.ndarray) -> int:
-    changed = 0
-    for b in range(raw.shape[0]):
-        d = _fp16_at(raw, b, 0)
-        for j in range(16):
-            x = np.int32(raw[b, 2 + j])
-            changed += _store(out, 32 * b + j, np.float32((x & 15) - 8) * d)
-            changed += _store(out, 32 * b + 16 + j, np.float32((x >> 4) - 8) * d)
-    return changed
-
-
-@_kernel
-def decode_q4_1(raw: np.ndarray, out: np.ndarray) -> int:
-    changed = 0
-    for b in range(raw.shape[0]):
-        d, m = _fp16_at(raw, b, 0), _fp16_at(raw, b, 2)
-        for j in range(16):
-            x = np.int32(raw[b, 4 + j])
-            changed += _store(out, 32 * b + j, np.float32(x & 15) * d + m)
-            changed += _store(out, 32 * b + 16 + j, np.float32(x >> 4) * d + m)
-    return changed
-
-
-@_kernel
 def _fifth_bits(raw: np.ndarray, b: int, at: int) -> np.int64:
     """Q5_0 / Q5_1's qh: bit j of this little-endian uint32 is bit 4 of value j."""
     return (np.int64(raw[b, at]) | (np.int64(raw[b, at + 1]) << 8) | (np.int64(raw[b, at + 2]) << 16)
@@ -105,32 +82,24 @@ def _fifth_bits(raw: np.ndarray, b: int, at: int) -> np.int64:
 
 
 @_kernel
-def decode_q5_0(raw: np.ndarray, out: np.ndarray) -> int:
+def decode_blocks_of_32(raw: np.ndarray, out: np.ndarray, with_min: bool, with_fifth_bit: bool) -> int:
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1: d (and m), then Q5's 32 fifth bits, then 16 bytes of nibbles, value j in the low
+    nibble of byte j and value 16 + j in its high one. Symmetric types: q * d with q = u - 2^(bits-1); with a min:
+    u * d + m (two roundings). The symmetric product gets no "+ 0": that would turn a -0.0 into +0.0."""
+    qmin = 0 if with_min else (-16 if with_fifth_bit else -8)
+    high_at = 4 if with_min else 2
+    nibbles_at = high_at + (4 if with_fifth_bit else 0)
     changed = 0
     for b in range(raw.shape[0]):
         d = _fp16_at(raw, b, 0)
-        high = _fifth_bits(raw, b, 2)
+        m = _fp16_at(raw, b, 2) if with_min else np.float32(0)
+        high = _fifth_bits(raw, b, high_at) if with_fifth_bit else np.int64(0)
         for j in range(16):
-            x = np.int64(raw[b, 6 + j])
-            low_half = (x & 15) | (((high >> j) & 1) << 4)
-            high_half = (x >> 4) | (((high >> (j + 16)) & 1) << 4)
-            changed += _store(out, 32 * b + j, np.float32(low_half - 16) * d)
-            changed += _store(out, 32 * b + 16 + j, np.float32(high_half - 16) * d)
-    return changed
-
-
-@_kernel
-def decode_q5_1(raw: np.ndarray, out: np.ndarray) -> int:
-    changed = 0
-    for b in range(raw.shape[0]):
-        d, m = _fp16_at(raw, b, 0), _fp16_at(raw, b, 2)
-        high = _fifth_bits(raw, b, 4)
-        for j in range(16):
-            x = np.int64(raw[b, 8 + j])
-            low_half = (x & 15) | (((high >> j) & 1) << 4)
-            high_half = (x >> 4) | (((high >> (j + 16)) & 1) << 4)
-            changed += _store(out, 32 * b + j, np.float32(low_half) * d + m)
-            changed += _store(out, 32 * b + 16 + j, np.float32(high_half) * d + m)
+            x = np.int64(raw[b, nibbles_at + j])
+            low = np.float32(((x & 15) | (((high >> j) & 1) << 4)) + qmin) * d
+            up = np.float32(((x >> 4) | (((high >> (j + 16)) & 1) << 4)) + qmin) * d
+            changed += _store(out, 32 * b + j, low + m if with_min else low)
+            changed += _store(out, 32 * b + 16 + j, up + m if with_min else up)
     return changed
 
 
@@ -157,7 +126,7 @@ def _k_scale_min(raw: np.ndarray, b: int, g: int) -> tuple[np.float32, np.float3
 
 
 @_kernel
-def _decode_k_affine(raw: np.ndarray, out: np.ndarray, with_fifth_bit: bool) -> int:
+def decode_k_affine(raw: np.ndarray, out: np.ndarray, with_fifth_bit: bool) -> int:
     nibbles = 48 if with_fifth_bit else 16  # Q5_K keeps 32 bytes of fifth bits between the scales and the nibbles
     changed = 0
     for b in range(raw.shape[0]):
@@ -173,16 +142,6 @@ def _decode_k_affine(raw: np.ndarray, out: np.ndarray, with_fifth_bit: bool) -> 
                     u |= ((np.int64(raw[b, 16 + j]) >> g) & 1) << 4
                 changed += _store(out, 256 * b + 32 * g + j, np.float32(u) * s + o)
     return changed
-
-
-@_kernel
-def decode_q4_k(raw: np.ndarray, out: np.ndarray) -> int:
-    return _decode_k_affine(raw, out, False)
-
-
-@_kernel
-def decode_q5_k(raw: np.ndarray, out: np.ndarray) -> int:
-    return _decode_k_affine(raw, out, True)
 
 
 @_kernel

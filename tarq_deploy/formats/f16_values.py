@@ -30,10 +30,15 @@ def _workers() -> ThreadPoolExecutor:
 def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
     from . import f16_kernels  # numba: imported (and its kernels compiled or read from the cache) by F16 exports only
 
-    decoders = {GGMLType.Q4_0: f16_kernels.decode_q4_0, GGMLType.Q4_1: f16_kernels.decode_q4_1,
-                GGMLType.Q5_0: f16_kernels.decode_q5_0, GGMLType.Q5_1: f16_kernels.decode_q5_1,
-                GGMLType.Q8_0: f16_kernels.decode_q8_0, GGMLType.Q4_K: f16_kernels.decode_q4_k,
-                GGMLType.Q5_K: f16_kernels.decode_q5_k, GGMLType.Q6_K: f16_kernels.decode_q6_k}
+    blocks_of_32, k_affine = f16_kernels.decode_blocks_of_32, f16_kernels.decode_k_affine
+    decoders = {GGMLType.Q4_0: lambda raw, out: blocks_of_32(raw, out, False, False),  # flags: with_min, fifth bit
+                GGMLType.Q4_1: lambda raw, out: blocks_of_32(raw, out, True, False),
+                GGMLType.Q5_0: lambda raw, out: blocks_of_32(raw, out, False, True),
+                GGMLType.Q5_1: lambda raw, out: blocks_of_32(raw, out, True, True),
+                GGMLType.Q8_0: f16_kernels.decode_q8_0,
+                GGMLType.Q4_K: lambda raw, out: k_affine(raw, out, False),  # flag: fifth bit
+                GGMLType.Q5_K: lambda raw, out: k_affine(raw, out, True),
+                GGMLType.Q6_K: f16_kernels.decode_q6_k}
     if ggml_type not in decoders:
         raise ValueError(f"no decoder for {GGMLType(ggml_type).name} blocks")
     return decoders[ggml_type]
