@@ -133,3 +133,17 @@ def test_warning_names_tensors_in_the_order_they_were_asked_for(caplog):
     with caplog.at_level(logging.WARNING):
         rounding.report()
     assert "6 of 6 values in 2 tensors (t0.1-4, t0.3-2)" in caplog.text
+
+
+def test_a_forked_process_makes_f16_values_with_threads_of_its_own():
+    """The worker threads are per process: a child forked after the parent made F16 values does not hand its work
+    to the parent's threads (which it does not have) and wait forever."""
+    import multiprocessing
+
+    float_to_f16(torch.ones(4))  # the parent's threads exist now
+    blocks = random_blocks(T.Q4_0, rows=64, blocks_per_row=1 << 10, seed=3)  # 2 M values: cut into parts
+    expected = blocks_to_f16(blocks, T.Q4_0)[0]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        made = pool.apply_async(blocks_to_f16, (blocks, T.Q4_0)).get(timeout=60)[0]
+    assert np.array_equal(made.view(np.uint16), expected.view(np.uint16))

@@ -13,10 +13,8 @@ hands back, the values reuse the same few megabytes, and each tensor is made whi
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
-import os
 import threading
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +22,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from .f16_values import threads
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,9 @@ class F16Rounding:
                         len(rounded), names)
 
 
-@functools.cache
 def _f16_threads() -> ThreadPoolExecutor:
     """One thread per core: tensors are made side by side (their kernels release the GIL)."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="f16-tensors")
+    return threads("f16-tensors")
 
 
 class MadeAhead:

@@ -20,10 +20,21 @@ from gguf.constants import GGMLQuantizationType as GGMLType
 MIN_PART_VALUES = 1 << 20  # a tensor is shared among the cores from two parts of this size on
 
 
-@functools.cache
+_POOLS: dict[tuple[int, str], ThreadPoolExecutor] = {}
+
+
+def threads(purpose: str) -> ThreadPoolExecutor:
+    """One thread per core for ``purpose``, made once per process: a process forked from one that had made them
+    has none of their threads, and work handed to the parent's pool there would wait forever."""
+    key = (os.getpid(), purpose)
+    if key not in _POOLS:
+        _POOLS[key] = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix=purpose)
+    return _POOLS[key]
+
+
 def _workers() -> ThreadPoolExecutor:
     """Threads for the parts of a large tensor: the kernels release the GIL."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="f16-parts")
+    return threads("f16-parts")
 
 
 @functools.cache
