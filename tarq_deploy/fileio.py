@@ -6,6 +6,7 @@ usually), not the private 0600 / 0700 that mkstemp and mkdtemp give their tempor
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -70,12 +71,28 @@ def _temporary_beside(path: str | os.PathLike, before_rename: Callable[[], None]
 
 @contextmanager
 def atomic_path(path: str | os.PathLike, before_rename: Callable[[], None] | None = None) -> Iterator[Path]:
-    """A temporary path beside ``path`` for a writer that insists on opening the file itself (soundfile, a
-    subprocess); renamed to ``path`` with the usual permissions on a clean exit, removed otherwise. ``before_rename``
-    runs last, after the writer: an exception from it removes the file like any other."""
-    with _temporary_beside(path, before_rename) as (fd, tmp):
-        os.close(fd)
-        yield tmp
+    """A path beside ``path`` that does not exist yet, for a writer that insists on opening the file itself (gguf-py's
+    writer, shutil.copyfile, soundfile, a subprocess); the file it makes there is renamed to ``path`` with the usual
+    permissions on a clean exit, removed otherwise (and a writer that made no file is an error, not an empty
+    output). ``before_rename`` runs last, after the writer: an exception from it removes the file like any other.
+
+    The path lies in a new private directory beside ``path`` (mkdtemp), under ``path``'s own name, so the writer
+    creates the file instead of truncating one that mkstemp made (see atomic_file for what that cost on ext4)."""
+    target = Path(path)
+    with naming_os_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        holder = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+        try:
+            tmp = holder / target.name
+            yield tmp
+            if not tmp.is_file():
+                raise OSError(errno.ENOENT, "the writer made no file", str(target))
+            if before_rename is not None:
+                before_rename()
+            os.chmod(tmp, default_file_mode())
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(holder, ignore_errors=True)
 
 
 @contextmanager

@@ -460,6 +460,26 @@ def test_atomic_file_writes_through_the_temporary_it_made(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["card.md", "model.bin"]
 
 
+def test_atomic_path_hands_a_writer_a_path_that_does_not_exist_yet(tmp_path):
+    """A writer that opens the file itself creates it (no truncation of a temporary made for it), under the target's
+    own name and suffix; the result gets the usual permissions, and nothing else is left. A writer that makes no
+    file is an error naming the target, not an empty output."""
+    from tarq_deploy.fileio import atomic_path, default_file_mode
+
+    with atomic_path(tmp_path / "model.gguf") as tmp:
+        assert not tmp.exists() and tmp.name == "model.gguf" and tmp.parent.parent == tmp_path
+        tmp.write_bytes(b"GGUF")
+    assert (tmp_path / "model.gguf").read_bytes() == b"GGUF"
+    assert os.stat(tmp_path / "model.gguf").st_mode & 0o777 == default_file_mode()
+    with pytest.raises(OSError, match="the writer made no file") as made_nothing, atomic_path(tmp_path / "x.bin"):
+        pass
+    assert made_nothing.value.filename == str(tmp_path / "x.bin")
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "y.bin") as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+
+
 # ------------------------------------------------------------------------------------------------------- resume
 class _Interrupt(Exception):
     pass
