@@ -436,9 +436,9 @@ def test_outputs_get_the_usual_permissions(checkpoint, tmp_path):
 
 
 def test_atomic_file_writes_through_the_temporary_it_made(tmp_path, monkeypatch):
-    """Outputs are written through mkstemp's own descriptor: opening the temporary again with "wb" truncated it, and
-    ext4 flushes a file truncated to zero when it closes, which doubled the time to write a model file. Text and
-    binary modes both work, and a failed writer leaves nothing."""
+    """Outputs are written through the descriptor that created them: opening an existing temporary again with "wb"
+    truncated it, and ext4 flushes a file truncated to zero when it closes, which doubled the time to write a model
+    file. Text and binary modes both work, and a failed writer leaves nothing."""
     import builtins
 
     from tarq_deploy.fileio import atomic_file
