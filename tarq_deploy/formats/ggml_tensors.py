@@ -22,6 +22,7 @@ from tarq_deploy.quant.lattice import QuantizedWeight
 from .f16_rounding import F16Values
 from .f16_values import blocks_to_f16, float_to_f16
 from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, LatticeNotRepresentable, pack_lattice
+from .model_files import ModelTensors
 
 # tensor roles: which ggml type a runtime stores the tensor in (TensorSlot.ggml_type)
 ROLE_MATRIX = "matrix"  # the file's weight type (lattice blocks, or F16 / F32 in a float file)
@@ -249,13 +250,18 @@ def pack_float(name: str, values: torch.Tensor, ggml_type: int) -> np.ndarray | 
     return F16Values(name, tuple(values.shape), lambda out: float_to_f16(values, out))
 
 
-def stored_blocks_as_f16(lattice: Mapping[str, QuantizedWeight], key: str, name: str) -> F16Values | None:
-    """The fp16 values of lattice weight ``key`` decoded straight from the checkpoint's blocks when the file is
-    written (``name``: the tensor in the file); None when the weight is not held as stored blocks."""
-    stored = lattice.stored(key) if isinstance(lattice, LatticeWeights) else None
+def stored_blocks_as_f16(source: ModelTensors, slot: TensorSlot) -> F16Values | None:
+    """An F16 ``slot`` whose lattice weight the checkpoint holds as ggml blocks: its values decoded straight from
+    the blocks when the file is written (the same values as s * q rounded to fp16, without making codes, scales and
+    s * q first); None when the weight is not held as stored blocks."""
+    key = source.resolve(slot.hf_name)
+    if not isinstance(source.lattice, LatticeWeights) or key not in source.lattice:
+        return None
+    stored = source.lattice.stored(key)
     if stored is None:
         return None
-    return F16Values(name, stored.shape, lambda out: blocks_to_f16(stored.blocks, stored.ggml_type, out))
+    source.check_lattice_shape(slot)
+    return F16Values(slot.name, stored.shape, lambda out: blocks_to_f16(stored.blocks, stored.ggml_type, out))
 
 
 def pack_exact(q: QuantizedWeight, ggml_type: int, hf_name: str, origin: str) -> np.ndarray:

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Callable, TypeVar
 
-from tarq_deploy.checkpoint import LatticeCheckpoint, load_checkpoint
+from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights, load_checkpoint
 
 Source = TypeVar("Source")
 
@@ -22,10 +22,11 @@ class ModelTensors:
     is not a dataclass, so they add no fields). A missing tensor raises the source's ``error`` class."""
 
     floats: dict[str, Any]  # name -> torch.Tensor
-    lattice: dict[str, Any]  # name -> QuantizedWeight
+    lattice: LatticeWeights  # name -> QuantizedWeight, a checkpoint's blocks undecoded
     aliases: dict[str, str]  # name -> the name whose tensor it shares
     origin: str
     error: type[ModelFilesError] = ModelFilesError
+    runtime: str = "the runtime"  # who expects a tensor's shape, in the error that says it differs
 
     def resolve(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -33,6 +34,13 @@ class ModelTensors:
     def has(self, name: str) -> bool:
         key = self.resolve(name)
         return key in self.lattice or key in self.floats
+
+    def check_lattice_shape(self, slot: Any) -> None:
+        """The lattice weight behind a runtime file's ``slot`` (a TensorSlot) has the shape the runtime expects."""
+        shape = self.lattice.shape_of(self.resolve(slot.hf_name))
+        if shape != slot.shape:
+            raise self.error(f"{self.origin}: {slot.hf_name} has shape {list(shape)}, {self.runtime} expects "
+                             f"{list(slot.shape)} for {slot.name}")
 
     def float_value(self, name: str) -> Any:
         """The float tensor behind ``name``: stored as is, or s * q of a lattice weight (exact in float32)."""

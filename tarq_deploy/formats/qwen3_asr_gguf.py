@@ -363,7 +363,7 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
         stored = type_for_spec(source.lattice.spec_of(key)) if is_mix(source) else weight_type
         return PackedTensor(slot.name, stored, slot.shape, _pack_lattice_slot(slot, key, source, stored))
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
-    data = _f16_from_blocks(slot, key, source) if ggml_type == GGMLType.F16 else None
+    data = stored_blocks_as_f16(source, slot) if ggml_type == GGMLType.F16 else None
     if data is None:
         data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type)
     # gguf-py's writer takes every tensor's array before it writes: F16 values are made here, not while writing
@@ -371,24 +371,9 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
     return PackedTensor(slot.name, ggml_type, slot.shape, values)
 
 
-def _f16_from_blocks(slot: TensorSlot, key: str, source: Qwen3ASRSource) -> F16Values | None:
-    """An F16 slot whose lattice weight the checkpoint holds as ggml blocks: decoded from them directly."""
-    if key not in source.lattice:
-        return None
-    _check_lattice_shape(slot, key, source)
-    return stored_blocks_as_f16(source.lattice, key, slot.name)
-
-
 def _pack_lattice_slot(slot: TensorSlot, key: str, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
-    _check_lattice_shape(slot, key, source)
+    source.check_lattice_shape(slot)
     return stored_or_packed(source.lattice, key, weight_type, slot.hf_name, source.origin)
-
-
-def _check_lattice_shape(slot: TensorSlot, key: str, source: Qwen3ASRSource) -> None:
-    shape = source.lattice.shape_of(key)
-    if shape != slot.shape:
-        raise GGUFExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, the runtime expects "
-                              f"{list(slot.shape)} for {slot.name}")
 
 
 def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:

@@ -76,6 +76,7 @@ class WhisperSource(ModelTensors):
     token_table: TokenTable | None = None  # the checkpoint's stored tokens, where it has them
     wait_verified: Callable[[], None] = lambda: None  # the checkpoint's digest check, when it runs in the background
     error = WhisperExportError
+    runtime = "whisper.cpp"
 
     @cached_property
     def tokenizer(self) -> dict:
@@ -285,27 +286,10 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
     if ggml_type in QUANTIZED_TYPES:
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
     else:
-        data = _stored_blocks_as_f16(slot, source) if ggml_type == GGMLType.F16 else None
+        data = stored_blocks_as_f16(source, slot) if ggml_type == GGMLType.F16 else None
         if data is None:
             data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type)
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
-
-
-def _stored_blocks_as_f16(slot: TensorSlot, source: WhisperSource) -> F16Values | None:
-    """An F16 slot whose lattice weight the checkpoint holds as ggml blocks: its values decoded from the blocks
-    directly (the same values as s * q rounded to fp16, without making codes, scales and s * q first)."""
-    key = source.resolve(slot.hf_name)
-    if key not in source.lattice:
-        return None
-    _check_lattice_shape(slot, source, key)
-    return stored_blocks_as_f16(source.lattice, key, slot.name)
-
-
-def _check_lattice_shape(slot: TensorSlot, source: WhisperSource, key: str) -> None:
-    shape = source.lattice.shape_of(key)
-    if shape != slot.shape:
-        raise WhisperExportError(f"{source.origin}: {slot.hf_name} has shape {list(shape)}, whisper.cpp expects "
-                                 f"{list(slot.shape)}")
 
 
 def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
@@ -317,7 +301,7 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
         raise LatticeNotRepresentable(
             f"{source.origin}: {slot.hf_name} is not on a lattice; a {name} export stores a lattice checkpoint "
             f"exactly (quantize every weight matrix and proj_out), or use baseline 'rtn' for ggml's own rounding")
-    _check_lattice_shape(slot, source, key)
+    source.check_lattice_shape(slot)
     return stored_or_packed(source.lattice, key, ggml_type, slot.hf_name, source.origin)
 
 
