@@ -479,8 +479,6 @@ def _read(root: Path, rel: str) -> bytes | mmap.mmap:
     if rel == LATTICE_FILE:
         return map_readonly(os.path.join(root, rel), populate=True)
     if rel == TENSORS_FILE:  # torch tensors view it in place; they may be written to, the file never is
-        # not populated: populating a writable private map copies every page (the kernel breaks copy-on-write
-        # ahead of time), 2 ms of tiny.en's 5 ms load; pages a reader only reads stay the file's own
         return map_private(os.path.join(root, rel))
     with open(os.path.join(root, rel), "rb") as f:
         return f.read()

@@ -23,6 +23,8 @@ LITTLE_ENDIAN = {name: np.dtype(t).newbyteorder("<") for name, t in NUMPY_DTYPES
 TORCH_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
                 "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
                 "BOOL": torch.bool}
+NUMPY_ITEM_BYTES = {name: t.itemsize for name, t in LITTLE_ENDIAN.items()}
+TORCH_ITEM_BYTES = {name: t.itemsize for name, t in TORCH_DTYPES.items()}
 HEADER_LENGTH_BYTES = 8
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the library's own limit
 
@@ -35,21 +37,21 @@ def map_readonly(path: str | os.PathLike, populate: bool = False) -> mmap.mmap |
     """A read-only memory map of the whole file (an empty file, which cannot be mapped, as b""). ``populate`` maps
     every page at once (Linux MAP_POPULATE) for a caller that reads all of it: one call instead of a page fault per
     4 KiB."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return b""
-        flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-        return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
+    return _map_whole(path, mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0), mmap.PROT_READ)
 
 
-def map_private(path: str | os.PathLike, populate: bool = False) -> mmap.mmap | bytes:
+def map_private(path: str | os.PathLike) -> mmap.mmap | bytes:
     """A writable private memory map of the whole file, for torch_views: a write to it copies the page it falls on,
-    never reaching the file. ``populate`` as for map_readonly."""
+    never reaching the file. Never populated: populating a writable private map copies every page ahead of time
+    (the kernel breaks copy-on-write at once), while pages a reader only reads stay the file's own."""
+    return _map_whole(path, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _map_whole(path: str | os.PathLike, flags: int, prot: int) -> mmap.mmap | bytes:
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return b""
-        flags = mmap.MAP_PRIVATE | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-        return mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return mmap.mmap(f.fileno(), 0, flags=flags, prot=prot)
 
 
 def tensor_views(buffer: mmap.mmap | bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -57,7 +59,7 @@ def tensor_views(buffer: mmap.mmap | bytes) -> tuple[dict[str, np.ndarray], dict
     offset checked against the file and every size against dtype and shape."""
     entries, metadata, data_start = _entries(buffer)
     data_bytes = len(buffer) - data_start
-    views = {name: _view(buffer, name, entry, data_start, data_bytes, LITTLE_ENDIAN) for name, entry in entries}
+    views = {name: _view(buffer, name, entry, data_start, data_bytes) for name, entry in entries}
     return views, metadata
 
 
@@ -96,16 +98,14 @@ def _header(buffer: mmap.mmap | bytes) -> tuple[dict, int]:
     return header, HEADER_LENGTH_BYTES + n
 
 
-def _view(buffer: mmap.mmap | bytes, name: str, entry: object, data_start: int, data_bytes: int,
-          dtypes: dict[str, np.dtype]) -> np.ndarray:
-    shape, start = _checked_entry(name, entry, data_start, data_bytes, {k: t.itemsize for k, t in dtypes.items()})
-    return np.ndarray(shape, dtype=dtypes[entry["dtype"]], buffer=buffer, offset=start)
+def _view(buffer: mmap.mmap | bytes, name: str, entry: object, data_start: int, data_bytes: int) -> np.ndarray:
+    shape, start = _checked_entry(name, entry, data_start, data_bytes, NUMPY_ITEM_BYTES)
+    return np.ndarray(shape, dtype=LITTLE_ENDIAN[entry["dtype"]], buffer=buffer, offset=start)
 
 
 def _tensor(buffer: mmap.mmap | bytearray, name: str, entry: object, data_start: int, data_bytes: int
             ) -> torch.Tensor:
-    sizes = {k: t.itemsize for k, t in TORCH_DTYPES.items()}
-    shape, start = _checked_entry(name, entry, data_start, data_bytes, sizes)
+    shape, start = _checked_entry(name, entry, data_start, data_bytes, TORCH_ITEM_BYTES)
     dtype = TORCH_DTYPES[entry["dtype"]]
     count = math.prod(shape)
     if count == 0:

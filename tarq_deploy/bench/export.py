@@ -8,7 +8,8 @@ Per model, medians of ``--repeats`` runs, from an RTN lattice checkpoint directo
 
 * ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q4_k``, ``q5_k``, ``q6_k``: checkpoint directory -> model file
   of that type (load_checkpoint with its hash check, packing, writing): what ``tarq-deploy export`` does after
-  start-up; also each stage alone. The K-quants only where the model's width is a multiple of 256 (not tiny.en).
+  start-up; also each stage alone (F16 values are made while the file is written, so they count in ``write_s``,
+  not ``pack_s``). The K-quants only where the model's width is a multiple of 256 (not tiny.en).
 * ``f16``: the Q4_0 checkpoint -> F16 model file (every value decoded from the checkpoint's blocks and rounded to
   fp16: a computation, not a copy).
 * ``f16_from_model``: the in-memory transformers model -> F16 model file (every value converted, the vocabulary

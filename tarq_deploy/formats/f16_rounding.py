@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
@@ -81,11 +81,6 @@ class F16Rounding:
                         len(rounded), names)
 
 
-def _f16_threads() -> ThreadPoolExecutor:
-    """One thread per core: tensors are made side by side (their kernels release the GIL)."""
-    return threads("f16-tensors")
-
-
 class MadeAhead:
     """Makes ``tensors`` in their order on the F16 threads while a writer writes what comes before them, at most
     ``window_bytes`` ahead of it, into buffers it gives back. The writer asks ``ready`` / ``values`` in that order
@@ -139,4 +134,4 @@ class MadeAhead:
         self._buffers[id(tensor)] = buffer
         self._ahead += buffer.nbytes
         out = buffer.view(np.float16).reshape(tensor.shape)
-        self._futures[id(tensor)] = _f16_threads().submit(self.rounding.made, tensor, out)
+        self._futures[id(tensor)] = threads("f16-tensors").submit(self.rounding.made, tensor, out)  # kernels release the GIL

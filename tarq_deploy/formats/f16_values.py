@@ -32,11 +32,6 @@ def threads(purpose: str) -> ThreadPoolExecutor:
     return _POOLS[key]
 
 
-def _workers() -> ThreadPoolExecutor:
-    """Threads for the parts of a large tensor: the kernels release the GIL."""
-    return threads("f16-parts")
-
-
 @functools.cache
 def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
     from . import f16_kernels  # numba: imported (and its kernels compiled or read from the cache) by F16 exports only
@@ -95,4 +90,4 @@ def _in_parts(n: int, values_per_item: int, job: Callable[[int, int], int]) -> i
     if parts == 1:
         return int(job(0, n))
     bounds = [n * i // parts for i in range(parts + 1)]
-    return sum(int(c) for c in _workers().map(job, bounds[:-1], bounds[1:]))
+    return sum(int(c) for c in threads("f16-parts").map(job, bounds[:-1], bounds[1:]))
