@@ -99,6 +99,9 @@ def test_real_corpus_manifest(corpora: dict[str, Path]):
 # ------------------------------------------------------------------------------------------------------- the run
 def test_report_has_every_model_on_every_dataset(evaluated: Path, models):
     report = json.loads((evaluated / "report.json").read_text())
+    machine = report["settings"]["machine"]
+    assert machine["cpu_model"] and machine["torch_cpu_capability"] and machine["versions"]["pywhispercpp"]
+    assert f"Machine: {machine['cpu_model']}" in (evaluated / "report.md").read_text()
     keys = [f"{label} [{backend}]" for label, _, backend in models]
     assert [d["name"] for d in report["datasets"]] == ["real", "synth"]
     for dataset in report["datasets"]:

@@ -17,7 +17,7 @@ REPO_ROOT = PACKAGE_ROOT.parent
 
 # Lowest first. A module belongs to the first layer one of whose prefixes it starts with.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks",
+    "core": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks", "tarq_deploy.machine",
              "tarq_deploy.checkpoint", "tarq_deploy.safetensors_view", "tarq_deploy.vocabulary", "tarq_deploy.quant",
              "tarq_deploy.models", "tarq_deploy.data"),
     "formats": ("tarq_deploy.formats",),

@@ -74,6 +74,8 @@ def test_checkpoint_records_the_method_and_tied_head(checkpoints: dict) -> None:
     calibration = ckpt.metadata["calibration"]
     assert calibration["rare_words"] > 0 and 0 < calibration["tail_share"]["decoder_tokens"] < 0.5
     assert calibration["tail_share"]["encoder_frames"] > 0  # rare words found through the alignment heads
+    machine = ckpt.metadata["machine"]  # the same-bytes promise holds per processor kind and thread count
+    assert machine["cpu_model"] and machine["torch_threads"] >= 1 and machine["torch_cpu_capability"]
 
 
 def held_out_second_moments(clips: dict) -> dict[str, torch.Tensor]:

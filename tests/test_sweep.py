@@ -142,6 +142,15 @@ def test_killed_sweep_resumes_to_the_same_report(sweep_file: Path, uninterrupted
         assert (out / name).read_bytes() == (uninterrupted / name).read_bytes(), name
 
 
+def test_each_step_records_the_machine_it_ran_on(uninterrupted: Path):
+    """Bytes are promised per processor kind and thread count: a cache shared by mixed nodes must say which made what."""
+    done = [json.loads(p.read_text()) for p in uninterrupted.rglob("done.json")]
+    starts = [e for e in _log(uninterrupted) if e["event"] == "start"]
+    assert done and starts
+    for machine in [d["machine"] for d in done] + [e["machine"] for e in starts]:
+        assert machine["cpu_model"] and machine["threads"] >= 1 and machine["versions"]["transformers"]
+
+
 def test_a_corrupt_clip_fails_its_cells_only(uninterrupted: Path):
     report = json.loads((uninterrupted / "report.json").read_text())
     cells = {c["cell"]: c for c in report["cells"]}

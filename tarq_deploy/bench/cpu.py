@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tarq_deploy.machine import cpu_model
 from tarq_deploy.runtimes.base import SAMPLE_RATE, BenchRuntime, ModelInfo, dist_version
 from tarq_deploy.runtimes.child import CHILD_CODE, proc_status_mb
 from tarq_deploy.runtimes.registry import bench_runtimes
@@ -478,7 +479,7 @@ def _progress_line(step: int, total: int, cell: CellResult, run: RunRecord) -> s
 
 # ------------------------------------------------------------------------------------------- machine and versions
 def machine_description() -> dict:
-    info: dict[str, Any] = {"cpu_model": _cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable_cores(),
+    info: dict[str, Any] = {"cpu_model": cpu_model(), "logical_cores": os.cpu_count(), "usable_cores": usable_cores(),
                             "platform": platform.platform(), "machine": platform.machine(),
                             "python": platform.python_version()}
     try:
@@ -491,16 +492,6 @@ def machine_description() -> dict:
         info["memory_total_mb"] = _meminfo_mb("MemTotal")
         info["memory_available_mb"] = _meminfo_mb("MemAvailable")
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _meminfo_mb(key: str) -> float | None:

@@ -291,9 +291,20 @@ def render_markdown(report: dict) -> str:
              "charged to an adjacent rare reference word when there is one. Capped: each utterance's errors capped at "
              "its reference length. Loops: hypotheses with an n-gram repeated 4+ times back to back. Near-tie margin: "
              f"{settings.get('near_tie_margin', DEFAULT_NEAR_TIE_MARGIN)} nats.", ""]
+    if settings.get("machine"):
+        lines += [machine_line(settings["machine"], settings.get("threads")), ""]
     for dataset in report["datasets"]:
         lines += render_dataset(dataset)
     return "\n".join(lines) + "\n"
+
+
+def machine_line(machine: dict, threads: int | None) -> str:
+    """Where the figures were made: the same inputs give the same words only on the same processor kind and threads."""
+    versions = machine.get("versions", {})
+    return (f"Machine: {machine.get('cpu_model')} (torch kernels {machine.get('torch_cpu_capability', 'n/a')}), "
+            f"{threads if threads is not None else machine.get('torch_threads')} threads; torch "
+            f"{versions.get('torch')}, transformers {versions.get('transformers')}, pywhispercpp "
+            f"{versions.get('pywhispercpp')}.")
 
 
 def render_dataset(d: dict) -> list[str]:

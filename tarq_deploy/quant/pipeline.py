@@ -20,6 +20,7 @@ from ..checkpoint import LatticeCheckpoint
 from ..data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import require_finite
+from ..machine import machine_record
 from ..models.common import TextAudio
 from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
 from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
@@ -129,6 +130,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         "calibration": calibration,
         "source_model": {"id": source_id, "architecture": backbone.architecture, "state_sha256": source_sha},
         "tool": {"name": "tarq-deploy", "version": __version__},
+        "machine": machine_record(),  # the scope of the same-bytes promise (machine.py)
     }
     checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
     timing = {"seconds": result.seconds, "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}

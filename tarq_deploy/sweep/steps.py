@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..fileio import write_json_atomic
+from ..machine import machine_record
 from .plan import TARGETS, Step, sha256_json
 
 DONE = "done.json"
@@ -85,7 +86,8 @@ def run_step(out: Path, step: Step, cells: Sequence[str], cpus: int, *upstream: 
     cached = finished(out, step, needed)
     if cached:
         return cached
-    append_log(out, {"event": "start", "step": step.kind, "key": step.key, "cells": list(cells)})
+    machine = {**machine_record(), "threads": cpus}  # where this step ran: the scope of its bytes (machine.py)
+    append_log(out, {"event": "start", "step": step.kind, "key": step.key, "cells": list(cells), "machine": machine})
     started = time.monotonic()
     folder = _output_dir(out, step, needed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +104,7 @@ def run_step(out: Path, step: Step, cells: Sequence[str], cpus: int, *upstream: 
         relative = {name: str(Path(value).relative_to(out)) if name in PATH_OUTPUTS else value
                     for name, value in outputs.items()}  # the output folder may move; its steps go with it
         write_json_atomic(folder / DONE, {"step": step.kind, "key": step.key, "params": dict(step.params),
-                                          "outputs": relative, "seconds": seconds})
+                                          "outputs": relative, "seconds": seconds, "machine": machine})
     append_log(out, {"event": status, "step": step.kind, "key": step.key, "cells": list(cells),
                      "seconds": seconds, **({"error": error} if error else {})})
     return StepResult(step.kind, step.key, status, outputs, error, seconds)
