@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from .errors import UserError
 
@@ -59,6 +61,61 @@ def check_output_dir(option: str, path: str | os.PathLike, replaceable: str | No
                             f"remove it)")
     probe_writable(option, target)
     return target
+
+
+class OutputOverInput(UserError):
+    """An output path is one of the command's inputs, lies inside one, or would replace a folder holding one."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """A path a command writes. ``whole``: everything at and under ``path`` is written or replaced (a file, a
+    checkpoint or staging folder built beside it and renamed over it); False: a folder the command writes named
+    files into (given as Outputs of their own), where inputs may lie beside them."""
+
+    option: str
+    path: str | os.PathLike
+    whole: bool = True
+
+
+def check_outputs_apart(outputs: Iterable[Output], inputs: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
+    """OutputOverInput, naming both paths, when an output is an input, lies inside one (a file written into a
+    checkpoint folder), or is a whole output whose folder holds an input. ``inputs`` are (option, path) pairs;
+    those that are not paths on this disk (None, packaged:NAME, a hub id) cannot be written over and are skipped.
+
+    Called before any work starts, so a refused command has read nothing slowly and written nothing."""
+    present = [(option, Path(path)) for option, path in inputs if path is not None and os.path.exists(path)]
+    for output in outputs:
+        for option, path in present:
+            relation = _overlap(Path(output.path), path, output.whole)
+            if relation is not None:
+                raise OutputOverInput(f"{output.option} {output.path}: {relation} {option} {path}; refusing to "
+                                      f"write over an input (choose an output path outside it)")
+
+
+def _overlap(output: Path, source: Path, whole: bool) -> str | None:
+    """How writing ``output`` would touch the input ``source``, or None when it would not."""
+    if _within(output, source):
+        return "is the input" if _within(source, output) else "lies inside the input"
+    if whole and _within(source, output):
+        return "would replace the folder holding the input"
+    return None
+
+
+def _within(child: Path, parent: Path) -> bool:
+    """``child`` is ``parent`` or lies under it, symlinks resolved. Each existing ancestor of ``child`` is also
+    compared with ``parent`` by identity (os.path.samefile), so a hard link or a second mount of the same folder
+    counts too; a path that does not exist yet is compared by its resolved name."""
+    target = os.path.realpath(parent)
+    target_exists = os.path.exists(target)
+    node = os.path.realpath(child)
+    while True:
+        if node == target or (target_exists and os.path.exists(node) and os.path.samefile(node, target)):
+            return True
+        up = os.path.dirname(node)
+        if up == node:
+            return False
+        node = up
 
 
 def check_device(device: str, option: str = "--device") -> str:

@@ -7,13 +7,17 @@ usually), not the private 0600 / 0700 that mkstemp and mkdtemp give their tempor
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
+
+from .errors import UserError
 
 
 _UMASK: int | None = None
@@ -173,3 +177,66 @@ def write_buffers(f: IO, buffers: list[bytes | memoryview]) -> int:
         if written:  # a short write ended inside this buffer
             views[start] = views[start][written:]
     return total
+
+
+# ------------------------------------------------------------------------------------------------ one writer
+class OutputLocked(UserError):
+    """Another process is writing the same output; the message names the lock file and the holder's pid."""
+
+
+@contextmanager
+def exclusive_writer(lock_path: str | os.PathLike, option: str, output: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on ``lock_path`` (fcntl.flock, with this process's pid and host written in it) for
+    the body; OutputLocked, naming ``option output``, the lock file and the holder, when another process holds it.
+
+    flock, not a file that merely exists: the kernel releases the lock when its holder dies, however it dies, so an
+    interrupted run leaves no lock behind that refuses the run resuming it; a stale file is simply locked again.
+    The lock file is removed on the way out."""
+    path = Path(lock_path)
+    with naming_os_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _lock(path, option, output)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        yield path
+    finally:
+        # Unlinked while still held, then released: a process that opened the old file meanwhile finds it gone
+        # once it gets the lock (_lock checks) and locks a fresh file, so two runs never both hold "the" lock.
+        if _is_the_file_at(fd, path):
+            path.unlink()
+        os.close(fd)
+
+
+def _lock(path: Path, option: str, output: str | os.PathLike) -> int:
+    """A descriptor of the file at ``path`` holding its exclusive lock; OutputLocked when another process holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise OutputLocked(f"{option} {output}: another run is writing it ({holder} holds the lock {path}); wait "
+                               f"for it to finish or choose another {option}") from None
+        if _is_the_file_at(fd, path):
+            return fd
+        os.close(fd)  # its holder removed it between our open and our lock: lock the one there now
+
+
+def _is_the_file_at(fd: int, path: Path) -> bool:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _holder(fd: int) -> str:
+    """'pid 1234 on node-a' from a lock file's contents (empty for an instant while its holder writes them)."""
+    fields = os.pread(fd, 256, 0).decode("utf-8", "replace").split()
+    if not fields or not fields[0].isdigit():
+        return "a process whose pid it does not record yet"
+    host = f" on {fields[1]}" if len(fields) > 1 and fields[1] != socket.gethostname() else ""
+    return f"pid {fields[0]}{host}"

@@ -23,6 +23,7 @@ from typing import Any
 from tarq_deploy.bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_TIMEOUT_S, DEFAULT_WARMUP,
                        ORDERS, RUNTIMES, BenchConfig, BenchConfigError, run_cpu_bench)
 
+from ..checks import Output, check_outputs_apart
 from ..errors import UserError
 
 HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
@@ -62,8 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--gpu", action="store_true", help="run the GPU bench instead (exits 0, measuring nothing, "
                                                         "when no CUDA device is present)")
     gpu.add_argument("--checkpoint", metavar="DIR", help="lattice checkpoint for the INT4 rows")
-    gpu.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k], default=["tinygemm", "marlin"],
-                     help="INT4 kernels: tinygemm (torch _weight_int4pack_mm), marlin (needs vLLM or GPTQModel)")
+    gpu.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k],
+                     default=["tinygemm", "triton", "marlin"],
+                     help="INT4 kernels: tinygemm (torch _weight_int4pack_mm), triton (our W4A16 Triton kernel, "
+                          "needs triton), marlin (needs vLLM or GPTQModel)")
     gpu.add_argument("--max-new-tokens", type=int, default=128, help="decoder token limit for the GPU runs")
 
 
@@ -97,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     stem = args.name or ("bench-gpu" if args.gpu else "bench-cpu")
     try:
+        check_outputs_apart(bench_outputs(args), bench_inputs(args))
         probe_writable("--out", Path(args.out) / f"{stem}.json")
         if args.report_only:
             doc = load_result(args.report_only)
@@ -116,6 +120,29 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_report(doc))
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return EXIT_ROW_ERRORS if any(c["status"] == "error" for c in doc["cells"]) else EXIT_OK
+
+
+REPORT_SUFFIXES = (".json", ".csv", ".md", ".png")
+
+
+def bench_outputs(args: argparse.Namespace) -> list[Output]:
+    """--out is a folder the reports are written into (STEM.json/.csv/.md/.png; STEM from --name, else from the
+    result's kind); inputs may lie in it beside them."""
+    out = Path(args.out)
+    stems = [args.name] if args.name else ["bench-cpu", "bench-gpu"]
+    reports = [out / f"{stem}{suffix}" for stem in stems for suffix in REPORT_SUFFIXES]
+    if args.report_only:  # re-rendering a saved result in place rewrites it with the document just read from it
+        reports = [path for path in reports if not _same_file(path, args.report_only)]
+    return [Output("--out", out, whole=False), *(Output("--out", path) for path in reports)]
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    return Path(a).exists() and Path(b).exists() and Path(a).samefile(b)
+
+
+def bench_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    return [*(("--model", m) for m in args.model), *(("--audio", a) for a in args.audio),
+            ("--checkpoint", args.checkpoint), ("--report-only", args.report_only)]
 
 
 def _cpu_config(args: argparse.Namespace) -> BenchConfig:

@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..checks import Output, check_outputs_apart
 from ..data.corpus import load_audio, load_corpus
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
@@ -36,6 +37,7 @@ from ..evaluate.teacher_forced_runs import teacher_forced_figures
 from ..evaluate.transcribe import transcribe_models
 from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
 from ..fileio import write_text_atomic
+from ..machine import machine_record
 
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
 GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
@@ -205,6 +207,21 @@ def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datas
     return 0
 
 
+# ------------------------------------------------------------------------------------------------------ outputs
+REPORT_FILES = ("report.json", "report.md", "utterances.jsonl")
+CACHE_DIRS = ("hypotheses", "teacher-forced")
+
+
+def eval_outputs(out: Path) -> list[Output]:
+    """OUT is a folder eval writes its reports and caches into; inputs may lie in it beside them."""
+    return [Output("--out", out, whole=False), *(Output("--out", out / name) for name in REPORT_FILES + CACHE_DIRS)]
+
+
+def eval_inputs(args: argparse.Namespace, specs: list[ModelSpec]) -> list[tuple[str, str | None]]:
+    return [*(("--data", _split_named(value)[1]) for value in args.data),
+            *(("--model", spec.source) for spec in specs), ("--tokenizer", args.tokenizer)]
+
+
 # ---------------------------------------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     specs = model_specs(args)
@@ -216,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--teacher-forced needs --reference LABEL (the full-precision model)")
     if args.reference and args.reference not in {s.label for s in specs}:
         raise UserError(f"--reference {args.reference}: no model has that label")
+    check_outputs_apart(eval_outputs(out), eval_inputs(args, specs))
     datasets = load_datasets(args.data, args.limit)
     if args.teacher_forced_only:
         return _teacher_forced_only(args, specs, datasets, pairs, out)
@@ -243,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
                                         figures.get(d.name, {})))
     settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
                 "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": "greedy",
-                "near_tie_margin": args.near_tie_margin,
+                "near_tie_margin": args.near_tie_margin, "machine": machine_record(),
                 "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
                                                       args.context, near_tie_margin=args.near_tie_margin,

@@ -38,9 +38,12 @@ def _check_output(args: argparse.Namespace) -> None:
     """Before anything is loaded or packed: the output can be written where the user pointed it."""
     from pathlib import Path
 
-    from ..checks import check_output_file, probe_writable
+    from ..checks import Output, check_output_file, check_outputs_apart, probe_writable
     from ..errors import UserError
 
+    # A GPU target's folder is built beside it and renamed over it, so an input inside it would go too.
+    check_outputs_apart([Output("--output", args.output)],
+                        [("CHECKPOINT_DIR", args.checkpoint), ("--model", args.model)])
     if args.target not in GPU_TARGETS:
         check_output_file("--output", args.output)
         return

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hub
+from ..checks import Output, check_outputs_apart
 from ..errors import UserError
 
 HELP = "stage runtime files and a model card with the measured numbers, and upload them to the Hugging Face Hub"
@@ -65,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # OUT_DIR is built beside itself and renamed over itself: a published file inside it would go with it.
+    check_outputs_apart([Output("OUT_DIR", args.out_dir)],
+                        [("--checkpoint", args.checkpoint), *(("--file", f) for f in args.file),
+                         *(("--eval", e) for e in args.eval), *(("--bench", b) for b in args.bench)])
     inputs = hub.collect_inputs(hub.PublishSources(
         repo_id=args.repo_id, files=[Path(p) for p in args.file],
         checkpoint=Path(args.checkpoint) if args.checkpoint else None, include_lattice=not args.no_lattice,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Sequence
 
 from ..data.corpus import POOLS
 from ..errors import UserError
@@ -185,25 +186,27 @@ def _width_problem(args: argparse.Namespace, spec, layer: str, columns: int) -> 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint import save_checkpoint
     from ..data.corpus import load_corpus
-    from ..fileio import write_json_atomic
+    from ..fileio import exclusive_writer, write_json_atomic
     from ..quant.pipeline import quantize_backbone
 
     # Everything the user gave is checked before the model is loaded or any calibration starts.
     options = checked_options(args)
-    out, work, log_path = checked_outputs(args.out)
-    check_model_source(args.model)
-    utterances = []
-    if options.method not in DATA_FREE_METHODS:
-        utterances = load_corpus(args.calib)
-        if not utterances:
-            raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot calibrate "
-                            f"from nothing (use --method rtn for data-free rounding)")
-    backbone = load_checked_backbone(args, options)
-    checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
-    save_checkpoint(checkpoint, out)
-    write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
-                                 "layers_full": checkpoint.metadata["layers"]}, indent=1)
-    _remove_work_dir(work)
+    out, work, log_path = checked_outputs(args.out, model_inputs(args))
+    # One run at a time into OUT: a second one would share OUT.partial's blocks and replace OUT under the first.
+    with exclusive_writer(lock_path(work), "--out", out):
+        check_model_source(args.model)
+        utterances = []
+        if options.method not in DATA_FREE_METHODS:
+            utterances = load_corpus(args.calib)
+            if not utterances:
+                raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot "
+                                f"calibrate from nothing (use --method rtn for data-free rounding)")
+        backbone = load_checked_backbone(args, options)
+        checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
+        save_checkpoint(checkpoint, out)
+        write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
+                                     "layers_full": checkpoint.metadata["layers"]}, indent=1)
+        _remove_work_dir(work)
     print(f"wrote {out} ({len(checkpoint.quantized)} lattice matrices, {options.bits}-bit, group "
           f"{options.group_size}, method {options.method}); per-layer log {log_path}")
     return 0
@@ -250,17 +253,34 @@ def check_scale_grid(args: argparse.Namespace, options) -> None:
         raise UserError(f"{grid}: --method {options.method} is ggml's own quantizer, whose scales are plain float16")
 
 
-def checked_outputs(out_arg: str) -> tuple[Path, Path, Path]:
-    """OUT (a new path, an empty directory or an earlier checkpoint), OUT.partial and OUT.log.json, all writable."""
-    from ..checkpoint import MANIFEST
-    from ..checks import check_output_dir, check_output_file
+def model_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """What quantize reads, by option: no output may lie over them."""
+    return [("--model", args.model), ("--calib", args.calib), ("--recipe-from", args.recipe_from)]
 
+
+def output_paths(out_arg: str) -> tuple[Path, Path, Path]:
+    """OUT, its work directory OUT.partial and its log OUT.log.json."""
+    out = Path(out_arg)
+    return out, out.with_name(out.name + ".partial"), out.with_name(out.name + ".log.json")
+
+
+def lock_path(work: Path) -> Path:
+    """The lock of OUT.partial: beside it, not in it, since the folder is removed at the end while the lock is held."""
+    return work.with_name(work.name + ".lock")
+
+
+def checked_outputs(out_arg: str, inputs: Sequence[tuple[str, str | None]] = ()) -> tuple[Path, Path, Path]:
+    """OUT (a new path, an empty directory or an earlier checkpoint), OUT.partial and OUT.log.json, all writable,
+    none of them over one of ``inputs`` ((option, path) pairs)."""
+    from ..checkpoint import MANIFEST
+    from ..checks import Output, check_output_dir, check_output_file, check_outputs_apart
+
+    out, work, log = output_paths(out_arg)
+    check_outputs_apart([Output("--out", path) for path in (out, work, log, lock_path(work))], inputs)
     out = check_output_dir("--out", out_arg, replaceable=MANIFEST)
-    work = out.with_name(out.name + ".partial")
     if work.exists() and not work.is_dir():
         raise UserError(f"--out {out}: its work path {work} exists and is not a directory")
-    log_path = check_output_file("--out", out.with_name(out.name + ".log.json"))
-    return out, work, log_path
+    return out, work, check_output_file("--out", log)
 
 
 def check_model_source(source: str) -> None:

@@ -33,24 +33,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checks import probe_writable
+    from ..checks import check_outputs_apart, probe_writable
     from ..errors import UserError
-    from ..sweep.driver import plan, run_sweep
+    from ..fileio import exclusive_writer
+    from ..sweep.driver import LOCK, plan, run_sweep, sweep_inputs, sweep_outputs
     from ..sweep.plan import load_sweep
     from ..sweep.report import write_sweep_report
 
     sweep = load_sweep(args.sweep_file)
     if args.cpus is not None and args.cpus < 1 or args.calibration_cpus < 1:
         raise UserError("--cpus and --calibration-cpus must be at least 1")
+    out = Path(args.out)
+    check_outputs_apart(sweep_outputs(out), sweep_inputs(sweep))
     if args.plan:
         cells, steps = plan(sweep)
         for cell in cells:
             print(json.dumps({"cell": cell.name, "steps": {k: v[:16] for k, v in cell.steps.items()}}))
         return EXIT_OK
-    out = Path(args.out)
     probe_writable("--out", out / "report.json")
-    result = run_sweep(sweep, out, args.address, args.cpus, args.calibration_cpus, not args.quiet)
-    written = write_sweep_report(sweep, result, out)
+    # One sweep at a time into OUT (every node's steps and the report land there); a second is refused at once.
+    with exclusive_writer(out / LOCK, "--out", out):
+        result = run_sweep(sweep, out, args.address, args.cpus, args.calibration_cpus, not args.quiet)
+        written = write_sweep_report(sweep, result, out)
     print(written["md"].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in written.values()))
     failed = any(r.status in ("failed", "skipped") for r in result.results.values())

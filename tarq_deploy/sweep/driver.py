@@ -18,12 +18,15 @@ from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
+from ..checks import Output
 from ..errors import UserError
 from .plan import STEPS, Cell, Step, Sweep, code_version, corpus_hash, model_hash, plan_cells
 from .steps import LOG, StepResult, append_log, finished, run_step
 
 EMBEDDED_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # results are small dicts: no need for Ray's 30 % of memory
 POLL_SECONDS = 1.0
+LOCK = "sweep.lock"  # in OUT while a sweep runs there: its pid and host (fileio.exclusive_writer)
+OUT_FILES = ("report.md", "report.json", "size-quality.png", LOG, LOCK)  # what a sweep writes in OUT, beside steps/
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,19 @@ def plan(sweep: Sweep) -> tuple[list[Cell], dict[str, Step]]:
     manifests = {*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()}
     corpora = {path: corpus_hash(path) for path in manifests}  # each corpus once, however many cells read it
     return plan_cells(sweep, models, corpora, code_version())
+
+
+def sweep_outputs(out: Path) -> list[Output]:
+    """OUT is a folder the sweep writes its report, log and steps/ into; inputs may lie in it beside them."""
+    return [Output("--out", out, whole=False), Output("--out", out / "steps"),
+            *(Output("--out", out / name) for name in OUT_FILES)]
+
+
+def sweep_inputs(sweep: Sweep) -> list[tuple[str, Path | str]]:
+    """The sweep file and the local files it names: models, calibration and evaluation manifests."""
+    return [("SWEEP.toml", sweep.path), *((f"[models] {name}", source) for name, source in sweep.models.items()),
+            *((f"[calibration] {c.name}", c.manifest) for c in sweep.corpora),
+            *((f"[evaluation] {name}", path) for name, path in sweep.evaluation.items())]
 
 
 def run_sweep(sweep: Sweep, out: Path, address: str | None = None, cpus: int | None = None,

@@ -29,10 +29,15 @@ read the calibration corpus, so its cells under two corpora share their steps.
     [eval]                            # limit, threads, resamples, seed, zipf_threshold
     [bench]                           # audio, threads, runs, warmup
 
-Relative paths are taken from the sweep file's folder.
+Relative paths are taken from the sweep file's folder. The file is read strictly: a table or key not listed above
+(for [quantize]: not an option of `tarq-deploy quantize`) is an error naming it, the keys allowed there and the
+nearest one, so a misspelt optional key never leaves its default silently in force.
 """
 from __future__ import annotations
 
+import argparse
+import difflib
+import functools
 import hashlib
 import json
 import os
@@ -154,12 +159,10 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
 
 def _sweep_from(doc: dict, source: Path) -> Sweep:
     base = source.resolve().parent
+    _check_layout(doc, source)  # first: a misspelt key must not surface as "methods missing" or a silent default
     head = _table(doc, "sweep", source)
-    unknown = set(doc) - {"sweep", "models", "calibration", "evaluation", "quantize", "eval", "bench"}
-    if unknown:
-        raise UserError(f"{source}: unknown table(s) {', '.join(sorted(unknown))}")
-    target = str(head.get("target", "whisper.cpp"))
-    if target not in TARGETS:
+    target = head.get("target", "whisper.cpp")
+    if not isinstance(target, str) or target not in TARGETS:
         raise UserError(f"{source}: [sweep] target {target!r}: sweeps export to {', '.join(TARGETS)}")
     methods = tuple(_strings(head, "methods", source))
     for method in methods:
@@ -173,22 +176,129 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     baseline = head.get("baseline")
     if baseline is not None and baseline not in methods:
         raise UserError(f"{source}: [sweep] baseline {baseline!r} is not one of the methods")
-    models = {str(k): _model_source(str(v), base) for k, v in _table(doc, "models", source).items()}
+    reference = head.get("reference", True)
+    if not isinstance(reference, bool):
+        raise UserError(f"{source}: [sweep] reference must be true or false, not {reference!r}")
+    models = {name: _model_source(_path_text(value, f"[models] {name}", source), base)
+              for name, value in _table(doc, "models", source).items()}
     if not models:
         raise UserError(f"{source}: [models] names no model")
-    corpora = tuple(_corpus(name, value, base, source) for name, value in doc.get("calibration", {}).items())
+    corpora = tuple(_corpus(name, value, base, source) for name, value in _table(doc, "calibration", source).items())
     if not corpora and any(m not in METHODS_WITHOUT_DATA for m in methods):
         raise UserError(f"{source}: [calibration] names no corpus, and {', '.join(methods)} need one")
-    evaluation = {str(k): _path(v, base) for k, v in doc.get("evaluation", {}).items()}
+    evaluation = {name: _path(_path_text(value, f"[evaluation] {name}", source), base)
+                  for name, value in _table(doc, "evaluation", source).items()}
     if "eval" in steps and not evaluation:
         raise UserError(f"{source}: the eval step needs an [evaluation] table naming at least one manifest")
     for name, manifest in [*((c.name, c.manifest) for c in corpora), *evaluation.items()]:
         if not manifest.exists():
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
-    return Sweep(source, target, models, corpora, evaluation, methods, types, steps,
-                 baseline, bool(head.get("reference", True)), dict(doc.get("quantize", {})),
-                 _options(doc.get("eval", {}), EVAL_OPTIONS, "eval", source),
-                 _options(doc.get("bench", {}), BENCH_OPTIONS, "bench", source))
+    return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baseline, reference,
+                 _quantize_options(_table(doc, "quantize", source), source),
+                 _options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source),
+                 _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source))
+
+
+# ----------------------------------------------------------------------------------------- names, read strictly
+# Every table and key the reader takes; anything else is a typo that would otherwise leave a default in force.
+SWEEP_KEYS = ("target", "methods", "types", "baseline", "steps", "reference")
+TABLES = ("sweep", "models", "calibration", "evaluation", "quantize", "eval", "bench")
+CORPUS_KEYS = ("manifest", "n")
+# quantize options a cell sets itself from the grid and the [calibration] table: a [quantize] value would override it
+CELL_OPTIONS = frozenset({"model", "method", "target", "type", "calib", "n_calib", "out"})
+
+
+def _check_layout(doc: dict, source: Path) -> None:
+    """Every top-level name a known table, every key of [sweep], [quantize], [eval], [bench] and of each
+    [calibration] entry known; the values are checked where they are read."""
+    for name, value in doc.items():
+        if name in TABLES:
+            continue
+        if isinstance(value, dict):
+            raise UserError(f"{source}: unknown table `[{name}]` (tables: {', '.join(TABLES)})"
+                            f"{_nearest(name, TABLES)}")
+        if name in SWEEP_KEYS:
+            raise UserError(f"{source}: `{name}` stands before any table header; it belongs in [sweep] (move it "
+                            f"under the [sweep] line)")
+        raise UserError(f"{source}: unknown key `{name}` before any table header (keys go in a table; [sweep] takes "
+                        f"{', '.join(SWEEP_KEYS)}){_nearest(name, SWEEP_KEYS)}")
+    _check_keys(_table(doc, "sweep", source), SWEEP_KEYS, "[sweep]", source)
+    _check_quantize_keys(_table(doc, "quantize", source), source)
+    _check_keys(_table(doc, "eval", source), EVAL_OPTIONS, "[eval]", source)
+    _check_keys(_table(doc, "bench", source), BENCH_OPTIONS, "[bench]", source)
+    for name, value in _table(doc, "calibration", source).items():
+        if isinstance(value, dict):
+            _check_keys(value, CORPUS_KEYS, f"[calibration] {name}", source)
+
+
+def _check_keys(table: dict, allowed: Iterable[str], where: str, source: Path) -> None:
+    allowed = list(allowed)
+    for key in table:
+        if key not in allowed:
+            raise UserError(f"{source}: {where}: unknown key `{key}` (allowed: {', '.join(allowed)})"
+                            f"{_nearest(key, allowed)}")
+
+
+def _nearest(name: str, allowed: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(allowed), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def _check_quantize_keys(table: dict, source: Path) -> None:
+    """[quantize] keys: `tarq-deploy quantize` options by their name (seed, n_calib or n-calib), less those each
+    cell sets itself."""
+    for key in table:
+        if key.replace("-", "_") in CELL_OPTIONS:
+            raise UserError(f"{source}: [quantize]: `{key}` is set for each cell by the sweep itself ([sweep] "
+                            f"methods, types and target, [models], [calibration] with its n); leave it out here")
+    _check_keys({key.replace("-", "_"): value for key, value in table.items()}, sorted(_quantize_actions()),
+                "[quantize]", source)
+
+
+def _quantize_options(table: dict, source: Path) -> dict[str, Any]:
+    """[quantize] values, each checked as the command will parse it, so a bad one fails here and not in every
+    cell's calibration (the keys were checked by _check_quantize_keys)."""
+    actions = _quantize_actions()
+    for key, value in table.items():
+        problem = _option_problem(actions[key.replace("-", "_")], value)
+        if problem:
+            raise UserError(f"{source}: [quantize] {key}: {problem}")
+    return dict(table)
+
+
+@functools.lru_cache(maxsize=1)
+def _quantize_actions() -> dict[str, argparse.Action]:
+    """The quantize command's options that a sweep may set (its own parser: one list of names, never two)."""
+    from ..commands import quantize
+
+    parser = argparse.ArgumentParser(add_help=False)
+    quantize.add_arguments(parser)
+    return {a.dest: a for a in parser._actions if a.option_strings and a.dest not in CELL_OPTIONS}
+
+
+def _option_problem(action: argparse.Action, value: Any) -> str | None:
+    """Why ``value`` would not parse as ``action``'s argument (as steps._flags passes it), or None."""
+    if action.nargs == 0:  # a flag: true gives it; false gives --no-NAME, which only a BooleanOptionalAction takes
+        if not isinstance(value, bool):
+            return f"is a flag: true or false, not {value!r}"
+        if value is False and not isinstance(action, argparse.BooleanOptionalAction):
+            return "false is the default: leave it out"
+        return None
+    if isinstance(value, (bool, list, dict)):
+        return f"takes one value (a string or number), not {value!r}"
+    if action.choices is not None and str(value) not in action.choices:
+        return f"{value!r} is not one of {', '.join(map(str, action.choices))}"
+    try:
+        (action.type or str)(str(value))
+    except (TypeError, ValueError):
+        return f"{value!r} is not a valid value"
+    return None
+
+
+def _path_text(value: Any, where: str, source: Path) -> str:
+    if not isinstance(value, str):
+        raise UserError(f"{source}: {where} must be a string (a path or model name), not {value!r}")
+    return value
 
 
 def _table(doc: dict, name: str, source: Path) -> dict:
@@ -225,18 +335,17 @@ def _model_source(value: str, base: Path) -> str:
 def _corpus(name: str, value: Any, base: Path, source: Path) -> Corpus:
     if isinstance(value, str):
         return Corpus(name, _path(value, base))
-    if isinstance(value, dict) and "manifest" in value:
+    if isinstance(value, dict) and isinstance(value.get("manifest"), str):
         n = value.get("n")
-        if n is not None and (not isinstance(n, int) or n < 1):
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise UserError(f"{source}: [calibration] {name}: n must be a positive integer")
         return Corpus(name, _path(value["manifest"], base), n)
     raise UserError(f"{source}: [calibration] {name}: expected a manifest path or {{manifest = ..., n = ...}}")
 
 
 def _options(table: dict, allowed: dict[str, type], name: str, source: Path) -> dict[str, Any]:
+    """The values of a table whose keys _check_layout found in ``allowed``, each of its type."""
     for key, value in table.items():
-        if key not in allowed:
-            raise UserError(f"{source}: [{name}] unknown option {key!r} (known: {', '.join(allowed)})")
         if not isinstance(value, allowed[key]) or isinstance(value, bool):
             raise UserError(f"{source}: [{name}] {key} must be {allowed[key].__name__}")
     return dict(table)

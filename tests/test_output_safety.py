@@ -1,0 +1,285 @@
+"""No command writes over what it reads, one writer per output, and a sweep file read strictly (issue #27).
+
+Each refusal: exit status 2, one line naming both paths (or the key), the inputs byte for byte as they were, and
+nothing partial left. The lock tests run two real processes: a first run held inside its lock (the real command,
+stopped where it would load the model) and a second one into the same --out."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tarq_deploy import cli
+from tarq_deploy.sweep.plan import load_sweep
+from test_bad_inputs import (_forbid_loading, assert_user_error, checkpoint, corpus, models,  # noqa: F401 (fixtures)
+                             quantize_args, run_cli)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small torch ops, one thread
+
+
+def snapshot(*roots: Path) -> dict[str, bytes | None]:
+    """Every file and folder under ``roots`` (and their parents' listings): what 'untouched' compares."""
+    found: dict[str, bytes | None] = {}
+    for root in roots:
+        for folder in {root.parent, *([root] if root.is_dir() else [])}:
+            found[f"{folder}/"] = "\n".join(sorted(os.listdir(folder))).encode()
+        paths = [root, *root.rglob("*")] if root.is_dir() else [root]
+        for path in paths:
+            found[str(path)] = None if path.is_dir() else path.read_bytes()
+    return found
+
+
+@pytest.fixture
+def ckpt(checkpoint, tmp_path) -> Path:  # noqa: F811 -- a copy: a failing test must not spoil the shared one
+    return Path(shutil.copytree(checkpoint, tmp_path / "ckpt"))
+
+
+# ----------------------------------------------------------------------------------------------------- export
+@pytest.mark.parametrize("target, output", [
+    ("whisper.cpp", "ckpt/lattice.safetensors"),  # the reported case: the lattice replaced by a .bin
+    ("whisper.cpp", "link/lattice.safetensors"),  # the same file through a symlink to the checkpoint
+    ("gptq", "ckpt"),                             # a GPU target's folder over its own checkpoint
+])
+def test_export_over_its_checkpoint_is_refused(ckpt, tmp_path, capsys, target, output):
+    (tmp_path / "link").symlink_to(ckpt)
+    before = snapshot(ckpt)
+    status, err = run_cli(capsys, "export", "--target", target, ckpt, "-o", tmp_path / output, "--overwrite")
+    assert_user_error(status, err, f"--output {tmp_path / output}", f"CHECKPOINT_DIR {ckpt}")
+    assert snapshot(ckpt) == before
+
+
+# ------------------------------------------------------------------------------------------------------- eval
+def test_eval_out_over_its_manifest_is_refused(corpus, tmp_path, capsys):  # noqa: F811
+    manifest = Path(shutil.copy(corpus, tmp_path / "test.jsonl"))
+    before = snapshot(manifest)
+    status, err = run_cli(capsys, "eval", "--data", manifest, "--model", "packaged:tiny.en", "--out", manifest)
+    assert_user_error(status, err, f"--out {manifest}: is the input --data {manifest}")
+    assert snapshot(manifest) == before
+
+
+def test_eval_out_inside_a_model_checkpoint_is_refused(ckpt, corpus, capsys):  # noqa: F811
+    before = snapshot(ckpt)
+    status, err = run_cli(capsys, "eval", "--data", corpus, "--model", ckpt, "--out", ckpt / "eval")
+    assert_user_error(status, err, f"--out {ckpt / 'eval'}: lies inside the input --model {ckpt}")
+    assert snapshot(ckpt) == before
+
+
+# ------------------------------------------------------------------------------------------------------ bench
+def test_bench_out_inside_its_checkpoint_is_refused(ckpt, capsys):
+    before = snapshot(ckpt)
+    status, err = run_cli(capsys, "bench", "--gpu", "--model", "packaged:tiny.en", "--checkpoint", ckpt,
+                          "--out", ckpt / "bench")
+    assert_user_error(status, err, f"--out {ckpt / 'bench'}", f"--checkpoint {ckpt}")
+    assert snapshot(ckpt) == before
+
+
+def test_bench_may_still_rerender_a_saved_result_in_place(tmp_path):
+    from tarq_deploy.checks import check_outputs_apart
+    from tarq_deploy.commands.bench import bench_inputs, bench_outputs
+
+    saved = tmp_path / "bench-cpu.json"
+    saved.write_text('{"kind": "cpu", "cells": []}\n')
+    args = cli.build_parser().parse_args(["bench", "--report-only", str(saved), "--out", str(tmp_path)])
+    check_outputs_apart(bench_outputs(args), bench_inputs(args))  # the documented re-render: no error
+    args.report_only = str(tmp_path / "other.json")
+    (tmp_path / "other.json").write_text("{}")
+    args.name = "other"
+    check_outputs_apart(bench_outputs(args), bench_inputs(args))
+
+
+# ---------------------------------------------------------------------------------------------------- publish
+def test_publish_staging_over_a_published_file_is_refused(tmp_path, capsys):
+    staged = tmp_path / "hub"
+    staged.mkdir()
+    model = staged / "model.bin"
+    model.write_bytes(b"lmgg" + bytes(64))
+    before = snapshot(staged)
+    status, err = run_cli(capsys, "publish", staged, "--repo-id", "me/m", "--file", model, "--dry-run")
+    assert_user_error(status, err, f"OUT_DIR {staged}: would replace the folder holding the input --file {model}")
+    assert snapshot(staged) == before
+
+
+def test_publish_staging_over_its_checkpoint_is_refused(ckpt, capsys):
+    before = snapshot(ckpt)
+    status, err = run_cli(capsys, "publish", ckpt, "--repo-id", "me/m", "--checkpoint", ckpt, "--dry-run")
+    assert_user_error(status, err, f"OUT_DIR {ckpt}: is the input --checkpoint {ckpt}")
+    assert snapshot(ckpt) == before
+
+
+# --------------------------------------------------------------------------------------------------- quantize
+def _quantize_leftovers(out: Path) -> list[Path]:
+    names = (".partial", ".partial.lock", ".log.json")
+    return [p for p in (out.with_name(out.name + n) for n in names) if p.exists()]
+
+
+@pytest.mark.parametrize("where, message", [
+    ("model", "is the input --model"),
+    ("model/ckpt", "lies inside the input --model"),
+    ("calib", "is the input --calib"),
+])
+def test_quantize_out_over_its_inputs_is_refused(models, corpus, tmp_path, capsys, monkeypatch,  # noqa: F811
+                                                 where, message):
+    model = Path(shutil.copytree(models["clean"], tmp_path / "model"))
+    calib = Path(shutil.copy(corpus, tmp_path / "calib"))
+    out = tmp_path / where
+    before = snapshot(model, calib)
+    _forbid_loading(monkeypatch)
+    status, err = run_cli(capsys, *quantize_args(model, out, "--method", "gptq", calib=calib))
+    assert_user_error(status, err, f"--out {out}: {message}")
+    assert snapshot(model, calib) == before
+    assert _quantize_leftovers(out) == []
+
+
+# ------------------------------------------------------------------------------------------------------ sweep
+SWEEP = '[sweep]\nmethods = ["rtn"]\nsteps = ["quantize"]\n[models]\n{models}\n'
+
+
+def _sweep_file(tmp_path: Path, models: str = 'a = "packaged:tiny.en"', extra: str = "") -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(models=models) + extra)
+    return path
+
+
+def test_sweep_out_over_its_sweep_file_is_refused(tmp_path, capsys):
+    sweep = _sweep_file(tmp_path)
+    before = snapshot(sweep)
+    status, err = run_cli(capsys, "sweep", sweep, "--out", sweep)
+    assert_user_error(status, err, f"--out {sweep}: is the input SWEEP.toml {sweep}")
+    assert snapshot(sweep) == before
+
+
+def test_sweep_out_inside_a_model_folder_is_refused(models, tmp_path, capsys):  # noqa: F811
+    model = Path(shutil.copytree(models["clean"], tmp_path / "model"))
+    sweep = _sweep_file(tmp_path, f'local = "{model}"')
+    before = snapshot(model, sweep)
+    status, err = run_cli(capsys, "sweep", sweep, "--out", model / "runs", "--plan")
+    assert_user_error(status, err, f"--out {model / 'runs'}: lies inside the input [models] local {model}")
+    assert snapshot(model, sweep) == before
+
+
+# ------------------------------------------------------------------------------------------- one writer per --out
+def _held(code: str, *argv: str | Path) -> subprocess.Popen:
+    """A real `tarq-deploy` run in another process, stopped inside its lock until the test kills it; returns once
+    it holds the lock."""
+    holder = subprocess.Popen([sys.executable, "-c", code, *map(str, argv)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    line = holder.stdout.readline()  # "locked", or "" when it exited first
+    if line != "locked\n":
+        holder.kill()
+        pytest.fail(f"the first run did not get to its lock: {line!r} {holder.communicate()[1][-2000:]}")
+    return holder
+
+
+HOLD = """
+import sys
+from tarq_deploy import cli
+import {module} as stop_here
+
+def hold(*args, **kwargs):  # reached with the lock held
+    print("locked", flush=True)
+    sys.stdin.read()  # until killed
+
+stop_here.{function} = hold
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_second_quantize_into_one_out_is_refused_naming_the_holder(models, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "ckpt"
+    argv = quantize_args(models["clean"], out, "--method", "rtn")
+    first = _held(HOLD.format(module="tarq_deploy.commands.quantize", function="check_model_source"), *argv)
+    try:
+        lock = out.with_name("ckpt.partial.lock")
+        assert lock.read_text().split()[0] == str(first.pid)
+        started = time.monotonic()
+        second = subprocess.run([sys.executable, "-m", "tarq_deploy.cli", *argv], capture_output=True, text=True,
+                                cwd=REPO, timeout=300)
+        lines = [line for line in second.stderr.splitlines() if "tarq-deploy" in line]
+        assert_user_error(second.returncode, "\n".join(lines), f"--out {out}", str(lock), f"pid {first.pid}")
+        assert time.monotonic() - started < 120  # refused at once, not after the first run (which never ends)
+        assert first.poll() is None and lock.read_text().split()[0] == str(first.pid)  # the first is untouched
+        assert not out.exists() and not out.with_name("ckpt.partial").exists()
+    finally:
+        first.send_signal(signal.SIGKILL)  # an interruption: the kernel drops its lock, the file stays behind
+        first.communicate()
+    assert lock.exists()
+    status, err = run_cli(capsys, *argv)  # the run after it is not blocked by the dead run's lock file
+    assert status == 0, err
+    assert (out / "manifest.json").is_file() and _quantize_leftovers(out) == [out.with_name("ckpt.log.json")]
+
+
+def test_second_sweep_into_one_out_is_refused_naming_the_holder(tmp_path, capsys):
+    sweep, out = _sweep_file(tmp_path), tmp_path / "runs"
+    first = _held(HOLD.format(module="tarq_deploy.sweep.driver", function="run_sweep"), "sweep", sweep, "--out", out)
+    try:
+        lock = out / "sweep.lock"
+        status, err = run_cli(capsys, "sweep", sweep, "--out", out, "--quiet")
+        assert_user_error(status, err, f"--out {out}", str(lock), f"pid {first.pid}")
+        assert sorted(p.name for p in out.iterdir()) == ["sweep.lock"]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate()
+
+
+# ------------------------------------------------------------------------------------------ sweep file, strictly
+@pytest.mark.parametrize("sweep_keys, tables, fragments", [
+    ('methdos = ["gptq"]', "", ("[sweep]: unknown key `methdos`", "did you mean `methods`?",
+                                "allowed: target, methods, types, baseline, steps, reference")),
+    ('basline = "rtn"', "", ("unknown key `basline`", "did you mean `baseline`?")),
+    ("refrence = false", "", ("unknown key `refrence`", "did you mean `reference`?")),
+    ("", "[eval]\nresampels = 100", ("[eval]: unknown key `resampels`", "did you mean `resamples`?")),
+    ("", "[bench]\nthreds = [1]", ("[bench]: unknown key `threds`", "did you mean `threads`?")),
+    ("", "[quantize]\nsed = 1", ("[quantize]: unknown key `sed`", "did you mean `seed`?")),
+    ("", '[quantize]\nmethod = "gptq"', ("`method` is set for each cell",)),
+    ("", '[quantize]\npool = "rare"', ("[quantize] pool: 'rare' is not one of",)),
+    ("", '[modles]\nb = "packaged:base"', ("unknown table `[modles]`", "did you mean `models`?")),
+    ("", '[calibration]\nc = { manifets = "x.jsonl" }',
+     ("[calibration] c: unknown key `manifets`", "did you mean `manifest`?")),
+])
+def test_sweep_file_unknown_names_are_errors(tmp_path, capsys, sweep_keys, tables, fragments):
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(SWEEP.format(models='a = "packaged:tiny.en"').replace("[models]", f"{sweep_keys}\n[models]")
+                     + tables + "\n")
+    status, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out", "--plan")
+    assert_user_error(status, err, str(sweep), *fragments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_key_before_any_table_is_placed(tmp_path, capsys):
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('baseline = "rtn"\n' + SWEEP.format(models='a = "packaged:tiny.en"'))
+    status, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out", "--plan")
+    assert_user_error(status, err, "`baseline` stands before any table header; it belongs in [sweep]")
+
+
+def committed_sweep_files() -> list[Path]:
+    found = subprocess.run(["git", "ls-files", "*.toml"], capture_output=True, text=True, cwd=REPO).stdout.split()
+    return [REPO / name for name in found if "[sweep]" in (REPO / name).read_text()]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to list the committed files")
+def test_every_committed_sweep_file_still_loads(tmp_path):
+    """Read strictly, each committed sweep file still loads (its corpora, made by `corpus synth`, stubbed)."""
+    files = committed_sweep_files()
+    assert files
+    for original in files:
+        copy = tmp_path / original.relative_to(REPO)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(original, copy)
+        doc = tomllib.loads(copy.read_text())
+        manifests = [v if isinstance(v, str) else v["manifest"] for v in doc.get("calibration", {}).values()]
+        for manifest in [*manifests, *doc.get("evaluation", {}).values()]:
+            (copy.parent / manifest).parent.mkdir(parents=True, exist_ok=True)
+            (copy.parent / manifest).write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "a"}) + "\n")
+        sweep = load_sweep(copy)
+        assert sweep.methods and sweep.models, original
