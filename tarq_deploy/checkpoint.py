@@ -54,7 +54,7 @@ from .fileio import atomic_directory
 from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 from .safetensors_view import SafetensorsViewError, map_private, map_readonly, tensor_views, torch_views
-from .vocabulary import NotByteLevel, TokenTable, token_table
+from .vocabulary import TokenTable, table_of_tokens, token_strings
 
 FORMAT_NAME = "tarq-lattice"
 FORMAT_VERSION = 2
@@ -70,6 +70,8 @@ MANIFEST_DIGEST_KEY = "manifest_sha256"
 FAST_DIGESTS_KEY = "files_xxh3"
 VOCABULARY_KEY = "vocabulary"
 BLOCK_STORAGE = "ggml-blocks"
+# far beyond any tokenizer's ids (Qwen's 151,936; Gemma's 262,144): a larger one is a corrupt tokenizer.json
+MAX_TOKEN_ID = 1 << 22
 
 
 class CheckpointError(Exception):
@@ -197,11 +199,16 @@ class LatticeCheckpoint:
 
 
 def table_of_tokenizer(raw: bytes) -> TokenTable | None:
-    """The token table of a tokenizer.json's bytes, tagged with their digest; None if it is not byte-level BPE."""
+    """The token table of a tokenizer.json's bytes, tagged with their digest; None if it is not byte-level BPE (or
+    not a tokenizer this table can describe: exporters read the tokenizer itself)."""
     try:
-        table = token_table(json.loads(raw))
-    except (UnicodeDecodeError, json.JSONDecodeError, NotByteLevel, AttributeError, TypeError, KeyError):
-        return None  # not one this table can describe: exporters read the tokenizer itself
+        id_to_token = token_strings(json.loads(raw))
+        if not all(isinstance(i, int) and 0 <= i < MAX_TOKEN_ID for i in id_to_token):
+            return None  # the table has a row for every id up to the largest: a corrupt id would cost its size
+        table = table_of_tokens(id_to_token)
+    # ValueError: not JSON, an integer past Python's digit limit, NotByteLevel; RecursionError: nesting thousands deep
+    except (ValueError, RecursionError, AttributeError, TypeError, KeyError):
+        return None
     return replace(table, source_digest=fast_digest(raw))
 
 
@@ -384,7 +391,8 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         raise CheckpointError(f"{path}: missing; {directory} is not a lattice checkpoint")
     try:
         manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError: nesting thousands deep
+    except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
@@ -392,7 +400,23 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     if manifest.get("format_version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{path}: format version {manifest.get('format_version')} is not supported "
                               f"(this tool reads versions {', '.join(map(str, READABLE_VERSIONS))})")
+    _check_manifest_tables(path, manifest)
     return manifest
+
+
+# manifest key -> the type of its table's values (None: any). A manifest without its digest (an old one) or read
+# with verify_hashes=False is taken as it stands, so every table is checked before a reader walks it.
+_MANIFEST_TABLES: dict[str, type | None] = {
+    "lattice": None, "quantized": list, "lattice_overrides": dict, "aliases": str, "files": str,
+    FAST_DIGESTS_KEY: str, VOCABULARY_KEY: None}
+
+
+def _check_manifest_tables(path: Path, manifest: dict) -> None:
+    for key, value_type in _MANIFEST_TABLES.items():
+        table = manifest.get(key, {})
+        if not isinstance(table, dict) or (value_type and not all(isinstance(v, value_type) for v in table.values())):
+            kind = f"an object of {value_type.__name__} values" if value_type else "an object"
+            raise CheckpointError(f"{path}: {key} is not {kind}")
 
 
 def load_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True, sha256: bool = False,
@@ -453,8 +477,13 @@ def _parse(root: Path, manifest: dict, contents: dict, check_values: bool) -> La
     reserved = {"format", "format_version", "lattice", "lattice_overrides", "quantized", "aliases", "files",
                 FAST_DIGESTS_KEY, VOCABULARY_KEY}
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
-    return LatticeCheckpoint(spec, quantized, _torch_tensors(root / TENSORS_FILE, contents[TENSORS_FILE]),
-                             manifest.get("aliases", {}), metadata, model_files,
+    tensors = _torch_tensors(root / TENSORS_FILE, contents[TENSORS_FILE])
+    aliases = manifest.get("aliases", {})
+    for alias, target in aliases.items():
+        if target not in quantized and target not in tensors:
+            raise CheckpointError(f"{root / MANIFEST}: alias {alias} names {target}, which the checkpoint does not "
+                                  f"hold")
+    return LatticeCheckpoint(spec, quantized, tensors, aliases, metadata, model_files,
                              _token_table(root / VOCABULARY_FILE, contents.get(VOCABULARY_FILE),
                                           manifest.get(VOCABULARY_KEY), check=check_values))
 
@@ -464,13 +493,14 @@ def _read_files(root: Path, manifest: dict) -> dict[str, bytes | mmap.mmap]:
     (used in place), the others read whole. Every file the manifest lists must exist."""
     present = {os.path.relpath(os.path.join(directory, name), root)
                for directory, _, names in os.walk(root) for name in names if name != MANIFEST}
-    for rel in manifest.get("files", {}):
+    listed = {*manifest.get("files", {}), *manifest.get(FAST_DIGESTS_KEY, {})}
+    for rel in sorted(listed):
         if rel not in present:
             raise CheckpointError(f"{root / rel}: listed in {MANIFEST} but missing")
     for required in (LATTICE_FILE, TENSORS_FILE):
         if required not in present:
             raise CheckpointError(f"{root / required}: missing")
-    wanted = {LATTICE_FILE, TENSORS_FILE, VOCABULARY_FILE, *manifest.get("files", {})}
+    wanted = {LATTICE_FILE, TENSORS_FILE, VOCABULARY_FILE, *listed}
     return {rel: _read(root, rel) for rel in sorted(present)
             if rel in wanted or rel.startswith(MODEL_FILES_PREFIX)}
 

@@ -67,7 +67,9 @@ def torch_views(buffer: mmap.mmap | bytes) -> dict[str, torch.Tensor] | None:
     """name -> tensor viewing ``buffer`` (a map_private map, or bytes: then the tensors are copies), checked as in
     tensor_views; None when a dtype has no view here (float8: the caller asks the safetensors library)."""
     entries, _, data_start = _entries(buffer)
-    if any(isinstance(entry, dict) and entry.get("dtype") not in TORCH_DTYPES for _, entry in entries):
+    # a dtype name torch has no view of (float8): the caller asks the library; any other entry is checked below
+    if any(isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and entry["dtype"] not in TORCH_DTYPES
+           for _, entry in entries):
         return None
     if not isinstance(buffer, mmap.mmap):
         buffer = bytearray(buffer)  # torch views only writable memory
@@ -91,7 +93,8 @@ def _header(buffer: mmap.mmap | bytes) -> tuple[dict, int]:
         raise SafetensorsViewError(f"header length {n} exceeds the file ({len(buffer)} bytes)")
     try:
         header = json.loads(bytes(buffer[HEADER_LENGTH_BYTES:HEADER_LENGTH_BYTES + n]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError: nesting thousands deep
+    except (ValueError, RecursionError) as e:
         raise SafetensorsViewError(f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise SafetensorsViewError("header is not a JSON object")
@@ -119,7 +122,7 @@ def _checked_entry(name: str, entry: object, data_start: int, data_bytes: int, i
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
         raise SafetensorsViewError(f"tensor {name!r}: entry lacks dtype, shape or data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in itemsizes:
+    if not isinstance(dtype, str) or dtype not in itemsizes:
         raise SafetensorsViewError(f"tensor {name!r}: dtype {dtype!r} has no view here")
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
         raise SafetensorsViewError(f"tensor {name!r}: shape {shape!r} is not a list of sizes")

@@ -68,3 +68,23 @@ def real_clips() -> list[Clip]:
     except RealClipError as error:
         _or_fail("real clips", error)
         raise
+
+
+# Hypothesis profiles of the reader fuzzing (tests/test_fuzz_readers.py): "fast" in `make test` (derandomized, so a CI
+# run is reproducible; a few seconds per reader), HYPOTHESIS_PROFILE=long on demand (thousands of examples per reader,
+# a fresh random draw each run). No example database; hypothesis still keeps a small cache in .hypothesis/, which
+# git ignores through the .gitignore hypothesis writes there.
+def _register_hypothesis_profiles() -> None:
+    from datetime import timedelta
+
+    from hypothesis import HealthCheck, settings
+
+    relaxed = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("fast", max_examples=150, derandomize=True, database=None,
+                              deadline=timedelta(seconds=2), suppress_health_check=relaxed)
+    settings.register_profile("long", max_examples=5000, database=None, deadline=timedelta(seconds=5),
+                              suppress_health_check=relaxed)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+
+_register_hypothesis_profiles()

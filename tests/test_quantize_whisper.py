@@ -61,7 +61,7 @@ def test_each_method_still_transcribes_jfk(checkpoints: dict, clips: dict, metho
     model, processor, gc = load_dequantized_whisper(checkpoints[method])
     jfk = next(c for c in clips["held"] if c.id == "jfk")
     hypothesis = WhisperBackbone(model, processor, gc).transcribe(load_audio(str(jfk.path)))
-    assert word_error_rate(jfk.text, hypothesis) < 0.20, hypothesis
+    assert word_error_rate(jfk.text, hypothesis) < 0.20, hypothesis  # measured 0.0 for all three (results/test_bounds)
 
 
 def test_checkpoint_records_the_method_and_tied_head(checkpoints: dict) -> None:
@@ -103,22 +103,34 @@ def held_out_second_moments(clips: dict) -> dict[str, torch.Tensor]:
 
 
 def test_gptq_and_tarq_beat_rtn_on_held_out_speech(checkpoints: dict, clips: dict) -> None:
+    """Aggregate held-out losses, not a count of layers: which of 24 encoder layers beat RTN moves with the processor
+    (TARQ won 24/24 on AMD EPYC, 21/24 on Intel Xeon AVX-512, 22/24 with torch forced to AVX2), the summed loss does
+    not. Spread over threads 1/2, seeds 0/1 and AVX-512/AVX2 on an Intel Xeon (results/test_bounds/quantize-intel.json):
+
+    |                          | loss ratio  | encoder loss ratio | layers winning |
+    | GPTQ                     | 0.364-0.368 | 0.228-0.231        | 0.877-0.908    |
+    | TARQ                     | 0.454-0.463 | 0.354-0.367        | 0.815-0.862    |
+    | broken: RTN as GPTQ      | 1.000       | 1.000              | 0.000          |
+    | broken: identity metric  | 0.790-0.791 | 0.744-0.745        | 1.000          |
+
+    The bounds sit 0.14 / 0.13 above the worst measured run and catch both broken solvers (the layer count alone
+    misses the second: GPTQ with its Hessian damped into the identity wins every layer by searching scales)."""
     H = held_out_second_moments(clips)
     model, _, _ = load_whisper("packaged:tiny.en")
     W = {n: p.detach().float() for n, p in model.state_dict().items()}
     rtn = load_checkpoint(checkpoints["rtn"]).quantized
+    rtn_loss = {n: weighted_loss(W[n] - q.dequantize(), H[n]) for n, q in rtn.items()}
     for method in ("gptq", "tarq"):
         solved = load_checkpoint(checkpoints[method]).quantized
-        ratios = [weighted_loss(W[n] - solved[n].dequantize(), H[n]) / weighted_loss(W[n] - rtn[n].dequantize(), H[n])
-                  for n in solved]
-        names = list(solved)
-        wins = sum(r < 1 for r in ratios) / len(ratios)
-        encoder_wins = [r < 1 for n, r in zip(names, ratios) if ".encoder." in n]
-        # Encoder Linears see 1500 frames per window and generalise; decoder Linears see ~90 tokens in this tiny
-        # offline calibration set and overfit on some layers (measured: 75-78% of all layers win, mean ratio 0.73).
-        assert sum(encoder_wins) / len(encoder_wins) >= 0.9, (method, encoder_wins)
+        loss = {n: weighted_loss(W[n] - q.dequantize(), H[n]) for n, q in solved.items()}
+        encoder = [n for n in loss if ".encoder." in n]
+        loss_ratio = sum(loss.values()) / sum(rtn_loss[n] for n in loss)
+        encoder_ratio = sum(loss[n] for n in encoder) / sum(rtn_loss[n] for n in encoder)
+        wins = sum(loss[n] < rtn_loss[n] for n in loss) / len(loss)
+        assert loss_ratio < 0.6, (method, loss_ratio)
+        assert encoder_ratio < 0.5, (method, encoder_ratio)
+        # decoder Linears see ~90 tokens in this tiny calibration set and overfit on some layers
         assert wins >= 0.7, (method, wins)
-        assert sum(ratios) / len(ratios) < 0.85, (method, sum(ratios) / len(ratios))
 
 
 class _Interrupt(Exception):

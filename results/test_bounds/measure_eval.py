@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_quantize import AVX2, ROOT, configurations, cpu_model  # noqa: E402
+from measure_quantize import AVX2, ROOT, config_key, configurations, cpu_model, reused_runs  # noqa: E402
 
 N_SYNTH_EVAL, N_SYNTH_CALIB = 8, 4
 
@@ -70,6 +70,7 @@ def one_configuration(config: dict, data: dict[str, Path], work: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--reuse", type=Path, help="JSON lines of configurations already measured: kept")
     args = parser.parse_args()
     vendor = "intel" if "Intel" in cpu_model() else "amd" if "AMD" in cpu_model() else "cpu"
     out = args.out or ROOT / "results" / "test_bounds" / f"eval-{vendor}.json"
@@ -77,8 +78,9 @@ def main() -> None:
         work = Path(tmp)
         data = corpora(work, dict(os.environ, PYTHONPATH=str(ROOT)))
         runs = []
-        for config in configurations():
-            runs.append(one_configuration(config, data, work))
+        reused = reused_runs(args.reuse)
+        for config in [c for c in configurations() if c["n_calib"] == 128]:  # quantize --n-calib 4: the whole pool
+            runs.append(reused.get(config_key(config)) or one_configuration(config, data, work))
             print(json.dumps(runs[-1]), flush=True)
     out.write_text(json.dumps({"cpu_model": cpu_model(), "command": "python results/test_bounds/measure_eval.py",
                                "runs": runs}, indent=1) + "\n")

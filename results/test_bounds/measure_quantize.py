@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
-def figures(seed: int) -> dict:
+def figures(seed: int, n_calib: int) -> dict:
     """Run inside the child: calibrate, then the test's figures for gptq, tarq and the broken solvers."""
     sys.path.insert(0, str(ROOT / "tests"))
     import torch
@@ -47,8 +47,8 @@ def figures(seed: int) -> dict:
     def solve(**knobs):
         model, processor, gc = load_whisper("packaged:tiny.en")
         backbone = WhisperBackbone(model, processor, gc)
-        ckpt, _ = quantize_backbone(backbone, clips["calib"], QuantizeOptions(seed=seed, **knobs), "packaged:tiny.en",
-                                    log=lambda _: None)
+        options = QuantizeOptions(seed=seed, n_calib=n_calib, **knobs)
+        ckpt, _ = quantize_backbone(backbone, clips["calib"], options, "packaged:tiny.en", log=lambda _: None)
         return ckpt.quantized
 
     model, processor, gc = load_whisper("packaged:tiny.en")
@@ -87,9 +87,14 @@ def _jfk_wer(lattice, jfk, word_error_rate, load_audio, load_whisper, WhisperBac
 
 
 def configurations() -> list[dict]:
+    """Threads 1 and 2 on every instruction set torch can run here, with the test's whole pool (7 of 7 clips: the
+    seed then changes nothing, measured once); then other calibration draws, 6 of the 7 clips by seed."""
     avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
     isas = ["native", "avx2"] if avx512 else ["native"]
-    return [{"threads": t, "seed": s, "isa": isa} for isa in isas for t in (1, 2) for s in (0, 1)]
+    whole_pool = [{"threads": t, "seed": 0, "isa": isa, "n_calib": 128} for isa in isas for t in (1, 2)]
+    seed_only = [{"threads": 1, "seed": 1, "isa": "native", "n_calib": 128}]
+    draws = [{"threads": 2, "seed": s, "isa": "native", "n_calib": 6} for s in (0, 1, 2)]
+    return whole_pool + seed_only + draws
 
 
 def run_child(config: dict) -> dict:
@@ -97,9 +102,20 @@ def run_child(config: dict) -> dict:
                PYTHONPATH=str(ROOT))
     if config["isa"] == "avx2":
         env.update(AVX2)
-    done = subprocess.run([sys.executable, __file__, "--child", str(config["seed"])], env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run([sys.executable, __file__, "--child", str(config["seed"]), str(config["n_calib"])], env=env,
+                          capture_output=True, text=True, check=True)
     return {**config, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def config_key(config: dict) -> tuple:
+    return tuple(config.get(k, 128 if k == "n_calib" else None) for k in ("threads", "seed", "isa", "n_calib"))
+
+
+def reused_runs(path: Path | None) -> dict[tuple, dict]:
+    if path is None or not path.is_file():
+        return {}
+    runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {config_key(r): {"n_calib": 128, **r} for r in runs}
 
 
 def cpu_model() -> str:
@@ -111,17 +127,20 @@ def cpu_model() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=int, nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--reuse", type=Path, help="JSON lines of configurations already measured (this script's "
+                                                   "stdout): kept instead of run again")
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(figures(args.child)))
+        print(json.dumps(figures(*args.child)))
         return
     vendor = "intel" if "Intel" in cpu_model() else "amd" if "AMD" in cpu_model() else "cpu"
     out = args.out or ROOT / "results" / "test_bounds" / f"quantize-{vendor}.json"
     runs = []
+    reused = reused_runs(args.reuse)
     for config in configurations():
-        runs.append(run_child(config))
+        runs.append(reused.get(config_key(config)) or run_child(config))
         print(json.dumps(runs[-1]), flush=True)
     out.write_text(json.dumps({"cpu_model": cpu_model(), "command": "python results/test_bounds/measure_quantize.py",
                                "runs": runs}, indent=1) + "\n")

@@ -9,8 +9,8 @@ OGG through ``soundfile``, MP3 through ``soundfile`` (libsndfile >= 1.1) or ``ff
 little-endian 16-bit ``.raw`` (16 kHz mono unless told) -- all to 16 kHz mono float32.  Decoding functions take
 bytes and return arrays; only :func:`load_audio` touches the file system.
 
-Every problem with an entry (missing file, unreadable audio, empty transcript) raises :class:`CorpusError`
-naming the entry id, its file and the problem.
+Every problem with an entry (missing file, unreadable audio, a transcript with no word) raises :class:`CorpusError`
+naming the entry id, where it was read (manifest path and line), its file and the problem.
 """
 from __future__ import annotations
 
@@ -19,19 +19,28 @@ import json
 import math
 import os
 import shutil
+import stat
 import struct
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from tarq_deploy.fileio import write_text_atomic
+from tarq_deploy.data.normalize import spoken_words
 from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
 
 TARGET_SAMPLE_RATE = 16_000
 DEFAULT_CALIBRATION_SIZE = 128
+# Sample rates decoded audio may have: telephone-band and below up to the highest studio rate. Outside it a header is
+# corrupt, and resampling would multiply the samples (1 Hz -> 16 kHz: 16000 times) or build a huge filter.
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1_000, 768_000
+# Polyphase resampling builds a filter of ~20 * max(up, down) taps: every common rate needs up, down <= 441
+# (44.1 kHz -> 16 kHz is 160 / 441); an odd rate (767 999 Hz: 16000 / 767999) would take seconds and 100 MB, so it
+# goes to the FFT resampler, whose cost does not depend on the ratio.
+MAX_POLYPHASE_FACTOR = 1_000
 
 
 class CorpusError(ValueError):
@@ -51,10 +60,16 @@ class Utterance:
     text: str
     dataset: str = ""
     audio_bytes: bytes | None = field(default=None, repr=False, compare=False)
+    origin: str = field(default="", compare=False)  # where it was read ("calib.jsonl:3"), for error messages
 
 
-def _entry_error(utterance_id: str, audio: str, problem: str) -> CorpusError:
-    return CorpusError(f"corpus entry {utterance_id!r} (file {audio or '<in memory>'}): {problem}")
+def _entry_error(utterance_id: str, audio: str, problem: str, origin: str = "") -> CorpusError:
+    where = f"{origin}, " if origin else ""
+    return CorpusError(f"corpus entry {utterance_id!r} ({where}file {audio or '<in memory>'}): {problem}")
+
+
+def _utterance_error(utterance: Utterance, problem: str) -> CorpusError:
+    return _entry_error(utterance.id, utterance.audio, problem, utterance.origin)
 
 
 # -------------------------------------------------------------------------------------------- audio decoding
@@ -71,23 +86,48 @@ class _WavFormat:
 _WAVE_FORMAT_PCM, _WAVE_FORMAT_FLOAT, _WAVE_FORMAT_EXTENSIBLE = 1, 3, 0xFFFE
 
 
-# Sizes a streaming writer (a pipe: ffmpeg, sox) leaves on a data chunk it could not seek back to: 0, or a huge
-# placeholder. Any other size that runs past the end of the file means the file was cut short.
-_STREAMED_SIZE_MIN = 0x7FFFF000
+# The sizes a streaming writer leaves in a header it could not seek back to patch (it wrote to a pipe): 0, sox's
+# "unspecified length" 0x7FFFF000 and ffmpeg's 0xFFFFFFFF. A data chunk of one of these sizes runs to the end of the
+# file; any other size past the end of the file means the file was cut short, and is refused.
+_STREAMED_SIZES = frozenset({0, 0x7FFFF000, 0xFFFFFFFF})
+_CHUNK_HEADER_BYTES = 8  # four-letter id, uint32 size
+# (format tag, bits per sample) of the encodings _pcm_to_float decodes
+_DECODABLE = frozenset({(_WAVE_FORMAT_PCM, 8), (_WAVE_FORMAT_PCM, 16), (_WAVE_FORMAT_PCM, 24),
+                        (_WAVE_FORMAT_PCM, 32), (_WAVE_FORMAT_FLOAT, 32), (_WAVE_FORMAT_FLOAT, 64)})
 
 
-def _wav_chunks(data: bytes) -> Iterable[tuple[bytes, bytes]]:
+@dataclass(frozen=True)
+class _Chunk:
+    id: bytes
+    body: bytes
+    streamed: bool  # a data chunk whose size is a streaming placeholder: its body is the rest of the file
+
+
+def _wav_chunks(data: bytes) -> Iterable[_Chunk]:
+    """The chunks after the RIFF header; a chunk whose size runs past the end of the file is a truncation (a
+    streamed data chunk excepted). Sizes are only compared, never allocated."""
     position = 12
-    while position + 8 <= len(data):
+    while position + _CHUNK_HEADER_BYTES <= len(data):
         chunk_id, size = data[position: position + 4], struct.unpack_from("<I", data, position + 4)[0]
-        body_start = position + 8
-        streamed = chunk_id == b"data" and (size == 0 or size >= _STREAMED_SIZE_MIN)
-        if chunk_id == b"data" and not streamed and body_start + size > len(data):
-            raise AudioDecodeError(f"WAV file is truncated: its data chunk declares {size} bytes, the file holds "
-                                   f"{len(data) - body_start}")
+        body_start = position + _CHUNK_HEADER_BYTES
+        streamed = chunk_id == b"data" and size in _STREAMED_SIZES
+        if not streamed and body_start + size > len(data):
+            raise AudioDecodeError(f"WAV file is truncated: its {chunk_id.decode('latin-1')!r} chunk declares {size} "
+                                   f"bytes, the file holds {len(data) - body_start} after its header")
         body_end = len(data) if streamed else body_start + size
-        yield chunk_id, data[body_start:body_end]
+        yield _Chunk(chunk_id, data[body_start:body_end], streamed)
         position = body_end + (size & 1)  # chunks are word-aligned
+
+
+def _check_riff_size(data: bytes, data_chunk_streamed: bool) -> None:
+    """The RIFF size (the file's length less 8) may not claim more than the file holds: a placeholder is accepted as
+    for the data chunk, and so is any size when the data chunk is streamed (a writer that could not patch one could
+    not patch the other; sox writes its placeholder plus the header size there)."""
+    declared = struct.unpack_from("<I", data, 4)[0]
+    if declared in _STREAMED_SIZES or data_chunk_streamed or declared + 8 <= len(data):
+        return
+    raise AudioDecodeError(f"WAV file is truncated: its RIFF header declares {declared + 8} bytes, the file holds "
+                           f"{len(data)}")
 
 
 def _parse_fmt(body: bytes) -> _WavFormat:
@@ -100,40 +140,58 @@ def _parse_fmt(body: bytes) -> _WavFormat:
         tag = struct.unpack_from("<H", body, 24)[0]  # first two bytes of the sub-format GUID
     if channels < 1 or rate < 1:
         raise AudioDecodeError(f"WAV header declares {channels} channels at {rate} Hz")
+    if (tag, bits) not in _DECODABLE:
+        raise AudioDecodeError(f"unsupported WAV encoding (format tag {tag}, {bits} bits)")
     return _WavFormat(tag, channels, rate, bits)
 
 
 def _pcm_to_float(payload: bytes, fmt: _WavFormat) -> np.ndarray:
+    """Samples of an encoding _parse_fmt accepted (_DECODABLE)."""
     width = fmt.bits // 8
     usable = len(payload) // (width * fmt.channels) * width * fmt.channels  # drop a torn last frame
     raw = payload[:usable]
-    if fmt.tag == _WAVE_FORMAT_FLOAT and fmt.bits in (32, 64):
+    if fmt.tag == _WAVE_FORMAT_FLOAT:
         samples = np.frombuffer(raw, dtype=f"<f{width}").astype(np.float32)
+        _require_finite(samples)
     elif fmt.tag == _WAVE_FORMAT_PCM and fmt.bits == 8:  # 8-bit WAV is unsigned
         samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     elif fmt.tag == _WAVE_FORMAT_PCM and fmt.bits in (16, 32):
         samples = np.frombuffer(raw, dtype=f"<i{width}").astype(np.float32) / float(2 ** (fmt.bits - 1))
-    elif fmt.tag == _WAVE_FORMAT_PCM and fmt.bits == 24:
+    else:  # 24-bit PCM
         triplets = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
         values = triplets[:, 0] | (triplets[:, 1] << 8) | (triplets[:, 2] << 16)
         samples = (np.where(values >= 1 << 23, values - (1 << 24), values) / float(1 << 23)).astype(np.float32)
-    else:
-        raise AudioDecodeError(f"unsupported WAV encoding (format tag {fmt.tag}, {fmt.bits} bits)")
     return samples.reshape(-1, fmt.channels)
 
 
+def _require_finite(samples: np.ndarray) -> None:
+    """Float samples must be numbers: a NaN or an infinity would turn every feature of the utterance into NaN."""
+    bad = int(np.count_nonzero(~np.isfinite(samples)))
+    if bad:
+        raise AudioDecodeError(f"{bad} of {samples.size} float samples are NaN or infinite")
+
+
 def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
-    """WAV bytes -> (float32 [frames, channels] in [-1, 1], sample rate)."""
+    """WAV bytes -> (float32 [frames, channels] in [-1, 1], sample rate).
+
+    Sizes. A RIFF size or a chunk size (data chunk included) that claims more bytes than the file holds is refused as
+    a truncated file (AudioDecodeError saying "truncated"). Streaming writers, which cannot seek back to patch the
+    header when they write to a pipe, leave a placeholder instead: 0 (a header never patched), 0x7FFFF000 (sox's
+    "unspecified length") or 0xFFFFFFFF (ffmpeg). A data chunk of one of these sizes is accepted and read to the end
+    of the file, and so is such a RIFF size, or any RIFF size when the data chunk is streamed. Only the file's own
+    bytes are ever read or allocated, whatever the header claims. Chunks after the data chunk are not read.
+    """
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         raise AudioDecodeError("not a RIFF/WAVE file")
     fmt: _WavFormat | None = None
-    for chunk_id, body in _wav_chunks(data):
-        if chunk_id == b"fmt ":
-            fmt = _parse_fmt(body)
-        elif chunk_id == b"data":
+    for chunk in _wav_chunks(data):
+        if chunk.id == b"fmt ":
+            fmt = _parse_fmt(chunk.body)
+        elif chunk.id == b"data":
             if fmt is None:
                 raise AudioDecodeError("WAV data chunk comes before its fmt chunk")
-            samples = _pcm_to_float(body, fmt)
+            _check_riff_size(data, chunk.streamed)
+            samples = _pcm_to_float(chunk.body, fmt)
             if samples.shape[0] == 0:
                 raise AudioDecodeError("WAV file holds no audio frames")
             return samples, fmt.sample_rate
@@ -208,7 +266,14 @@ def decode_audio(
     data: bytes, name: str = "", raw_sample_rate: int = TARGET_SAMPLE_RATE, raw_channels: int = 1
 ) -> tuple[np.ndarray, int]:
     """Encoded bytes -> (float32 [frames, channels], native sample rate).  Pure: no file access."""
-    kind = sniff_audio_format(data, name)
+    samples, rate = _decode_by_kind(data, sniff_audio_format(data, name), raw_sample_rate, raw_channels)
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise AudioDecodeError(f"sample rate {rate} Hz is outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz "
+                               f"(a corrupt header?)")
+    return samples, rate
+
+
+def _decode_by_kind(data: bytes, kind: str, raw_sample_rate: int, raw_channels: int) -> tuple[np.ndarray, int]:
     if kind == "wav":
         return decode_wav(data)
     if kind == "raw":
@@ -221,11 +286,14 @@ def decode_audio(
 
 
 def resample(samples: np.ndarray, source_rate: int, target_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:
-    """Band-limited resampling of a 1-D signal: scipy's polyphase filter, else an exact FFT resampler."""
+    """Band-limited resampling of a 1-D signal: scipy's polyphase filter for the usual rates, an FFT resampler for
+    odd ones (MAX_POLYPHASE_FACTOR) or without scipy."""
     if source_rate == target_rate:
         return samples.astype(np.float32, copy=False)
     divisor = math.gcd(source_rate, target_rate)
     up, down = target_rate // divisor, source_rate // divisor
+    if max(up, down) > MAX_POLYPHASE_FACTOR:
+        return _fft_resample(samples, source_rate, target_rate)
     try:
         from scipy.signal import resample_poly
     except ImportError:
@@ -255,29 +323,57 @@ def load_audio(
 ) -> np.ndarray:
     """Read and decode one utterance (or file) to 16 kHz mono float32; failures raise CorpusError."""
     utterance = source if isinstance(source, Utterance) else Utterance(Path(source).name, str(source), "-")
-    data = utterance.audio_bytes
+    data = utterance.audio_bytes if utterance.audio_bytes is not None else _read_audio_file(utterance)
     try:
-        if data is None:
-            data = Path(utterance.audio).read_bytes()
         samples, rate = decode_audio(data, utterance.audio, raw_sample_rate, raw_channels)
-    except FileNotFoundError as error:
-        raise _entry_error(utterance.id, utterance.audio, "audio file does not exist") from error
-    except (OSError, AudioDecodeError) as error:
-        raise _entry_error(utterance.id, utterance.audio, f"unreadable audio: {error}") from error
+    except AudioDecodeError as error:
+        raise _utterance_error(utterance, f"unreadable audio: {error}") from error
     return to_mono_16k(samples, rate)
+
+
+def _read_audio_file(utterance: Utterance) -> bytes:
+    path = Path(utterance.audio)
+    try:
+        # a device (/dev/zero) or a pipe would be read without end
+        data = path.read_bytes() if stat.S_ISREG(path.stat().st_mode) else None
+    except FileNotFoundError as error:
+        raise _utterance_error(utterance, "audio file does not exist") from error
+    except (OSError, ValueError) as error:  # ValueError: a path with a NUL byte, which no file can have
+        raise _utterance_error(utterance, f"unreadable audio: {error}") from error
+    if data is None:
+        raise _utterance_error(utterance, "unreadable audio: not a regular file")
+    return data
 
 
 # ------------------------------------------------------------------------------------------------ validation
 
 
 def validate_utterance(utterance: Utterance, decode: bool = False) -> None:
-    """Empty transcript or missing file raise CorpusError; ``decode=True`` also decodes the audio."""
-    if not utterance.text.strip():
-        raise _entry_error(utterance.id, utterance.audio, "empty transcript")
-    if utterance.audio_bytes is None and not Path(utterance.audio).is_file():
-        raise _entry_error(utterance.id, utterance.audio, "audio file does not exist")
+    """A transcript with no word or a missing file raise CorpusError; ``decode=True`` also decodes the audio."""
+    require_words(utterance)
+    if utterance.audio_bytes is None and not _is_file(utterance):
+        raise _utterance_error(utterance, "audio file does not exist")
     if decode:
         load_audio(utterance)
+
+
+def _is_file(utterance: Utterance) -> bool:
+    try:
+        return Path(utterance.audio).is_file()
+    except OSError as error:  # is_file() lets a name too long for the file system through
+        raise _utterance_error(utterance, f"unusable audio path ({error.strerror})") from None
+
+
+def require_words(utterance: Utterance) -> None:
+    """CorpusError naming the entry when its transcript has no word left after the normalisation WER is scored under
+    (data.normalize.spoken_words: ``"..."`` has none): calibration would tag no position of it and evaluation would
+    divide by zero reference words. Every corpus loader checks here, so calibration and evaluation both refuse it."""
+    if not utterance.text.strip():
+        raise _utterance_error(utterance, "empty transcript")
+    if not spoken_words(utterance.text):
+        shown = utterance.text if len(utterance.text) <= 60 else utterance.text[:57] + "..."
+        raise _utterance_error(utterance, f"transcript {shown!r} has no word after normalisation (Whisper's English "
+                                          f"normaliser, as WER scores it): nothing to calibrate on or to score")
 
 
 def validate_corpus(utterances: Iterable[Utterance], decode: bool = False) -> list[Utterance]:
@@ -286,7 +382,7 @@ def validate_corpus(utterances: Iterable[Utterance], decode: bool = False) -> li
     seen: set[str] = set()
     for utterance in utterances:
         if utterance.id in seen:
-            raise _entry_error(utterance.id, utterance.audio, "duplicate utterance id")
+            raise _utterance_error(utterance, "duplicate utterance id")
         seen.add(utterance.id)
         validate_utterance(utterance, decode)
         checked.append(utterance)
@@ -308,12 +404,13 @@ def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, deco
         try:
             record = json.loads(line)
             utterance_id, audio, text = str(record["id"]), str(record["audio"]), str(record["text"] or "")
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+        # ValueError: bad JSON, or an integer past Python's digit limit; RecursionError: arrays nested thousands deep
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
             raise CorpusError(
-                f'{manifest}:{line_number}: not an {{"id", "audio", "text"}} record ({error})'
-            ) from error
+                f'{manifest}:{line_number}: not an {{"id", "audio", "text"}} record ({type(error).__name__}: {error})'
+            ) from None
         audio_path = audio if os.path.isabs(audio) else str(base / audio)
-        utterances.append(Utterance(utterance_id, audio_path, text, name))
+        utterances.append(Utterance(utterance_id, audio_path, text, name, origin=f"{manifest}:{line_number}"))
     return validate_corpus(utterances, decode)
 
 
@@ -336,7 +433,7 @@ def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike[str]
     lines = []
     for utterance in utterances:
         if utterance.audio_bytes is not None and not utterance.audio:
-            raise _entry_error(utterance.id, "", "in-memory audio cannot be written to a manifest")
+            raise _entry_error(utterance.id, "", "in-memory audio cannot be written to a manifest", utterance.origin)
         audio = Path(utterance.audio).resolve()
         try:
             audio_field = str(audio.relative_to(target.parent.resolve()))
@@ -359,12 +456,13 @@ def load_librispeech_dir(
         raise CorpusError(f"{folder}: no LibriSpeech *.trans.txt transcripts found below it")
     utterances = []
     for transcript in transcripts:
-        for line in _utf8_lines(transcript):
+        for line_number, line in enumerate(_utf8_lines(transcript), start=1):
             if not line.strip():
                 continue
             utterance_id, _, text = line.strip().partition(" ")
             audio = _librispeech_audio(transcript.parent, utterance_id)
-            utterances.append(Utterance(utterance_id, str(audio), text.strip(), dataset or folder.name))
+            utterances.append(Utterance(utterance_id, str(audio), text.strip(), dataset or folder.name,
+                                        origin=f"{transcript}:{line_number}"))
     return validate_corpus(sorted(utterances, key=lambda u: u.id), decode)
 
 
@@ -406,7 +504,7 @@ def load_hf_dataset_dir(
         raise CorpusError(f"{path}: no audio column {audio_column!r} (columns: {', '.join(columns)})")
     name = dataset or Path(path).name
     utterances = [
-        _hf_row_to_utterance(row, i, audio_column, text_column, id_column, name)
+        replace(_hf_row_to_utterance(row, i, audio_column, text_column, id_column, name), origin=f"{path} row {i}")
         for i, row in enumerate(_undecoded_rows(table, [c for c in (audio_column, text_column, id_column) if c]))
     ]
     return validate_corpus(utterances, decode)

@@ -4,7 +4,8 @@ bootstrap confidence intervals (pure computation: no files, no models).
 Normalisation. Reference and hypothesis both go through Whisper's English text normaliser (transformers'
 ``EnglishTextNormalizer``: lowercase, punctuation and bracketed text removed, contractions and spelled-out numbers
 standardised) with Whisper's British-to-American spelling map when the ``whisper_normalizer`` package supplies it
-(:func:`normalizer_description` says which). Words are the whitespace-separated tokens of the normalised text.
+(:func:`normalizer_description` says which). Words are the whitespace-separated tokens of the normalised text
+(tarq_deploy.data.normalize: the corpus readers refuse a transcript with no word under the same normaliser).
 
 Rarity. A *normalised* reference word is rare iff :func:`tarq_deploy.data.rarity.is_rare_word` says so (wordfreq
 Zipf < k, default 3.0) -- the same rule, code and numeral policy that tag calibration positions, applied to the
@@ -27,12 +28,13 @@ at its rare-word count), so one repetition loop cannot outweigh the rest of the 
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..data.normalize import (Normalizer, english_spelling_mapping, normalized_words,  # noqa: F401 -- re-exported
+                              normalizer_description, whisper_english_normalizer)
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word
 
 OK, SUBSTITUTED, DELETED = "ok", "sub", "del"
@@ -41,40 +43,6 @@ DEFAULT_LOOP_MAX_NGRAM = 8
 DEFAULT_RESAMPLES = 1000
 DEFAULT_SEED = 0
 CONFIDENCE_LEVEL = 0.95
-
-Normalizer = Callable[[str], str]
-
-
-# ---------------------------------------------------------------------------------------------- normalisation
-@functools.lru_cache(maxsize=1)
-def english_spelling_mapping() -> tuple[dict[str, str], str]:
-    """Whisper's British -> American spelling map and where it came from ({} and "none" when unavailable)."""
-    try:
-        from importlib.resources import files
-
-        data = files("whisper_normalizer").joinpath("normalizers/english.json").read_text(encoding="utf-8")
-    except (ImportError, FileNotFoundError, OSError):
-        return {}, "none"
-    import json
-
-    return json.loads(data), "whisper_normalizer/normalizers/english.json"
-
-
-@functools.lru_cache(maxsize=1)
-def whisper_english_normalizer() -> Normalizer:
-    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
-
-    return EnglishTextNormalizer(english_spelling_mapping()[0])
-
-
-def normalizer_description() -> str:
-    mapping, source = english_spelling_mapping()
-    spelling = f"spelling map of {len(mapping)} entries ({source})" if mapping else "no spelling map"
-    return f"transformers EnglishTextNormalizer, {spelling}"
-
-
-def normalized_words(text: str, normalizer: Normalizer | None = None) -> list[str]:
-    return (normalizer or whisper_english_normalizer())(text).split()
 
 
 # ------------------------------------------------------------------------------------------ one utterance

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights, load_checkpoint
+from tarq_deploy.errors import UserError
 from tarq_deploy.quant.lattice import QuantizedWeight
 
 from .f16_rounding import F16Values
@@ -30,8 +31,9 @@ ROLE_CONV = "conv"  # convolution kernels: F16 (F32 in an all-F32 file), what gg
 ROLE_F32 = "f32"  # always F32: norms, biases, positional embeddings, front-end tables
 
 
-class TensorFileError(ValueError):
-    """A model file that is not what its runtime would load; the message names the file and the problem."""
+class TensorFileError(UserError, ValueError):
+    """A model file that is not what its runtime would load; the message names the file and the problem. A UserError:
+    wherever a reader's error surfaces (the .bin and GGUF readers share it), the CLI prints it and exits 2."""
 
     def __init__(self, path: str | os.PathLike, problem: str) -> None:
         super().__init__(f"{path}: {problem}")

@@ -33,7 +33,9 @@ FILE_TYPES = {GGMLType.F32: LlamaFileType.ALL_F32, GGMLType.F16: LlamaFileType.M
               GGMLType.Q4_0: LlamaFileType.MOSTLY_Q4_0, GGMLType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
               GGMLType.Q4_1: LlamaFileType.MOSTLY_Q4_1, GGMLType.Q5_0: LlamaFileType.MOSTLY_Q5_0,
               GGMLType.Q5_1: LlamaFileType.MOSTLY_Q5_1, GGMLType.Q4_K: LlamaFileType.MOSTLY_Q4_K_S,
-              GGMLType.Q5_K: LlamaFileType.MOSTLY_Q5_K_S, GGMLType.Q6_K: LlamaFileType.MOSTLY_Q6_K}
+              GGMLType.Q5_K: LlamaFileType.MOSTLY_Q5_K_S, GGMLType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+              GGMLType.Q3_K: LlamaFileType.MOSTLY_Q3_K_S, GGMLType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
+              GGMLType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL}
 FILE_TYPE_NAMES = {int(file_type): GGML_TYPE_NAMES[t] for t, file_type in FILE_TYPES.items()}
 QUANTIZATION_VERSION = 2
 _SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -42,6 +44,10 @@ _SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValu
                    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d"}
 MAX_DIMS = 4
 MAX_STRING_BYTES = 1 << 24
+# the fewest bytes one entry can take: a count that needs more than the file holds is refused before any loop
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, a one-byte value
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, dimension count, one dimension, type, offset
+MIN_STRING_BYTES = 8  # its length
 
 
 class GGUFExportError(ModelFilesError):
@@ -130,6 +136,13 @@ class GGUFFile(MappedTensors):
             raise GGUFFileError(self.path, f"metadata key {key} missing")
         return self.kv[key]
 
+    def integer(self, key: str, default: int | None = None) -> int:
+        """The integer value of ``key`` (``default`` when absent and given); GGUFFileError when it is no integer."""
+        value = self.kv.get(key, default) if default is not None else self.require(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise GGUFFileError(self.path, f"metadata key {key} is {value!r}, not an integer")
+        return value
+
 
 def is_gguf_file(path: str | os.PathLike) -> bool:
     try:
@@ -151,16 +164,32 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         raise GGUFFileError(path, f"GGUF version {version}; this reader knows version {GGUF_VERSION}")
     n_tensors = cur.scalar(GGUFValueType.UINT64, "the tensor count")
     n_kv = cur.scalar(GGUFValueType.UINT64, "the key count")
+    cur.check_count(n_kv, MIN_KV_BYTES, "the key count")
     kv = dict(_read_kv(cur) for _ in range(n_kv))
+    cur.check_count(n_tensors, MIN_TENSOR_INFO_BYTES, "the tensor count")
     infos = [_read_tensor_info(cur) for _ in range(n_tensors)]
-    alignment = int(kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+    alignment = _alignment(path, kv)
     data_start = -(-cur.pos // alignment) * alignment
     tensors = _place_tensors(path, infos, data_start, alignment, len(buffer))
     return GGUFFile(path, kv, tensors, np.frombuffer(buffer, dtype=np.uint8))
 
 
+def _alignment(path: Path, kv: dict[str, Any]) -> int:
+    """general.alignment: a power of two, as ggml's reader demands (0 would divide by zero placing the data)."""
+    alignment = kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 1 or alignment & (alignment - 1):
+        raise GGUFFileError(path, f"general.alignment {alignment!r} is not a power of two")
+    return alignment
+
+
 class GGUFCursor(ByteCursor):
     """ByteCursor plus GGUF's typed values: scalars, strings and arrays."""
+
+    def check_count(self, count: int, min_bytes: int, what: str) -> None:
+        """A count of entries of at least ``min_bytes`` each must fit in what is left of the file."""
+        if count > self.remaining // min_bytes:
+            raise GGUFFileError(self.path, f"{what} {count} claims more entries than the {self.remaining} bytes left "
+                                           f"can hold (truncated or corrupt)")
 
     def scalar(self, value_type: int, what: str) -> Any:
         return self.unpack(_SCALAR_FORMATS[value_type], what)[0]
@@ -181,6 +210,8 @@ class GGUFCursor(ByteCursor):
         if value_type == GGUFValueType.ARRAY:
             element_type = self.scalar(GGUFValueType.UINT32, f"the element type of {what}")
             count = self.scalar(GGUFValueType.UINT64, f"the length of {what}")
+            if element_type == GGUFValueType.ARRAY:  # ggml's reader refuses them too; and each level would recurse
+                raise GGUFFileError(self.path, f"{what} is an array of arrays")
             return self.array_value(element_type, count, what)
         if value_type not in _SCALAR_FORMATS:
             raise GGUFFileError(self.path, f"{what} has unknown value type {value_type}")
@@ -189,6 +220,8 @@ class GGUFCursor(ByteCursor):
     def array_value(self, element_type: int, count: int, what: str) -> list:
         if element_type in _SCALAR_FORMATS and element_type != GGUFValueType.BOOL:
             return self.array(np.dtype(_SCALAR_FORMATS[element_type]), count, what).tolist()
+        smallest = MIN_STRING_BYTES if element_type == GGUFValueType.STRING else 1
+        self.check_count(count, smallest, f"the length of {what}")
         return [self.value(element_type, what) for _ in range(count)]
 
 
@@ -236,8 +269,13 @@ def check_metadata(model: GGUFFile, expected: list[KV], keys: Iterable[str], che
     for key in keys:
         actual = model.require(key)
         want = wanted[key]
-        same = actual == want if not isinstance(want, float) else np.float32(actual) == np.float32(want)
+        same = actual == want if not isinstance(want, float) else _same_float32(actual, want)
         if not same:
             shown = (f"{len(actual)} entries" if isinstance(actual, list) else repr(actual),
                      f"{len(want)} entries" if isinstance(want, list) else repr(want))
             raise GGUFVerifyError(f"{model.path}: {key} is {shown[0]}, the checkpoint {checkpoint} gives {shown[1]}")
+
+
+def _same_float32(actual: Any, want: float) -> bool:
+    """A float key compared as the float32 GGUF stores; a value of another type (a string, a list) is simply not it."""
+    return isinstance(actual, (int, float)) and not isinstance(actual, bool) and np.float32(actual) == np.float32(want)

@@ -77,7 +77,8 @@ def json_file(files: dict[str, bytes], name: str, origin: str) -> dict:
         raise ModelFilesError(f"{origin}: model file {name} missing")
     try:
         return json.loads(files[name])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError: nesting thousands deep
+    except (ValueError, RecursionError) as e:
         raise ModelFilesError(f"{origin}: model file {name} is not valid JSON ({e})") from None
 
 

@@ -50,9 +50,9 @@ def describe_qwen3_asr_gguf(path: str | os.PathLike, arch: str) -> tuple[str, st
     model = read_gguf(path)
     if model.arch != arch:
         raise GGUFFileError(path, f"architecture {model.arch!r}, expected {arch!r}")
-    dims = tuple(int(model.require(key)) for key in ARCH_TARGETS[arch].size_keys)
+    dims = tuple(model.integer(key) for key in ARCH_TARGETS[arch].size_keys)
     name = QWEN3_ASR_SIZES.get(dims, f"qwen3-asr-a{dims[0]}x{dims[1]}-t{dims[2]}x{dims[3]}")
-    file_type = int(model.kv.get("general.file_type", -1))
+    file_type = model.integer("general.file_type", default=-1)
     counts: dict[str, int] = {}
     for record in model.tensors.values():
         kind = GGML_TYPE_NAMES[record.ggml_type]

@@ -1,0 +1,56 @@
+"""The text normalisation word error rates are computed under, and the word test built on it: one definition of "the
+words of a transcript" for the corpus readers (a transcript with none is refused) and for WER scoring
+(tarq_deploy.evaluate.wer re-exports these names).
+
+Reference and hypothesis both go through Whisper's English text normaliser (transformers' ``EnglishTextNormalizer``:
+lowercase, punctuation and bracketed text removed, contractions and spelled-out numbers standardised) with Whisper's
+British-to-American spelling map when the ``whisper_normalizer`` package supplies it (:func:`normalizer_description`
+says which). Words are the whitespace-separated tokens of the normalised text.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Callable
+
+Normalizer = Callable[[str], str]
+
+# A token that holds a letter or a digit: something a recogniser can be asked to say.
+_SPOKEN = re.compile(r"[^\W_]")
+
+
+@functools.lru_cache(maxsize=1)
+def english_spelling_mapping() -> tuple[dict[str, str], str]:
+    """Whisper's British -> American spelling map and where it came from ({} and "none" when unavailable)."""
+    try:
+        from importlib.resources import files
+
+        data = files("whisper_normalizer").joinpath("normalizers/english.json").read_text(encoding="utf-8")
+    except (ImportError, FileNotFoundError, OSError):
+        return {}, "none"
+    return json.loads(data), "whisper_normalizer/normalizers/english.json"
+
+
+@functools.lru_cache(maxsize=1)
+def whisper_english_normalizer() -> Normalizer:
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+    return EnglishTextNormalizer(english_spelling_mapping()[0])
+
+
+def normalizer_description() -> str:
+    mapping, source = english_spelling_mapping()
+    spelling = f"spelling map of {len(mapping)} entries ({source})" if mapping else "no spelling map"
+    return f"transformers EnglishTextNormalizer, {spelling}"
+
+
+def normalized_words(text: str, normalizer: Normalizer | None = None) -> list[str]:
+    return (normalizer or whisper_english_normalizer())(text).split()
+
+
+def spoken_words(text: str, normalizer: Normalizer | None = None) -> list[str]:
+    """The normalised words that hold a letter or a digit. Whisper's normaliser leaves some punctuation standing as
+    a token of its own (``"..."`` -> ``"."``), which no recogniser says: a transcript of only such tokens has no word
+    to score or to calibrate on."""
+    return [word for word in normalized_words(text, normalizer) if _SPOKEN.search(word)]
