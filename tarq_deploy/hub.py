@@ -292,10 +292,12 @@ LATTICE_WORDS = {
                  "(value = scale × code)",
     "affine": "{bits}-bit unsigned codes, an fp16 scale and minimum per row and group of {group} input columns "
               "(value = scale × code + min)",
-    "k-affine": "{bits}-bit unsigned codes in groups of {group}, each group's scale and min a 6-bit code under an "
-                "fp16 super-block scale and min per 256 weights",
-    "k-symmetric": "{bits}-bit signed codes in groups of {group}, each group's scale an 8-bit code under an fp16 "
-                   "super-block scale per 256 weights",
+    "k-affine": "{bits}-bit unsigned codes in groups of {group}, each group's scale and min a code of {sub_bits} bits "
+                "under an fp16 super-block scale and min per 256 weights",
+    "k-symmetric": "{bits}-bit signed codes in groups of {group}, each group's scale a code of {sub_bits} bits "
+                   "under an fp16 super-block scale per 256 weights",
+    "nonlinear": "{bits}-bit indices into ggml's fixed table of 16 non-uniform levels, one fp16 scale per row and "
+                 "group of {group} input columns (value = scale × level)",
 }
 
 
@@ -304,7 +306,8 @@ def lattice_words(ckpt) -> str:
     from .checkpoint import ggml_type_name
 
     spec = ckpt.spec
-    words = LATTICE_WORDS[spec.scheme].format(bits=spec.bits, group=spec.group_size)
+    sub_bits = (spec.sub_code_range[1] - spec.sub_code_range[0]).bit_length() if spec.two_level else None
+    words = LATTICE_WORDS[spec.scheme].format(bits=spec.bits, group=spec.group_size, sub_bits=sub_bits)
     name = ggml_type_name(spec)
     mixed = sum(q.spec != spec for q in ckpt.quantized.values())
     return (f"{name.upper()}: " if name else "") + words + (f"; {mixed} tensors on other types" if mixed else "")

@@ -80,7 +80,7 @@ def test_gptq_lands_on_each_type_exactly_and_beats_rounding(t: T, act_order: boo
     assert _loss(W, q, H) < _loss(W, ggml_quantize(W, torch.diag(H) / len(H), spec), H)  # imatrix, no feedback
 
 
-@pytest.mark.parametrize("t", [T.Q5_1, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q5_1, T.Q4_K, T.Q6_K, T.Q3_K, T.Q2_K], ids=lambda t: t.name)
 def test_tarq_solver_on_each_scheme(t: T) -> None:
     spec = spec_for_type(t)
     W, H = _weights(300 + int(t)), _metric(8)
@@ -133,4 +133,4 @@ def test_pack_refuses_another_types_lattice() -> None:
     with pytest.raises(LatticeNotRepresentable, match="affine lattice is not what Q5_0 stores"):
         pack(q, T.Q5_0)
     with pytest.raises(LatticeNotRepresentable, match="not a lattice type"):
-        pack(q, T.Q2_K)
+        pack(q, T.IQ4_XS)

@@ -368,7 +368,7 @@ def test_auto_recipe_spends_the_budget_where_measured_loss_is_highest(tiny_dir, 
     assert "measured on q4_0, not on a uniform q5_0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("type_name", ["q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("type_name", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k"])
 def test_k_quants_export_exactly_and_run_in_crispasr(type_name, k_quant_dir, clip, tmp_path, capsys):
     ckpt, out = tmp_path / "ck", tmp_path / f"k-{type_name}.gguf"
     assert cli(["quantize", "--model", str(k_quant_dir), "--target", "crispasr", "--method", "rtn", "--type", type_name,

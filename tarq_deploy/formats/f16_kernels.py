@@ -9,8 +9,9 @@ Each ``decode_*`` kernel takes one type's blocks ``raw`` uint8 [blocks, type siz
 decode_k_affine: of the types their flags name) and fills ``out`` uint16
 [blocks * block size] with the fp16 bits of exactly what ``ggml_types.unpack(...).dequantize()`` gives: the unsigned
 code u, the code q = u + qmin, then q * s (and + o) as two float32 roundings, with s = d * sc and o = -(dmin * mn)
-for the K-quants. Every operand is made float32 before it meets another, so numba computes in float32 as the
-reference does. The byte layouts are those of ggml_types.py's docstring.
+for the K-quants (Q3_K: sc = e - 32 of its 6-bit e, and q = u - 4; IQ4_NL: q = table[u]). Every operand is made
+float32 before it meets another, so numba computes in float32 as the reference does. The byte layouts are those of
+ggml_types.py's docstring.
 
 numpy and torch do the same decoding as a dozen passes over whole-matrix temporaries; a kernel reads each block once
 and keeps its values in registers, which is what keeps an F16 export of a checkpoint within reach of its I/O floor
@@ -155,4 +156,56 @@ def decode_q6_k(raw: np.ndarray, out: np.ndarray) -> int:
             high = (np.int64(raw[b, 128 + 32 * half + k % 32]) >> (2 * (k // 32))) & 3
             s = d * np.float32(np.int8(raw[b, 192 + i // 16]))
             changed += _store(out, 256 * b + i, np.float32((low | (high << 4)) - 32) * s)
+    return changed
+
+
+@_kernel
+def _two_bit_code(raw: np.ndarray, b: int, at: int, i: int) -> np.int64:
+    """The 2-bit code of value i of a Q2_K / Q3_K block whose 64 bytes qs start at byte ``at``: per half of 128
+    values, byte 32 half + l holds values l, 32 + l, 64 + l, 96 + l at bit pairs 0, 2, 4, 6."""
+    half, k = i // 128, i % 128
+    return (np.int64(raw[b, at + 32 * half + k % 32]) >> (2 * (k // 32))) & 3
+
+
+@_kernel
+def decode_q2_k(raw: np.ndarray, out: np.ndarray) -> int:
+    changed = 0
+    for b in range(raw.shape[0]):
+        d, dmin = _fp16_at(raw, b, 80), _fp16_at(raw, b, 82)
+        for g in range(16):  # groups of 16; byte g: scale code | min code << 4
+            s = d * np.float32(np.int64(raw[b, g]) & 15)
+            o = -(dmin * np.float32(np.int64(raw[b, g]) >> 4))
+            for j in range(16):
+                i = 16 * g + j
+                changed += _store(out, 256 * b + i, np.float32(_two_bit_code(raw, b, 16, i)) * s + o)
+    return changed
+
+
+@_kernel
+def decode_q3_k(raw: np.ndarray, out: np.ndarray) -> int:
+    changed = 0
+    for b in range(raw.shape[0]):
+        d = _fp16_at(raw, b, 108)
+        for g in range(16):  # the 6-bit scale code e = sc + 32: low nibble in bytes 96..103, top bits in 104..107
+            low = (np.int64(raw[b, 96 + g % 8]) >> (4 * (g // 8))) & 15
+            top = (np.int64(raw[b, 104 + g % 4]) >> (2 * (g // 4))) & 3
+            s = d * np.float32((low | (top << 4)) - 32)
+            for j in range(16):
+                i = 16 * g + j
+                high = (np.int64(raw[b, i % 32]) >> (i // 32)) & 1  # hmask: bit i // 32 of byte i % 32
+                changed += _store(out, 256 * b + i, np.float32(_two_bit_code(raw, b, 32, i) + 4 * high - 4) * s)
+    return changed
+
+
+@_kernel
+def decode_iq4_nl(raw: np.ndarray, out: np.ndarray, table: np.ndarray) -> int:
+    """IQ4_NL: d, then 16 bytes of nibbles laid out as Q4_0's; each nibble indexes ``table`` (int8 [16], the
+    lattice's codebook) and the value is table[u] * d."""
+    changed = 0
+    for b in range(raw.shape[0]):
+        d = _fp16_at(raw, b, 0)
+        for j in range(16):
+            x = np.int64(raw[b, 2 + j])
+            changed += _store(out, 32 * b + j, np.float32(table[x & 15]) * d)
+            changed += _store(out, 32 * b + 16 + j, np.float32(table[x >> 4]) * d)
     return changed

@@ -17,6 +17,8 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as GGMLType
 
+from tarq_deploy.quant.lattice import CODEBOOKS
+
 MIN_PART_VALUES = 1 << 20  # a tensor is shared among the cores from two parts of this size on
 
 
@@ -44,10 +46,16 @@ def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
                 GGMLType.Q8_0: f16_kernels.decode_q8_0,
                 GGMLType.Q4_K: lambda raw, out: k_affine(raw, out, False),  # flag: fifth bit
                 GGMLType.Q5_K: lambda raw, out: k_affine(raw, out, True),
-                GGMLType.Q6_K: f16_kernels.decode_q6_k}
+                GGMLType.Q6_K: f16_kernels.decode_q6_k,
+                GGMLType.Q3_K: f16_kernels.decode_q3_k,
+                GGMLType.Q2_K: f16_kernels.decode_q2_k,
+                GGMLType.IQ4_NL: lambda raw, out: f16_kernels.decode_iq4_nl(raw, out, _IQ4_NL_TABLE)}
     if ggml_type not in decoders:
         raise ValueError(f"no decoder for {GGMLType(ggml_type).name} blocks")
     return decoders[ggml_type]
+
+
+_IQ4_NL_TABLE = np.array(CODEBOOKS[("nonlinear", 4)], dtype=np.int8)
 
 
 def float_to_f16(values: torch.Tensor, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:

@@ -9,6 +9,8 @@ Layouts (ggml-common.h; u = code - qmin, the unsigned code):
 * Q5_0 / Q5_1 (22 / 24 bytes per 32): fp16 d (, fp16 m), 4 bytes qh (bit j = bit 4 of u_j, little-endian), then the
   low nibbles as in Q4_0.
 * Q8_0 (34 bytes per 32): fp16 d, 32 int8 codes.
+* IQ4_NL (18 bytes per 32): as Q4_0, but each nibble is an index u into the 16-value table (lattice.CODEBOOKS) and
+  the code is the table's value there.
 * Q4_K (144 bytes per 256): fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, mn) for 8 groups of 32, 128 bytes: for each
   64 values c, byte 32 c + l = u_{64c+l} | u_{64c+32+l} << 4.
 * Q5_K (176 bytes per 256): as Q4_K with 32 bytes qh between the scales and the nibbles: bit j of qh[l] is bit 4 of
@@ -16,6 +18,14 @@ Layouts (ggml-common.h; u = code - qmin, the unsigned code):
 * Q6_K (210 bytes per 256): 128 bytes ql, 64 bytes qh, 16 int8 group scales, fp16 d at the end. Per half of 128
   values: ql[l] = low nibbles of u_l | u_{l+64} << 4 (l < 64), qh[l] = bits 4-5 of u_l, u_{l+32}, u_{l+64}, u_{l+96}
   at bit pairs 0, 2, 4, 6 (l < 32).
+* Q3_K (110 bytes per 256): 32 bytes hmask, 64 bytes qs, 12 bytes of 6-bit group scales, fp16 d at the end; codes
+  q = u - 4 in -4..3, u = low 2 bits | high bit << 2. Bit j of hmask[l] is the high bit of u_{32j+l}; per half of 128
+  values, qs[32 h + l] holds the low 2 bits of u_{128h+l}, u_{128h+32+l}, u_{128h+64+l}, u_{128h+96+l} at bit pairs
+  0, 2, 4, 6. Group scale sc in -32..31 is kept as e = sc + 32: its low nibble in byte g % 8 (low nibble for g < 8,
+  high for g >= 8), its top 2 bits in byte 8 + g % 4 at bit pair g // 4. (ggml's dequantizer: an hmask bit of 0
+  subtracts 4.)
+* Q2_K (84 bytes per 256): 16 bytes, one per group of 16: scale code | min code << 4 (4-bit each); 64 bytes qs with
+  the 2-bit codes as Q3_K's qs; fp16 d, fp16 dmin at the end.
 """
 from __future__ import annotations
 
@@ -27,7 +37,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as GGMLType
 
-from .lattice import K_SUPER_BLOCK, LatticeSpec, QuantizedWeight, check_on_lattice
+from .lattice import CODEBOOKS, K_SUPER_BLOCK, LatticeSpec, QuantizedWeight, check_on_lattice
 
 QK = 32  # values per block of the one-level types
 # the lattice each type's dequantizer spans: (scheme, bits, group size); symmetric types also hold wider groups
@@ -35,9 +45,12 @@ LATTICE_OF_TYPE: dict[GGMLType, tuple[str, int, int]] = {
     GGMLType.Q4_0: ("symmetric", 4, 32), GGMLType.Q5_0: ("symmetric", 5, 32), GGMLType.Q8_0: ("symmetric", 8, 32),
     GGMLType.Q4_1: ("affine", 4, 32), GGMLType.Q5_1: ("affine", 5, 32),
     GGMLType.Q4_K: ("k-affine", 4, 32), GGMLType.Q5_K: ("k-affine", 5, 32), GGMLType.Q6_K: ("k-symmetric", 6, 16),
+    GGMLType.Q3_K: ("k-symmetric", 3, 16), GGMLType.Q2_K: ("k-affine", 2, 16),
+    GGMLType.IQ4_NL: ("nonlinear", 4, 32),
 }
 LATTICE_TYPES = tuple(LATTICE_OF_TYPE)
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K)
+Q3_K_SCALE_BIAS = 32  # Q3_K keeps its signed 6-bit group scales as sc + 32
 K_SCALES_BYTES = 12
 
 
@@ -95,6 +108,8 @@ def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = Non
     q, d = _block_codes_and_scales(_numpy(codes), _numpy(scales), ggml_type)
     m, n_blocks = d.shape
     lo = -(2 ** (bits - 1)) if scheme == "symmetric" else 0
+    if (scheme, bits) in CODEBOOKS:  # the table index of each code (codes were checked to be table values)
+        q = _INDEX_OF_CODE[(scheme, bits)][q.astype(np.int16) + 128]
     codes8 = q.astype(np.int8, copy=False).view(np.uint8).reshape(m, n_blocks, QK)  # two's complement bytes
     out = np.empty((m, n_blocks, GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8)  # filled field by field
     out[:, :, 0:2] = _fp16_bytes(d)
@@ -146,11 +161,26 @@ def _block_codes_and_scales(q: np.ndarray, s: np.ndarray, ggml_type: GGMLType) -
             f"{name} block, so one block would need two scales; {name} holds groups of 32, 64, 128, ... only")
     scheme, bits, _ = LATTICE_OF_TYPE[ggml_type]
     lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if scheme == "symmetric" else (0, 2**bits - 1)
+    table = CODEBOOKS.get((scheme, bits))
+    if table is not None:
+        lo, hi = table[0], table[-1]
     if q.size and (int(q.min()) < lo or int(q.max()) > hi):
         raise LatticeNotRepresentable(f"codes span [{int(q.min())}, {int(q.max())}], outside {name}'s [{lo}, {hi}]")
+    if table is not None and q.size and not np.isin(q, table).all():
+        raise LatticeNotRepresentable(f"codes other than {name}'s table values {list(table)}")
     if not np.isfinite(s).all():
         raise LatticeNotRepresentable("scales contain inf or nan")
     return q, np.repeat(s, group // QK, axis=1)
+
+
+def _index_of_code(table: tuple[int, ...]) -> np.ndarray:
+    """uint8 [256]: code + 128 -> its index in ``table`` (0xFF where the code is none of its values)."""
+    index = np.full(256, 0xFF, dtype=np.uint8)
+    index[np.array(table) + 128] = np.arange(len(table), dtype=np.uint8)
+    return index
+
+
+_INDEX_OF_CODE = {key: _index_of_code(table) for key, table in CODEBOOKS.items()}
 
 
 def _pack_k(u: np.ndarray, params: dict[str, np.ndarray], ggml_type: GGMLType) -> np.ndarray:
@@ -158,6 +188,18 @@ def _pack_k(u: np.ndarray, params: dict[str, np.ndarray], ggml_type: GGMLType) -
     supers = n // K_SUPER_BLOCK
     u = u.astype(np.uint8).reshape(m, supers, K_SUPER_BLOCK)
     d = _fp16_bytes(params["scales"])
+    if ggml_type in (GGMLType.Q3_K, GGMLType.Q2_K):
+        qs = _two_bit_planes(u & np.uint8(3))
+        if ggml_type == GGMLType.Q2_K:
+            sc = (params["sub_scales"] | (params["sub_mins"] << np.uint8(4))).reshape(m, supers, 16)
+            return np.concatenate([sc, qs, d, _fp16_bytes(params["mins"])], axis=2).reshape(m, -1)
+        high = (u >> np.uint8(2)).reshape(m, supers, 8, 32)
+        hmask = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[None, None, :, None], axis=2)
+        e = (params["sub_scales"].astype(np.int16) + Q3_K_SCALE_BIAS).astype(np.uint8).reshape(m, supers, 16)
+        low = (e[..., :8] & np.uint8(0x0F)) | ((e[..., 8:] & np.uint8(0x0F)) << np.uint8(4))
+        top = (e >> np.uint8(4)).reshape(m, supers, 4, 4)  # [.., pair k, byte i] = top bits of group 4 k + i
+        top = np.bitwise_or.reduce(top << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None], axis=2)
+        return np.concatenate([hmask, qs, low, top, d], axis=2).reshape(m, -1)
     if ggml_type == GGMLType.Q6_K:
         half = u.reshape(m, supers, 2, 128)
         low = half & np.uint8(0x0F)
@@ -176,6 +218,22 @@ def _pack_k(u: np.ndarray, params: dict[str, np.ndarray], ggml_type: GGMLType) -
         fields.append(np.bitwise_or.reduce(bits << np.arange(8, dtype=np.uint8)[None, None, :, None], axis=2))
     fields.append(qs)
     return np.concatenate(fields, axis=2).reshape(m, -1)
+
+
+def _two_bit_planes(u: np.ndarray) -> np.ndarray:
+    """2-bit values [m, S, 256] as Q2_K / Q3_K's 64 bytes qs per super-block: byte 32 h + l holds values
+    128 h + 32 k + l at bit pair k."""
+    m, supers, _ = u.shape
+    parts = u.reshape(m, supers, 2, 4, 32)
+    return (parts[:, :, :, 0] | parts[:, :, :, 1] << np.uint8(2) | parts[:, :, :, 2] << np.uint8(4)
+            | parts[:, :, :, 3] << np.uint8(6)).reshape(m, supers, 64)
+
+
+def _from_two_bit_planes(qs: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K's qs [m, S, 64] -> the 2-bit values [m, S, 256]."""
+    m, supers, _ = qs.shape
+    shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, None, :, None]
+    return ((qs.reshape(m, supers, 2, 1, 32) >> shifts) & np.uint8(3)).reshape(m, supers, 256)
 
 
 def _k_scales_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
@@ -198,8 +256,12 @@ def unpack(blocks: np.ndarray, ggml_type: GGMLType) -> QuantizedWeight:
         codes, params = _unpack_k(raw, ggml_type)
     else:
         codes, params = _unpack_one_level(raw, ggml_type)
-    return QuantizedWeight(torch.from_numpy((codes.astype(np.int16) + spec.qmin).astype(np.int8)).reshape(m, -1),
-                           spec=spec, **{k: torch.from_numpy(v) for k, v in params.items()})
+    if spec.codebook is not None:
+        values = np.array(spec.codebook, dtype=np.int8)[codes]
+    else:
+        values = (codes.astype(np.int16) + spec.qmin).astype(np.int8)
+    return QuantizedWeight(torch.from_numpy(values).reshape(m, -1), spec=spec,
+                           **{k: torch.from_numpy(v) for k, v in params.items()})
 
 
 def _unpack_one_level(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -223,6 +285,24 @@ def _unpack_one_level(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray,
 
 def _unpack_k(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     m, supers, _ = raw.shape
+    if ggml_type == GGMLType.Q2_K:
+        sc = raw[:, :, :16]
+        u = _from_two_bit_planes(raw[:, :, 16:80])
+        params = {"scales": _fp16_of(raw[:, :, 80:82]), "mins": _fp16_of(raw[:, :, 82:84]),
+                  "sub_scales": (sc & np.uint8(0x0F)).reshape(m, -1), "sub_mins": (sc >> np.uint8(4)).reshape(m, -1)}
+        return u.reshape(m, -1), params
+    if ggml_type == GGMLType.Q3_K:
+        hmask = raw[:, :, :32].reshape(m, supers, 1, 32)
+        high = ((hmask >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & np.uint8(1)).reshape(m, supers, 256)
+        u = _from_two_bit_planes(raw[:, :, 32:96]) | (high << np.uint8(2))
+        low = raw[:, :, 96:104]
+        low = np.concatenate([low & np.uint8(0x0F), low >> np.uint8(4)], axis=2)  # groups 0..7, then 8..15
+        top = (raw[:, :, 104:108].reshape(m, supers, 1, 4) >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+               ) & np.uint8(3)  # [.., pair k, byte i]: group 4 k + i
+        e = low | (top.reshape(m, supers, 16) << np.uint8(4))
+        params = {"scales": _fp16_of(raw[:, :, 108:110]),
+                  "sub_scales": (e.astype(np.int8) - np.int8(Q3_K_SCALE_BIAS)).reshape(m, -1)}
+        return u.reshape(m, -1), params
     if ggml_type == GGMLType.Q6_K:
         ql, qh = raw[:, :, :128].reshape(m, supers, 2, 64), raw[:, :, 128:192].reshape(m, supers, 2, 1, 32)
         low = np.concatenate([ql & np.uint8(0x0F), ql >> np.uint8(4)], axis=3)  # [.., 2, 128]
@@ -283,7 +363,8 @@ def _from_bit_plane(b: np.ndarray) -> np.ndarray:
 # the fp16 fields of each type's block (byte offsets): d, and dmin / m where the type has one
 FP16_FIELDS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q8_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2),
-    GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,),
+    GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.Q3_K: (108,),
+    GGMLType.Q2_K: (80, 82), GGMLType.IQ4_NL: (0,),
 }
 FP16_EXPONENT = 0x7C00  # all exponent bits set: inf or nan
 

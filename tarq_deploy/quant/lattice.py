@@ -29,10 +29,17 @@ ggml types are lattices too, each exactly the value set its dequantizer produces
 per-group scale s and offset o, computed in float32 in the order gguf-py's dequantizers compute them:
 
 * ``"affine"`` (Q4_1, Q5_1): groups of 32, codes 0..2^b-1, fp16 d and m per group; s = d, o = m.
-* ``"k-affine"`` (Q4_K, Q5_K): super-blocks of 256 = 8 groups of 32, codes 0..2^b-1, an fp16 d and dmin per
-  super-block and a 6-bit scale code sc and min code mn per group; s = d * sc, o = -(dmin * mn).
-* ``"k-symmetric"`` (Q6_K): super-blocks of 256 = 16 groups of 16, codes -32..31, an fp16 d per super-block and an
-  int8 scale code sc per group; s = d * sc, o = 0.
+* ``"k-affine"`` (Q4_K, Q5_K; Q2_K): super-blocks of 256 = 8 groups of 32 (Q2_K: 16 groups of 16), codes
+  0..2^b-1, an fp16 d and dmin per super-block and a 6-bit (Q2_K: 4-bit) scale code sc and min code mn per group;
+  s = d * sc, o = -(dmin * mn).
+* ``"k-symmetric"`` (Q6_K; Q3_K): super-blocks of 256 = 16 groups of 16, codes -2^(b-1)..2^(b-1)-1 (Q6_K -32..31,
+  Q3_K -4..3), an fp16 d per super-block and a signed scale code sc per group (Q6_K int8 -128..127, Q3_K 6-bit
+  -32..31); s = d * sc, o = 0.
+* ``"nonlinear"`` (IQ4_NL): groups of 32, an fp16 d per group and 4-bit indices into a fixed non-uniform table
+  of 16 int8 values (ggml's kvalues_iq4nl, -127..113); the codes held are the table's values themselves, so the value
+  is d * q exactly as for the symmetric scheme, but only the 16 table values are codes (``LatticeSpec.codebook``).
+
+``LatticeSpec.sub_code_range`` gives each K-quant's range of sc (and mn).
 
 Every group parameter is held the way the format stores it (``QuantizedWeight.scales``, ``mins``, ``sub_scales``,
 ``sub_mins``), so packing copies bits; quant/lattice_fit.py chooses them, and the solvers choose codes against them.
@@ -52,12 +59,22 @@ SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric")
+SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric", "nonlinear")
 SCALE_GRIDS = ("float16", "bfloat16")  # the values a stored (fp16) scale may take; see "Scale grid" above
 K_SUPER_BLOCK = 256  # values per K-quant super-block (ggml's QK_K)
 # (bits, group size) each non-symmetric scheme allows: the ggml types it stores
-SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((4, 32), (5, 32)), "k-symmetric": ((6, 16),)}
+SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((2, 16), (4, 32), (5, 32)),
+                 "k-symmetric": ((3, 16), (6, 16)), "nonlinear": ((4, 32),)}
+# the codes of a non-uniform lattice, ascending: ggml's kvalues_iq4nl (ggml-common.h), IQ4_NL's 16 levels
+CODEBOOKS = {("nonlinear", 4): (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)}
+# make_qx_quants-like grid of a codebook's divisors: the lowest code + k, k = -7..7 (ggml's quantize_iq4_nl, ntry 7)
+CODEBOOK_SEARCH_STEPS = tuple(float(k) for k in range(-7, 8))
 K_SUB_CODE_MAX = 63  # Q4_K / Q5_K sub-block scale and min codes are 6-bit
+# the range of a K-quant's per-group scale (and min) codes under its super-block d (and dmin), by (scheme, bits):
+# Q2_K 4-bit, Q4_K / Q5_K 6-bit unsigned; Q3_K 6-bit signed (stored + 32), Q6_K int8
+K_SUB_CODE_RANGE = {("k-affine", 2): (0, 15), ("k-affine", 4): (0, K_SUB_CODE_MAX),
+                    ("k-affine", 5): (0, K_SUB_CODE_MAX), ("k-symmetric", 3): (-32, 31),
+                    ("k-symmetric", 6): (-128, 127)}
 PARAM_FIELDS = ("scales", "mins", "sub_scales", "sub_mins")
 FP16_MAX = 65504.0
 BF16_FP16_MAX = 65280.0  # the largest value exact in both bfloat16 and float16
@@ -102,16 +119,32 @@ class LatticeSpec:
         return self.scheme.startswith("k-")
 
     @property
+    def codebook(self) -> tuple[int, ...] | None:
+        """The codes of a non-uniform lattice, ascending; None for the uniform schemes (codes qmin..qmax)."""
+        return CODEBOOKS.get((self.scheme, self.bits))
+
+    @property
     def qmin(self) -> int:
+        if self.codebook is not None:
+            return self.codebook[0]
         return 0 if self.affine else -(2 ** (self.bits - 1))
 
     @property
     def qmax(self) -> int:
+        if self.codebook is not None:
+            return self.codebook[-1]
         return 2**self.bits - 1 if self.affine else 2 ** (self.bits - 1) - 1
 
     @property
     def levels(self) -> int:
         return 2**self.bits - 1
+
+    @property
+    def sub_code_range(self) -> tuple[int, int]:
+        """(lowest, highest) per-group scale / min code of a K-quant lattice (module docstring)."""
+        if not self.two_level:
+            raise ValueError(f"a {self.scheme} lattice has no sub-block codes")
+        return K_SUB_CODE_RANGE[(self.scheme, self.bits)]
 
     def group_width(self, n_cols: int) -> int:
         """Columns per group for a matrix with ``n_cols`` inputs."""
@@ -140,7 +173,7 @@ class QuantizedWeight:
 
     ``scales`` are fp16: one per group, or for the K-quants the super-block d. ``mins`` (fp16) are the affine
     offsets m per group, or the K-quant super-block dmin. ``sub_scales`` / ``sub_mins`` are the K-quants' per-group
-    codes (uint8 0..63 for Q4_K / Q5_K; ``sub_scales`` int8 for Q6_K)."""
+    codes (uint8 0..63 for Q4_K / Q5_K, 0..15 for Q2_K; ``sub_scales`` int8 for Q6_K, -32..31 for Q3_K)."""
 
     codes: torch.Tensor  # int8 [m, n]
     scales: torch.Tensor  # float16 [m, n_groups] or [m, n / 256]
@@ -258,9 +291,9 @@ def searched_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor
     peak, top = _max_rule(x, spec)
     best_scale = peak / top
     best_gain = torch.full_like(best_scale, -1.0)
-    for step in SEARCH_STEPS:
+    for step in (SEARCH_STEPS if spec.codebook is None else CODEBOOK_SEARCH_STEPS):
         d = (peak / (top + step * math.copysign(1.0, top))).unsqueeze(2)  # step > 0: the divisor moves outward
-        q = torch.round(x / torch.where(d == 0, torch.ones_like(d), d)).clamp_(spec.qmin, spec.qmax)
+        q = nearest_codes(x / torch.where(d == 0, torch.ones_like(d), d), spec)
         hq = h * q
         sum_xq, sum_qq = (hq * x).sum(dim=2), (hq * q).sum(dim=2)
         gain = torch.where(sum_qq > 0, sum_xq * sum_xq / sum_qq.clamp(min=1e-30), torch.zeros_like(sum_qq))
@@ -279,12 +312,22 @@ def choose_scales(w: torch.Tensor, spec: LatticeSpec, rule: str, importance: tor
     raise ValueError(f"scale rule must be one of {SCALE_RULES}, got {rule!r}")
 
 
+def nearest_codes(x: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    """The code nearest to each x (float32): round and clamp to the code range, or for a codebook its nearest
+    entry (a tie between two entries goes to the lower one)."""
+    if spec.codebook is None:
+        return torch.round(x).clamp_(spec.qmin, spec.qmax)
+    table = torch.tensor(spec.codebook, dtype=torch.float32, device=x.device)
+    return table[torch.bucketize(x.contiguous(), (table[1:] + table[:-1]) / 2)]
+
+
 def round_codes(w: torch.Tensor, s: torch.Tensor, o: torch.Tensor | None, spec: LatticeSpec) -> torch.Tensor:
-    """Codes q = round((w - o) / s) clamped to the code range, for w and per-weight s, o of one shape (float32);
-    a zero scale gives code 0 (every code then has the value o)."""
+    """Codes q = round((w - o) / s) clamped to the code range (a codebook's nearest entry), for w and per-weight
+    s, o of one shape (float32); a zero scale gives code 0, or the codebook entry nearest 0 (every code then has
+    the value o)."""
     safe = torch.where(s == 0, torch.ones_like(s), s)
-    q = torch.round((w if o is None else w - o) / safe).clamp_(spec.qmin, spec.qmax)
-    return q.masked_fill_(s == 0, 0.0)
+    q = nearest_codes((w if o is None else w - o) / safe, spec)
+    return q.masked_fill_(s == 0, 0.0 if spec.codebook is None else float(min(spec.codebook, key=abs)))
 
 
 def codes_for(w: torch.Tensor, scales: torch.Tensor, spec: LatticeSpec,
@@ -339,15 +382,24 @@ def check_on_lattice(q: QuantizedWeight) -> None:
             raise ValueError(f"{name} contain inf or nan")
         if name == "scales" and not on_scale_grid(t, q.spec):
             raise ValueError(f"scales are not all on the {q.spec.scale_grid} grid the lattice declares")
-        if q.spec.affine and name.startswith("sub_") and t.numel() and int(t.max()) > K_SUB_CODE_MAX:
-            raise ValueError(f"{name} exceed the 6-bit code {K_SUB_CODE_MAX}")
+        if name.startswith("sub_"):
+            (lo, hi), (t_lo, t_hi) = q.spec.sub_code_range, _code_span(t)
+            if t_lo < lo or t_hi > hi:
+                raise ValueError(f"{name} span [{t_lo}, {t_hi}], outside the {q.spec.bits}-bit {q.spec.scheme} "
+                                 f"lattice's codes [{lo}, {hi}]")
     lo, hi = _code_span(q.codes)
     if lo < q.spec.qmin or hi > q.spec.qmax:
         raise ValueError(f"codes span [{lo}, {hi}], outside [{q.spec.qmin}, {q.spec.qmax}]")
+    if q.spec.codebook is not None:
+        values = q.codes.cpu().numpy()
+        strays = values[~np.isin(values, q.spec.codebook)]
+        if strays.size:
+            raise ValueError(f"code {int(strays[0])} is not one of the {q.spec.scheme} lattice's codes "
+                             f"{list(q.spec.codebook)}")
 
 
 def _code_span(codes: torch.Tensor) -> tuple[int, int]:
-    """(min, max) of int8 codes; numpy on CPU, where torch's multi-threaded reductions over int8 were 10x slower
+    """(min, max) of integer codes; numpy on CPU, where torch's multi-threaded reductions over int8 were 10x slower
     on a busy 2-core machine."""
     if codes.numel() == 0:
         return 0, 0

@@ -4,13 +4,16 @@
 format stores (fp16 d and m, 6-bit or int8 sub-block codes), so the codes the solvers then choose are rounded
 against exactly the values the runtime decodes. The rules:
 
-* symmetric: lattice.py's max rule or its importance-weighted search (make_qx_quants' grid).
-* affine (Q4_1 / Q5_1) and the K-quants' sub-blocks (Q4_K / Q5_K): max rule d = (max - min) / (2^b - 1), m = min;
+* symmetric and nonlinear (IQ4_NL): lattice.py's max rule or its importance-weighted search (make_qx_quants'
+  grid; for a codebook, divisors around its lowest code as ggml's quantize_iq4_nl tries them).
+* affine (Q4_1 / Q5_1) and the K-quants' sub-blocks (Q2_K / Q4_K / Q5_K): max rule d = (max - min) / (2^b - 1), m = min;
   or a search in the manner of ggml's make_qkx2_quants: 21 candidate inverse scales (2^b - 1 + 0.1 k, k = -10..10)
   over the group's range, each giving codes whose importance-weighted least-squares (s, m) is the candidate, the
   smallest weighted error winning. K-quant offsets are -dmin * mn with mn >= 0, so their m is kept <= 0.
-* K-quant super-blocks: the 8 (Q4_K / Q5_K) or 16 (Q6_K) group scales become codes under one fp16 super-block scale
-  d = (largest group scale) / 63 (Q6_K: the signed largest over -128), likewise the mins under dmin.
+* K-quant super-blocks: the 8 (Q4_K / Q5_K) or 16 (Q2_K, Q3_K, Q6_K) group scales become codes under one fp16
+  super-block scale d = (largest group scale) / (top code: 63, Q2_K 15), likewise the mins under dmin; the signed
+  ones (Q3_K, Q6_K) take d = (signed largest) / (lowest code: -32, -128), so the largest takes the lowest code as in
+  ggml's quantize_row_q3_K / q6_K. The code ranges are ``LatticeSpec.sub_code_range``.
 """
 
 from __future__ import annotations
@@ -18,11 +21,10 @@ from __future__ import annotations
 import torch
 
 from .choices import SCALE_RULES
-from .lattice import (CODE_DTYPE, FP16_MAX, K_SUB_CODE_MAX, SCALE_DTYPE, LatticeSpec, QuantizedWeight,
-                      _signed_max, choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
+from .lattice import (CODE_DTYPE, FP16_MAX, K_SUPER_BLOCK, SCALE_DTYPE, LatticeSpec, QuantizedWeight, _signed_max,
+                      choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
 
 AFFINE_SEARCH_STEPS = tuple(0.1 * k for k in range(-10, 11))
-Q6_K_SCALE_CODE_MIN = -128  # Q6_K's sub-block scales are int8 codes
 EPS = 1e-30
 
 
@@ -33,16 +35,16 @@ def fit_params(w: torch.Tensor, spec: LatticeSpec, rule: str,
     if rule not in SCALE_RULES:
         raise ValueError(f"scale rule must be one of {SCALE_RULES}, got {rule!r}")
     spec.check_columns(w.shape[1])
-    if spec.scheme == "symmetric":
+    if spec.scheme in ("symmetric", "nonlinear"):
         return {"scales": choose_scales(w, spec, rule, importance)}
     h = (importance if importance is not None else torch.ones(w.shape[1])).float().to(w.device).expand(w.shape)
     if spec.scheme == "k-symmetric":
         scale = max_rule_scales(w, spec) if rule == "max" else searched_scales(w, spec, h)
-        return _k_symmetric_codes(scale)
+        return _k_symmetric_codes(scale, spec)
     scale, offset = _affine_fit(_grouped(w, spec), _grouped(h, spec), spec.qmax, rule, spec.two_level)
     if spec.scheme == "affine":
         return {"scales": _fp16(scale), "mins": _fp16(offset)}
-    return _k_affine_codes(scale, -offset)
+    return _k_affine_codes(scale, -offset, spec)
 
 
 def quantize_nearest(w: torch.Tensor, spec: LatticeSpec, rule: str = "max",
@@ -61,9 +63,10 @@ def quantize_rtn(w: torch.Tensor, spec: LatticeSpec) -> QuantizedWeight:
     halves away from zero), and the stored scale is fp16(d). So for Q4_0 / Q5_0 / Q8_0 blocks these are ggml's own
     bytes (tests/test_lattice_ggml.py); likewise Q4_1 / Q5_1 (:func:`_rtn_affine`). The K-quants have no plain
     rounding in ggml (its reference quantizer searches); theirs is the max rule of lattice_fit.py and nearest
-    codes."""
+    codes, and so is IQ4_NL's (max rule: the value of largest magnitude onto the lowest table value)."""
     spec.check_columns(w.shape[1])
-    if spec.two_level or spec.scale_grid != "float16":  # no ggml reference arithmetic to follow: nearest codes
+    if spec.two_level or spec.codebook is not None or spec.scale_grid != "float16":  # no ggml reference arithmetic
+        # to follow: nearest codes
         return quantize_nearest(w, spec)
     if spec.affine:
         return _rtn_affine(w, spec)
@@ -158,23 +161,24 @@ def _code_under(values: torch.Tensor, d16: torch.Tensor, lo: int, hi: int) -> to
     return torch.where(d == 0, torch.zeros_like(values), torch.round(values / torch.where(d == 0, 1.0, d))).clamp_(lo, hi)
 
 
-def _k_affine_codes(scale: torch.Tensor, neg_offset: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Q4_K / Q5_K: group scales and -offsets [m, G] (8 groups per super-block) as 6-bit codes under fp16 d and
-    dmin = (largest of the 8) / 63."""
+def _k_affine_codes(scale: torch.Tensor, neg_offset: torch.Tensor, spec: LatticeSpec) -> dict[str, torch.Tensor]:
+    """Q2_K / Q4_K / Q5_K: group scales and -offsets [m, G] as codes 0..top (6-bit; Q2_K 4-bit) under fp16 d and
+    dmin = (largest of the super-block's groups) / top."""
     m, groups = scale.shape
-    sc = scale.clamp(min=0.0).reshape(m, groups // 8, 8)
-    mn = neg_offset.clamp(min=0.0).reshape(m, groups // 8, 8)
-    d, dmin = _fp16(sc.amax(dim=2) / K_SUB_CODE_MAX), _fp16(mn.amax(dim=2) / K_SUB_CODE_MAX)
+    per_super, (_, top) = K_SUPER_BLOCK // spec.group_size, spec.sub_code_range
+    sc = scale.clamp(min=0.0).reshape(m, groups // per_super, per_super)
+    mn = neg_offset.clamp(min=0.0).reshape(m, groups // per_super, per_super)
+    d, dmin = _fp16(sc.amax(dim=2) / top), _fp16(mn.amax(dim=2) / top)
     return {"scales": d, "mins": dmin,
-            "sub_scales": _code_under(sc, d, 0, K_SUB_CODE_MAX).reshape(m, groups).to(torch.uint8),
-            "sub_mins": _code_under(mn, dmin, 0, K_SUB_CODE_MAX).reshape(m, groups).to(torch.uint8)}
+            "sub_scales": _code_under(sc, d, 0, top).reshape(m, groups).to(torch.uint8),
+            "sub_mins": _code_under(mn, dmin, 0, top).reshape(m, groups).to(torch.uint8)}
 
 
-def _k_symmetric_codes(scale: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Q6_K: the 16 group scales of a super-block as int8 codes under d = (signed largest) / -128, so the largest
-    takes code -128 as ggml's quantize_row_q6_K does."""
+def _k_symmetric_codes(scale: torch.Tensor, spec: LatticeSpec) -> dict[str, torch.Tensor]:
+    """Q3_K / Q6_K: the 16 group scales of a super-block as signed codes lo..hi (Q3_K -32..31, Q6_K -128..127)
+    under d = (signed largest) / lo, so the largest takes code lo as ggml's quantize_row_q3_K / q6_K do."""
     m, groups = scale.shape
-    sc = scale.reshape(m, groups // 16, 16)
-    d = _fp16(_signed_max(sc) / Q6_K_SCALE_CODE_MIN)
-    return {"scales": d, "sub_scales": _code_under(sc, d, Q6_K_SCALE_CODE_MIN, 127).reshape(m, groups).to(torch.int8)}
-
+    lo, hi = spec.sub_code_range
+    sc = scale.reshape(m, groups // (K_SUPER_BLOCK // spec.group_size), K_SUPER_BLOCK // spec.group_size)
+    d = _fp16(_signed_max(sc) / lo)
+    return {"scales": d, "sub_scales": _code_under(sc, d, lo, hi).reshape(m, groups).to(torch.int8)}

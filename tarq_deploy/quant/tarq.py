@@ -10,7 +10,7 @@ Methods (paper, "Component analysis"):
             per-column importance = mean x^2 over the calibration positions of the *full-precision* model, no error
             feedback
   ggml      ggml's own quantizer of the lattice's type without data (for Q4_0..Q8_0 the same bytes as rtn; for the
-            K-quants ggml's scale search, which rtn does not do)
+            K-quants and IQ4_NL ggml's scale search, which rtn does not do)
 
 Reweighting source (Appendix "Reweighting source and cost-ratio ablations"): which positions form the re-weighted
 slice: ``rare`` (the rarity tags), ``random`` (as many positions drawn uniformly) or ``common`` (as many drawn from
