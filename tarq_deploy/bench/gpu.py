@@ -1,23 +1,29 @@
 """GPU benchmark: Whisper in FP16 (transformers, cuBLAS) against the INT4 lattice on INT4 kernels.
 
-    tarq-deploy bench --gpu --model packaged:tiny.en --checkpoint CKPT_DIR --audio jfk.wav [--kernels tinygemm,marlin]
+    tarq-deploy bench --gpu --model packaged:tiny.en --checkpoint CKPT_DIR --audio jfk.wav \
+        [--kernels tinygemm,triton,marlin]
 
 Variants, each measured on every audio: ``FP16`` (the float model from ``--model``), and per kernel ``INT4`` = the
 same model with every Linear on the checkpoint's lattice swapped for an INT4 module:
 
 * ``tinygemm`` -- PyTorch's own ``_weight_int4pack_mm``; it stores a symmetric group lattice exactly (zero point 0,
   codes + 8 as unsigned nibbles, the fp16 scales). Always tried when CUDA is present.
+* ``triton`` -- our own W4A16 Triton kernel (``tarq_deploy.runtimes.triton_w4a16.TritonInt4Linear``): fp16
+  activations as the float model has them, any fp16 scale held exactly (codes times activations on the tensor
+  cores, the group scale applied in fp32), split-K for decode shapes. "skipped" with the reason when triton is not
+  installed.
 * ``marlin`` -- Marlin through vLLM or GPTQModel: not wired yet, the row is "skipped" with the reason (not
   installed, or installed but needing the GPTQ / compressed-tensors export served by that runtime).
 
-The INT4 swap is ``tarq_deploy.runtimes.int4_linear.swap_in_int4_linears(model, checkpoint, kernel="tinygemm")``
-(Int4Linear over torch's int4pack ops; on CUDA it computes in bfloat16 and refuses a lattice whose fp16 scales are
-not exact in bfloat16 -- that row is then an error naming it).
+The INT4 swap is ``tarq_deploy.runtimes.int4_linear.swap_in_int4_linears(model, checkpoint, kernel=...)``
+(``tinygemm``: Int4Linear over torch's int4pack ops; on CUDA it computes in bfloat16 and refuses a lattice whose fp16
+scales are not exact in bfloat16 -- that row is then an error naming it; ``triton``: TritonInt4Linear).
 
 Per run: end-to-end latency (feature extraction + generate, perf_counter), generate latency with CUDA events, tokens
-decoded (greedy, English, no timestamps, ``max_new_tokens``), peak VRAM from ``torch.cuda.max_memory_allocated`` and,
-when NVML is available (pynvml), the largest per-process device memory NVML reported while the run was going (it
-includes the CUDA context and the caching allocator's reserve). Median / min / max over the timed runs after warm-ups.
+decoded (greedy, English, no timestamps, one 30 s window: at most ``max_new_tokens``, see ``_greedy``), peak VRAM
+from ``torch.cuda.max_memory_allocated`` and, when NVML is available (pynvml), the largest per-process device memory
+NVML reported while the run was going (it includes the CUDA context and the caching allocator's reserve). Median /
+min / max over the timed runs after warm-ups.
 
 Without CUDA the runner says so and measures nothing (status "skipped"); the CLI exits 0 then: never a CPU number
 dressed up as a GPU one.
@@ -38,7 +44,7 @@ from tarq_deploy.runtimes.whisper_cpp import whisper_backbone
 
 from .cpu import AudioInfo, Stat, check_audio, machine_description
 
-KERNELS = ("tinygemm", "marlin")
+KERNELS = ("tinygemm", "triton", "marlin")
 MARLIN_PROVIDERS = ("vllm", "gptqmodel")
 FP16_KERNEL = "cublas-fp16"  # the float model's own matmuls
 INT4_MODULE = "tarq_deploy.runtimes.int4_linear"
@@ -62,7 +68,7 @@ class GpuBenchConfig:
 class GpuCell:
     backbone: str
     variant: str  # "FP16" | "INT4"
-    kernel: str  # "cublas-fp16" | "tinygemm" | "marlin"
+    kernel: str  # "cublas-fp16" | "tinygemm" | "triton" | "marlin"
     audio: str
     audio_label: str
     audio_s: float
@@ -114,6 +120,17 @@ def marlin_unavailable_reason() -> str | None:
     return f"Marlin needs {' or '.join(MARLIN_PROVIDERS)} installed; neither is"
 
 
+def kernel_unavailable_reason(kernel: str, device: str = "cuda") -> str | None:
+    """None when ``kernel`` can serve the INT4 row on ``device``, else why not (the row is then "skipped")."""
+    if kernel == "marlin":
+        return marlin_unavailable_reason() or MARLIN_NOT_WIRED
+    if kernel == "triton":
+        from tarq_deploy.runtimes.triton_w4a16 import triton_unavailable_reason
+
+        return triton_unavailable_reason(device)
+    return None
+
+
 def int4_swap_function() -> Callable[..., Any]:
     """The INT4 module's swap function, or ImportError saying which module/function is missing."""
     module = importlib.import_module(INT4_MODULE)
@@ -160,8 +177,9 @@ def build_variant(model_source: str, checkpoint_dir: str | None, kernel: str, de
     checked on a CPU; only run_gpu_bench measures, and only on CUDA."""
     from tarq_deploy.models.loader import load_whisper
 
-    if kernel == "marlin":  # before loading anything: the row is skipped either way
-        raise KernelUnavailable(marlin_unavailable_reason() or MARLIN_NOT_WIRED)
+    reason = kernel_unavailable_reason(kernel, device) if kernel != FP16_KERNEL else None
+    if reason is not None:  # before loading anything: the row is skipped either way
+        raise KernelUnavailable(reason)
     model, processor, generation_config = load_whisper(model_source, dtype=dtype)
     model = model.to(device).eval()
     if kernel != FP16_KERNEL:
@@ -253,14 +271,13 @@ def measure_generate(model: Any, processor: Any, generation_config: Any, audio: 
         features = processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         features = features.to("cuda", torch.float16)
         start.record()
-        with torch.inference_mode():
-            ids = model.generate(features, decoder_input_ids=torch.tensor([prompt], device="cuda"),
-                                 generation_config=gc)
+        row = greedy_generate(model, features, prompt, gc)
         end.record()
         torch.cuda.synchronize()
         end_to_end_ms = (time.perf_counter() - wall) * 1000
-    row = ids[0].tolist()
     tokens = generated_token_count(row, prompt)
+    if tokens > max_new_tokens:  # never report a per-token figure over a different amount of work
+        raise RuntimeError(f"generate produced {tokens} tokens against max_new_tokens={max_new_tokens}")
     generate_ms = start.elapsed_time(end)
     return {"generate_ms": generate_ms, "end_to_end_ms": end_to_end_ms, "tokens": tokens,
             "ms_per_token": generate_ms / tokens if tokens else None,
@@ -269,11 +286,33 @@ def measure_generate(model: Any, processor: Any, generation_config: Any, audio: 
 
 
 def _greedy(generation_config: Any, max_new_tokens: int) -> Any:
-    """A copy set for greedy decoding (settings on the config, not as generate() kwargs: transformers 5 warns when
-    both are given)."""
+    """A copy set for greedy decoding of ONE 30 s window (settings on the config, not as generate() kwargs:
+    transformers 5 warns when both are given).
+
+    ``force_unique_generate_call``: Whisper's generate runs a seek loop even for short-form audio. Whenever the
+    decoded window holds two consecutive timestamp tokens (ids >= <|notimestamps|> + 1; random or badly quantized
+    weights emit them even after <|notimestamps|>), it cuts the window at the last timestamp, seeks there and
+    decodes again, up to ``max_new_tokens`` per call, then returns every segment concatenated. That is how the INT4
+    large-v3-dims run decoded 662 tokens against a cap of 64 (bench/results/h100). One generate call keeps the cap
+    and the work per run the same for every variant."""
     gc = copy.deepcopy(generation_config)
     gc.max_new_tokens, gc.do_sample, gc.num_beams = max_new_tokens, False, 1
+    gc.force_unique_generate_call = True
     return gc
+
+
+def greedy_generate(model: Any, features: Any, prompt: list[int], generation_config: Any) -> list[int]:
+    """The token ids of one greedy decode (``generation_config`` from :func:`_greedy`) of ``features`` [1, mels,
+    frames] after ``prompt``, on the model's device; the prompt may or may not lead the row (transformers
+    versions differ: see generated_token_count)."""
+    import torch
+
+    device = features.device
+    with torch.inference_mode():
+        ids = model.generate(features, decoder_input_ids=torch.tensor([prompt], device=device),
+                             generation_config=generation_config)
+    ids = ids["sequences"] if isinstance(ids, dict) else ids
+    return ids[0].tolist()
 
 
 def generated_token_count(ids: list[int], prompt: list[int]) -> int:
@@ -340,7 +379,7 @@ def _gpu_machine() -> dict:
 
 
 def _versions() -> dict:
-    names = ("torch", "transformers", "vllm", "gptqmodel", "nvidia-ml-py", "tarq-deploy")
+    names = ("torch", "transformers", "triton", "vllm", "gptqmodel", "nvidia-ml-py", "tarq-deploy")
     return {name: dist_version(name) for name in names}
 
 

@@ -55,16 +55,21 @@ AGREEMENT_GOAL = 1e-2
 
 
 # ------------------------------------------------------------------------------------------------------ the model
+# Voxtral-Mini-3B-2507's language model (a Llama) and audio encoder, written out (the VoxtralConfig defaults)
+TEXT_CONFIG = {"model_type": "llama", "vocab_size": 131072, "hidden_size": 3072, "intermediate_size": 8192,
+               "num_hidden_layers": 30, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+               "max_position_embeddings": 131072, "rope_theta": 1e8, "rms_norm_eps": 1e-5,
+               "tie_word_embeddings": False}
+AUDIO_CONFIG = {"model_type": "voxtral_encoder", "hidden_size": 1280, "intermediate_size": 5120,
+                "num_hidden_layers": 32, "num_attention_heads": 20, "num_mel_bins": 128, "max_source_positions": 1500}
+
+
 def voxtral_mini_config(text_layers: int, audio_layers: int):
-    """Voxtral-Mini-3B-2507's configuration, written out (the VoxtralConfig defaults), layers cut as asked."""
+    """Voxtral-Mini-3B-2507's configuration, layers cut as asked."""
     from transformers import VoxtralConfig
 
-    text = {"model_type": "llama", "vocab_size": 131072, "hidden_size": 3072, "intermediate_size": 8192,
-            "num_hidden_layers": text_layers, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-            "max_position_embeddings": 131072, "rope_theta": 1e8, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-    audio = {"model_type": "voxtral_encoder", "hidden_size": 1280, "intermediate_size": 5120,
-             "num_hidden_layers": audio_layers, "num_attention_heads": 20, "num_mel_bins": 128,
-             "max_source_positions": 1500}
+    text = {**TEXT_CONFIG, "num_hidden_layers": text_layers}
+    audio = {**AUDIO_CONFIG, "num_hidden_layers": audio_layers}
     return VoxtralConfig(text_config=text, audio_config=audio, audio_token_id=AUDIO_TOKEN_ID)
 
 
@@ -79,8 +84,13 @@ def build_model(config, seed: int):
 
 def snap_to_lattice(model, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
     """Round every decoder Linear onto the lattice with bf16-exact scales; the fp16 weights become its values."""
+    return snap_layers(model.model.language_model.layers, "model.language_model.layers", spec)
+
+
+def snap_layers(layers, prefix: str, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
+    """snap_to_lattice for any Llama decoder layer list; names ``{prefix}.{i}.{linear}.weight``."""
     lattice = {}
-    for i, layer in enumerate(model.model.language_model.layers):
+    for i, layer in enumerate(layers):
         for rel in DECODER_LINEARS:
             linear = layer.get_submodule(rel)
             w = linear.weight.detach().float()
@@ -88,7 +98,7 @@ def snap_to_lattice(model, spec: LatticeSpec) -> dict[str, QuantizedWeight]:
             q = QuantizedWeight(codes_for(w, scales, spec), scales, spec)
             with torch.no_grad():
                 linear.weight.copy_(q.dequantize().to(torch.float16))
-            lattice[f"model.language_model.layers.{i}.{rel}.weight"] = q.to("cpu")  # off the GPU: not in FP16's peak
+            lattice[f"{prefix}.{i}.{rel}.weight"] = q.to("cpu")  # off the GPU: not in FP16's peak
     return lattice
 
 

@@ -23,11 +23,15 @@ bfloat16, i.e. the layer computes with the lattice dequantized to bfloat16.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from ..checkpoint import LatticeCheckpoint
 from ..quant.lattice import QuantizedWeight
+
+if TYPE_CHECKING:  # a type only: the GPU benches import this module where gguf (checkpoint's formats) is absent
+    from ..checkpoint import LatticeCheckpoint
 
 CODE_OFFSET = 8  # u = c + 8
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
@@ -161,10 +165,16 @@ def replace_linears(model: nn.Module, lattice: dict[str, QuantizedWeight], devic
 def swap_in_int4_linears(model: nn.Module, checkpoint: LatticeCheckpoint, kernel: str = "tinygemm",
                          device: str | torch.device | None = None,
                          compute_dtype: torch.dtype | None = None) -> list[str]:
-    """Replace every Linear whose weight is a lattice matrix of ``checkpoint`` by an Int4Linear (tarq_deploy/bench/gpu.py's
-    INT4 variant). Only ``kernel="tinygemm"`` (PyTorch's own int4 kernels) lives here; Marlin is served by vLLM or
-    GPTQModel from the GPTQ / compressed-tensors exports."""
+    """Replace every Linear whose weight is a lattice matrix of ``checkpoint`` by an INT4 layer
+    (tarq_deploy/bench/gpu.py's INT4 variant): ``kernel="tinygemm"`` an Int4Linear (PyTorch's own int4 kernels),
+    ``kernel="triton"`` a TritonInt4Linear (runtimes/triton_w4a16.py; activations in the model's fp16/bf16,
+    ``compute_dtype`` unused).
+    Marlin is served by vLLM or GPTQModel from the GPTQ / compressed-tensors exports."""
+    if kernel == "triton":
+        from .triton_w4a16 import replace_linears_triton
+
+        return replace_linears_triton(model, checkpoint.quantized, device)
     if kernel != "tinygemm":
-        raise ValueError(f"kernel {kernel!r}: Int4Linear runs PyTorch's tinygemm only; Marlin runs in vLLM / "
-                         f"GPTQModel from a GPTQ or compressed-tensors export")
+        raise ValueError(f"kernel {kernel!r}: the INT4 layers here run PyTorch's tinygemm or our Triton kernel; "
+                         f"Marlin runs in vLLM / GPTQModel from a GPTQ or compressed-tensors export")
     return replace_linears(model, checkpoint.quantized, device, compute_dtype)
