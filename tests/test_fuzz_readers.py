@@ -564,6 +564,16 @@ def test_sweep_reader(sweep_dir, data):
     parses_or_refuses(lambda: load_sweep(path), UserError)
 
 
+@pytest.mark.parametrize("old, new", [('"packaged:tiny.en"', '"' + "m" * 300 + '"'),
+                                      ('"eval.jsonl"', '"' + "e" * 300 + '.jsonl"')])
+def test_a_sweep_path_the_os_cannot_look_up_is_named(sweep_dir, old, new):
+    """Found by the long profile: a 300-character name made Path.exists() raise ENAMETOOLONG from load_sweep."""
+    path = fresh_path(sweep_dir, ".toml")
+    path.write_text(SWEEP.replace(old, new))
+    with pytest.raises(UserError, match="not a usable path"):
+        load_sweep(path)
+
+
 # ------------------------------------------------------------------------------------------------ native runtime
 @pytest.mark.parametrize("backend, seed_file", [("whisper.cpp", "seed.bin"), ("crispasr", "seed.gguf")])
 def test_a_file_the_gate_passes_but_the_runtime_cannot_run_is_an_error_not_a_crash(work, bin_seed, gguf, backend,

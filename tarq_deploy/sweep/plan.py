@@ -179,7 +179,7 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     reference = head.get("reference", True)
     if not isinstance(reference, bool):
         raise UserError(f"{source}: [sweep] reference must be true or false, not {reference!r}")
-    models = {name: _model_source(_path_text(value, f"[models] {name}", source), base)
+    models = {name: _model_source(_path_text(value, f"[models] {name}", source), base, source)
               for name, value in _table(doc, "models", source).items()}
     if not models:
         raise UserError(f"{source}: [models] names no model")
@@ -191,7 +191,7 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     if "eval" in steps and not evaluation:
         raise UserError(f"{source}: the eval step needs an [evaluation] table naming at least one manifest")
     for name, manifest in [*((c.name, c.manifest) for c in corpora), *evaluation.items()]:
-        if not manifest.exists():
+        if not _exists(manifest, f"corpus {name!r}", source):
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
     return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baseline, reference,
                  _quantize_options(_table(doc, "quantize", source), source),
@@ -326,10 +326,21 @@ def _path(value: Any, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-def _model_source(value: str, base: Path) -> str:
+def _exists(path: Path, entry: str, source: Path) -> bool:
+    """path.exists(), with a path the OS cannot even look up (a name over NAME_MAX, say) named as the entry's
+    error instead of an OSError traceback."""
+    try:
+        return path.exists()
+    except (OSError, ValueError) as error:
+        raise UserError(f"{source}: {entry}: {str(path)[:120]!r} is not a usable path ({error})") from None
+
+
+def _model_source(value: str, base: Path, source: Path | None = None) -> str:
     """A model folder beside the sweep file becomes an absolute path; packaged names and hub ids stay as given."""
     local = _path(value, base)
-    return str(local) if not value.startswith("packaged:") and local.exists() else value
+    if value.startswith("packaged:"):
+        return value
+    return str(local) if _exists(local, f"model {value[:60]!r}", source or base) else value
 
 
 def _corpus(name: str, value: Any, base: Path, source: Path) -> Corpus:
