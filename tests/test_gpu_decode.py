@@ -76,6 +76,24 @@ def test_the_int4_lattice_in_the_decode_loop():
     assert weight_bytes(model) < fp_bytes
 
 
+def test_fused_q_k_v_and_gate_up_compute_the_same_logits(monkeypatch):
+    """q/k/v stacked into one matrix and gate/up into one (FP16 from the weights, INT4 from the lattice's rows):
+    the same logits as the separate Linears, for float weights and for the lattice on Int4Linear."""
+    monkeypatch.setattr(gpu_decode, "DEVICE", "cpu")
+    model = tiny_llama(3)
+    lattice = snap_layers(model.model.layers, "model.layers", LatticeSpec(4, 32, scale_grid="bfloat16"))
+    context, forced = [4, 40, 140, 240], [1, 2]
+    separate = decode(model, context, forced)
+    fused = StaticDecoder(model, 32, gpu_decode.fused_linears(model, None, "fp16"))
+    rows = [fused.prefill(torch.tensor([context]))] + [fused.forced_step(t) for t in forced]
+    assert torch.allclose(torch.cat(rows), separate, atol=1e-5, rtol=1e-4)
+    replace_linears(model, lattice)
+    int4 = StaticDecoder(model, 32, gpu_decode.fused_linears(model, lattice, "tinygemm"))
+    assert isinstance(int4.fused[0]["qkv"], Int4Linear) and int4.fused[0]["gate_up"].out_features == 2 * 256
+    rows = [int4.prefill(torch.tensor([context]))] + [int4.forced_step(t) for t in forced]
+    assert torch.allclose(torch.cat(rows), separate, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_without_cuda_nothing_is_measured(tmp_path, capsys):
     out = tmp_path / "decode.json"

@@ -41,12 +41,15 @@ stage, so a run cut short still leaves what it measured; a markdown table beside
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import math
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +96,75 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm (transformers' LlamaRMSNorm: float32 statistics, weight times the result in h's dtype)."""
+    hf = h.float()
+    return weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class Glue:
+    """The decoder's element-wise work between the Linears (norms, residual adds, rotary embedding, SiLU x up): eager
+    (a handful of kernels each) or compiled by torch.compile into one fused kernel each. The Linears stay outside the
+    compiled functions, so FP16 and every INT4 kernel get the same glue."""
+
+    norm: Callable
+    add_norm: Callable
+    rope: Callable
+    silu_mul: Callable
+
+    @classmethod
+    def eager(cls) -> "Glue":
+        return cls(rms_norm, add_rms_norm, rope, silu_mul)
+
+    @classmethod
+    def compiled(cls) -> "Glue":
+        compile_ = functools.partial(torch.compile, dynamic=False, fullgraph=True)
+        return cls(compile_(rms_norm), compile_(add_rms_norm), compile_(rope), compile_(silu_mul))
+
+
+def fused_linears(model, lattice: dict | None, kernel: str) -> list[dict]:
+    """Per layer: q/k/v as one matrix and gate/up as one (rows stacked), for FP16 from the weights and for an INT4
+    kernel from the lattice's rows stacked (the same exact values: codes and group scales are per row)."""
+    fused = []
+    for i, layer in enumerate(model.model.layers):
+        names = {"qkv": [f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")],
+                 "gate_up": ["mlp.gate_proj", "mlp.up_proj"]}
+        fused.append({key: _stacked(model, layer, f"model.layers.{i}", parts, lattice, kernel)
+                      for key, parts in names.items()})
+    return fused
+
+
+def _stacked(model, layer, prefix: str, parts: list[str], lattice: dict | None, kernel: str):
+    if kernel == "fp16":
+        weight = torch.cat([layer.get_submodule(p).weight for p in parts]).contiguous()
+        return functools.partial(F.linear, weight=weight)
+    from tarq_deploy.quant.lattice import QuantizedWeight
+
+    pieces = [lattice[f"{prefix}.{p}.weight"] for p in parts]
+    q = QuantizedWeight(torch.cat([p.codes for p in pieces]), torch.cat([p.scales for p in pieces]), pieces[0].spec)
+    if kernel == "tinygemm":
+        from tarq_deploy.runtimes.int4_linear import Int4Linear
+
+        return Int4Linear.from_lattice(q, device=DEVICE)
+    from tarq_deploy.runtimes.triton_w4a16 import TritonInt4Linear
+
+    return TritonInt4Linear.from_lattice(q, device=DEVICE)
+
+
 class StaticDecoder:
     """A Llama forward over a static KV cache, graph-capturable: no host sync, no allocation that depends on data.
 
@@ -100,9 +172,11 @@ class StaticDecoder:
     [1, vocab]; ``step()`` decodes one token from ``self.token`` at ``self.position`` (both device tensors) and
     advances them; ``capture()`` records one step in a CUDA graph."""
 
-    def __init__(self, model, max_len: int) -> None:
+    def __init__(self, model, max_len: int, fused: list[dict] | None = None, glue: "Glue | None" = None) -> None:
         cfg = model.config
         self.model = model
+        self.fused = fused  # per layer {"qkv": module, "gate_up": module}: one kernel where there were three / two
+        self.glue = glue or Glue.eager()
         self.layers = list(model.model.layers)
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -118,6 +192,8 @@ class StaticDecoder:
             cos, sin = model.model.rotary_emb(self.k_cache[0, 0], positions[None])  # [1, max_len, head_dim]
         self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
         self.key_index = positions
+        self.eps = cfg.rms_norm_eps
+        self.qkv_widths = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.token = torch.zeros(1, 1, device=self.device, dtype=torch.long)
         self.position = torch.zeros(1, device=self.device, dtype=torch.long)
         self.logits: torch.Tensor | None = None
@@ -134,19 +210,29 @@ class StaticDecoder:
         cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]  # [1, 1, T, d]
         allowed = self.key_index[None, :] <= positions[:, None]  # [T, max_len] causal over the static cache
         mask = allowed.repeat(self.groups, 1)[None, None]  # [1, 1, groups * T, max_len]
+        glue = self.glue
+        x = glue.norm(h, self.layers[0].input_layernorm.weight, self.eps)
         for i, layer in enumerate(self.layers):
-            h = h + self._attention(i, layer, layer.input_layernorm(h), positions, cos, sin, mask, t)
-            h = h + self._mlp(layer.mlp, layer.post_attention_layernorm(h))
-        h = self.model.model.norm(h[:, -1:])
-        return self.model.lm_head(h)[:, -1]
+            h, x = glue.add_norm(h, self._attention(i, layer, x, positions, cos, sin, mask, t),
+                                 layer.post_attention_layernorm.weight, self.eps)
+            following = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else None
+            h, x = glue.add_norm(h, self._mlp(i, layer.mlp, x), following if following is not None
+                                 else self.model.model.norm.weight, self.eps)
+        return self.model.lm_head(x[:, -1:])[:, -1]
+
+    def _qkv(self, i, attn, x, t):
+        if self.fused:
+            q, k, v = self.fused[i]["qkv"](x).split(self.qkv_widths, dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        return (q.view(1, t, self.heads, self.head_dim).transpose(1, 2),
+                k.view(1, t, self.kv_heads, self.head_dim).transpose(1, 2),
+                v.view(1, t, self.kv_heads, self.head_dim).transpose(1, 2))
 
     def _attention(self, i, layer, x, positions, cos, sin, mask, t):
         attn = layer.self_attn
-        q = attn.q_proj(x).view(1, t, self.heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = self._qkv(i, attn, x, t)
+        q, k = self.glue.rope(q, k, cos, sin)
         self.k_cache[i].index_copy_(2, positions, k)
         self.v_cache[i].index_copy_(2, positions, v)
         # GQA: the query heads of one kv head side by side along the query axis -> [1, kv, groups * T, d]
@@ -155,9 +241,12 @@ class StaticDecoder:
         o = o.reshape(1, self.heads, t, self.head_dim).transpose(1, 2).reshape(1, t, self.heads * self.head_dim)
         return attn.o_proj(o)
 
-    @staticmethod
-    def _mlp(mlp, x):
-        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    def _mlp(self, i, mlp, x):
+        if self.fused:
+            gate, up = self.fused[i]["gate_up"](x).chunk(2, dim=-1)
+        else:
+            gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        return mlp.down_proj(self.glue.silu_mul(gate, up))
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """Fill the cache with ``ids`` [1, T] at positions 0..T-1; set the next token (argmax) and position."""
@@ -332,32 +421,41 @@ def launch_error(module, rows: tuple[int, ...] = (1, 4, 16)) -> str | None:
     return None
 
 
-def tune_triton(model) -> list[dict]:
-    """Pick (block_n, split_k) per shape at M = 1 among TRITON_CANDIDATES; configures the model's layers."""
+def tune_triton(model, fused: list[dict] | None = None) -> list[dict]:
+    """Pick (block_n, split_k) per shape at M = 1 among TRITON_CANDIDATES; configures the model's layers (and the
+    fused q/k/v and gate/up matrices, when given)."""
+    groups = {label: [layer.get_submodule(n) for layer in model.model.layers for n in names]
+              for label, names in SHAPE_GROUPS.items()}
+    for key in (fused[0] if fused else {}):
+        groups[f"fused {key}"] = [f[key] for f in fused]
+    tried = []
+    for label, modules in groups.items():
+        tried += _tune_group(label, modules)
+    return tried
+
+
+def _tune_group(label: str, modules: list) -> list[dict]:
     from tarq_deploy.runtimes.triton_w4a16 import _multiprocessors, choose_split_k
 
-    tried = []
-    for label, names in SHAPE_GROUPS.items():
-        modules = [layer.get_submodule(n) for layer in model.model.layers for n in names]
-        sms = _multiprocessors(modules[0].qweight.device)
-        best = None
-        for block_n, per_sm in TRITON_CANDIDATES:
-            iters = modules[0].in_features // modules[0].block_k
-            split = choose_split_k(math.ceil(modules[0].out_features / block_n), iters, per_sm * sms) if per_sm else 1
-            for mod in modules:
-                mod.configure(block_n, split)
-            wrong = launch_error(modules[0])
-            if wrong:  # a launch choice that does not compute the lattice's product is never timed, let alone picked
-                tried.append({"shape": label, "block_n": block_n, "split_k": split, "error": wrong})
-                continue
-            row = {**_time_modules(modules, label, "triton", 1), "block_n": block_n, "split_k": split}
-            tried.append(row)
-            if "ms_per_call" in row and (best is None or row["ms_per_call"] < best["ms_per_call"]):
-                best = row
-        if best is not None:
-            for mod in modules:
-                mod.configure(best["block_n"], best["split_k"])
-            best["chosen"] = True
+    sms = _multiprocessors(modules[0].qweight.device)
+    iters = modules[0].in_features // modules[0].block_k
+    tried, best = [], None
+    for block_n, per_sm in TRITON_CANDIDATES:
+        split = choose_split_k(math.ceil(modules[0].out_features / block_n), iters, per_sm * sms) if per_sm else 1
+        for mod in modules:
+            mod.configure(block_n, split)
+        wrong = launch_error(modules[0])
+        if wrong:  # a launch choice that does not compute the lattice's product is never timed, let alone picked
+            tried.append({"shape": label, "block_n": block_n, "split_k": split, "error": wrong})
+            continue
+        row = {**_time_modules(modules, label, "triton", 1), "block_n": block_n, "split_k": split}
+        tried.append(row)
+        if "ms_per_call" in row and (best is None or row["ms_per_call"] < best["ms_per_call"]):
+            best = row
+    if best is not None:
+        for mod in modules:
+            mod.configure(best["block_n"], best["split_k"])
+        best["chosen"] = True
     return tried
 
 
@@ -410,6 +508,7 @@ def run(args: argparse.Namespace, save) -> dict:
     context = torch.randint(1000, config.vocab_size, (1, args.context),
                             generator=torch.Generator().manual_seed(args.seed)).to(DEVICE)
     max_len = 64 * math.ceil((args.context + args.new_tokens + 8) / 64)
+    glue = Glue.compiled() if args.glue == "compiled" else Glue.eager()
     reference = None
     for variant in ["fp16", *args.kernels]:
         t1 = time.perf_counter()
@@ -419,10 +518,11 @@ def run(args: argparse.Namespace, save) -> dict:
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-            dec = StaticDecoder(model, max_len)
+            fused = fused_linears(model, lattice, variant) if args.fuse else None
+            dec = StaticDecoder(model, max_len, fused, glue)
             figures = {"weight_bytes_per_token": weight_bytes(model), "kv_bytes_per_token": dec.cache_bytes_read()}
             if variant == "triton" and args.tune:
-                result["triton_tuning"] = tune_triton(model)
+                result["triton_tuning"] = tune_triton(model, fused)
             figures.update(decode_figures(dec, context, args.new_tokens, args.repeats))
             if reference is None:
                 reference = reference_run(dec, context, args.agreement_steps)
@@ -466,7 +566,9 @@ def markdown(result: dict) -> str:
              f"layers), {m['gpu']}", "",
              f"HBM: {result['hbm']['bytes_per_s'] / 1e12:.2f} TB/s (device-to-device copy, read + written). "
              f"Context {result['config']['context']} tokens, {result['config']['new_tokens']} tokens per timed run, "
-             f"median of {result['config']['repeats']}.", "",
+             f"median of {result['config']['repeats']}. q/k/v and gate/up fused: "
+             f"{'yes' if result['config'].get('fuse') else 'no'}; glue between the Linears: "
+             f"{result['config'].get('glue', 'eager')}.", "",
              "| variant | graph ms/token | eager ms/token | floor ms/token | of floor | speedup vs FP16 | "
              "weights read/token (MB) | KV read/token (MB) | peak VRAM (GiB) | prefill ms | logits rel. err | "
              "top-1 |", "|---|" + "---:|" * 11]
@@ -518,6 +620,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="INT4 kernels after FP16, in order: tinygemm, triton")
     parser.add_argument("--tune", action=argparse.BooleanOptionalAction, default=True,
                         help="pick the Triton launch per shape at M = 1 before measuring its decode")
+    parser.add_argument("--fuse", action="store_true", help="q/k/v as one matrix and gate/up as one, every variant")
+    parser.add_argument("--glue", choices=("eager", "compiled"), default="eager",
+                        help="the element-wise work between the Linears: eager, or torch.compile'd (fused kernels)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench/results/gpu_decode.json")
     args = parser.parse_args(argv)
