@@ -70,6 +70,7 @@ SHAPE_GROUPS = {  # decoder Linears sharing a shape, timed together (more bytes 
 }
 # (block_n, programs per multiprocessor to reach by splitting K; 0: no split, one launch per Linear)
 TRITON_CANDIDATES = ((16, 0), (32, 0), (64, 0), (64, 2), (128, 2), (32, 2), (64, 4))
+TRITON_PIPELINES = ((4, 2), (8, 3), (4, 4))  # (num_warps, num_stages) tried with the best block/split
 
 
 # ------------------------------------------------------------------------------------------------------ the model
@@ -452,9 +453,17 @@ def _tune_group(label: str, modules: list) -> list[dict]:
         tried.append(row)
         if "ms_per_call" in row and (best is None or row["ms_per_call"] < best["ms_per_call"]):
             best = row
+    for warps, stages in TRITON_PIPELINES[1:] if best is not None else ():
+        for mod in modules:
+            mod.configure(best["block_n"], best["split_k"], warps, stages)
+        row = {**_time_modules(modules, label, "triton", 1), "block_n": best["block_n"], "split_k": best["split_k"],
+               "num_warps": warps, "num_stages": stages}
+        tried.append(row)
+        if "ms_per_call" in row and not launch_error(modules[0]) and row["ms_per_call"] < best["ms_per_call"]:
+            best = row
     if best is not None:
         for mod in modules:
-            mod.configure(best["block_n"], best["split_k"])
+            mod.configure(best["block_n"], best["split_k"], best.get("num_warps", 4), best.get("num_stages", 2))
         best["chosen"] = True
     return tried
 

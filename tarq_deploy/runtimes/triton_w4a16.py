@@ -213,13 +213,16 @@ class TritonInt4Linear(nn.Module):
         self.num_warps, self.num_stages = num_warps, num_stages
         self.configure(block_n, split_k)
 
-    def configure(self, block_n: int = DEFAULT_BLOCK_N, split_k: int | None = None) -> "TritonInt4Linear":
+    def configure(self, block_n: int = DEFAULT_BLOCK_N, split_k: int | None = None, num_warps: int | None = None,
+                  num_stages: int | None = None) -> "TritonInt4Linear":
         iters = self.in_features // self.block_k
         if block_n not in (16, 32, 64, 128, 256):
             raise ValueError(f"block_n {block_n}: one of 16, 32, 64, 128, 256")
         if split_k is not None and (split_k < 1 or iters % split_k):
             raise ValueError(f"split_k {split_k} must divide K / BLOCK_K = {iters}")
         self.block_n = block_n
+        self.num_warps = num_warps or self.num_warps
+        self.num_stages = num_stages or self.num_stages
         n_blocks = math.ceil(self.out_features / block_n)
         self.split_k = split_k or choose_split_k(n_blocks, iters, 2 * _multiprocessors(self.qweight.device))
         _Workspace.reserve(self.qweight.device, self.out_features, self.split_k)
