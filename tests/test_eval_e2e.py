@@ -128,6 +128,8 @@ def test_whisper_cpp_and_torch_agree_on_f16_text(evaluated: Path):
     near_ties = sum(r["near_ties"] for r in rows)
     assert total == 12 + N_SYNTH_EVAL
     assert all(len(r["margins"]) == r["utterances"] - r["identical"] for r in rows)  # every difference was scored
+    # measured 19 identical + 1 near-tie of 20 under threads 1/2, seeds 0/1, AVX-512/AVX2 on an Intel Xeon
+    # (results/test_bounds/eval-intel.json): the bound fails on the second real disagreement
     assert identical / (total - near_ties) >= 0.9, rows
 
 
@@ -136,7 +138,7 @@ def test_quantized_models_still_transcribe_real_speech(evaluated: Path):
     collapse into loops (as the measured pitfalls predict), so for it only the rows must be there."""
     real = json.loads((evaluated / "report.json").read_text())["datasets"][0]
     for row in real["models"]:
-        if not row["label"].endswith("g128"):
+        if not row["label"].endswith("g128"):  # measured: F16 0.051, RTN 0.060, TARQ g32 0.085-0.120 (eval-intel.json)
             assert row["capped_wer"]["value"] < 0.5, row["key"]
 
 
