@@ -10,6 +10,17 @@ import os
 # Before torch starts OpenMP: busy-waiting worker threads make small ops crawl on a shared 2-core machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+
+def _no_cuda_device() -> bool:
+    """No NVIDIA device node and no CUDA_VISIBLE_DEVICES: read without importing torch (which this must precede)."""
+    return not os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+
+
+# Without a GPU, our Triton W4A16 kernel still runs: Triton's interpreter executes it on CPU tensors
+# (tests/test_triton_w4a16.py). It is chosen when a kernel is defined, so it must be set before any import of it.
+if _no_cuda_device():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox
