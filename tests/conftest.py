@@ -21,6 +21,8 @@ def _no_cuda_device() -> bool:
 if _no_cuda_device():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from pathlib import Path
+
 import pytest
 
 from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox
@@ -99,3 +101,24 @@ def _register_hypothesis_profiles() -> None:
 
 
 _register_hypothesis_profiles()
+
+
+@pytest.fixture(scope="session")
+def tarq_base_q3_k(tmp_path_factory) -> Path:
+    """TARQ Q3_K of real Whisper base, calibrated through the CLI on 3 real clips (jfk not among them): one ~60 s
+    calibration shared by the tests that run the lattice in whisper.cpp and in CrispASR."""
+    from tarq_deploy.cli import main
+    from tarq_deploy.data.corpus import Utterance, write_manifest
+
+    root = tmp_path_factory.mktemp("tarq_base_q3_k")
+    manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibration_clips()],
+                              root / "calib.jsonl")
+    argv = ["quantize", "--model", "packaged:base", "--method", "tarq", "--type", "q3_k", "--calib", str(manifest),
+            "--n-calib", "3", "--out", str(root / "ck")]
+    assert main(argv) == 0, argv
+    return root / "ck"
+
+
+def calibration_clips() -> list[Clip]:
+    """The first 3 real clips other than jfk (jfk is the held-out check)."""
+    return [c for c in all_real_clips() if c.id != "jfk"][:3]

@@ -214,7 +214,7 @@ def test_n_calib_zero_is_refused(models, corpus, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("extra, message", [
     (["--target", "crispasr", "--type", "q4_1"], "--type q4_1's lattice is affine"),
-    (["--target", "crispasr", "--tensor-type", "fc1=q8_0"], "not to a --tensor-type mix"),
+    (["--target", "qwen3-asr.cpp", "--tensor-type", "fc1=q8_0"], "not to a --tensor-type mix"),
     (["--method", "imatrix"], "ggml's own quantizer"),
 ])
 def test_a_bfloat16_scale_grid_is_refused_where_it_cannot_hold(models, corpus, tmp_path, capsys, monkeypatch,

@@ -23,6 +23,7 @@ from tarq_deploy.formats.whisper_cpp import WhisperExportError, export_whisper_c
 from tarq_deploy.models.loader import load_whisper
 from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
 from tarq_deploy.quant.lattice_fit import quantize_rtn
+from conftest import calibration_clips
 from test_whisper_cpp_export import RUNTIME_TIMEOUT_S, lattice_checkpoint, transcribe_whisper_cpp, words
 
 ONE_LEVEL = ("q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")  # q4_0 is tests/test_whisper_cpp_export.py's
@@ -92,28 +93,34 @@ def transcribe_crispasr(model_file: Path, wav: str) -> str:
 
 @pytest.fixture(scope="module")
 def calib_manifest(tmp_path_factory) -> Path:
-    clips = [c for c in all_real_clips() if c.id != "jfk"][:3]
-    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips],
+    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibration_clips()],
                           tmp_path_factory.mktemp("calib") / "calib.jsonl")
+
+
+def test_tarq_calibrates_onto_a_type_and_whisper_cpp_runs_it(capsys, tmp_path, jfk_wav, calib_manifest):
+    ckpt, out = tmp_path / "ck", tmp_path / "q5_1.bin"
+    assert run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "tarq", "--type", "q5_1", "--calib",
+                   calib_manifest, "--n-calib", 3, "--out", ckpt) == (0, "")
+    _check_tarq_export(capsys, ckpt, out, "q5_1")
+    assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
 
 
 # q3_k: TARQ on 3 clips, jfk WER measured 0.0 in whisper.cpp and in crispasr (2-core machine, 2026-11); q4_k's
 # calibration path is the same as q3_k's (a K-quant super-block fixed on entry), its export runs above
-@pytest.mark.parametrize("model, type_name", [("packaged:tiny.en", "q5_1"), ("packaged:base", "q3_k")])
-def test_tarq_calibrates_onto_a_type_and_whisper_cpp_runs_it(capsys, tmp_path, jfk_wav, calib_manifest, model,
-                                                              type_name):
-    ckpt, out = tmp_path / "ck", tmp_path / f"{type_name}.bin"
-    assert run_cli(capsys, "quantize", "--model", model, "--method", "tarq", "--type", type_name, "--calib",
-                   calib_manifest, "--n-calib", 3, "--out", ckpt) == (0, "")
+def test_tarq_q3_k_of_base_runs_in_whisper_cpp_and_crispasr(capsys, tmp_path, jfk_wav, tarq_base_q3_k):
+    out = tmp_path / "q3_k.bin"
+    _check_tarq_export(capsys, tarq_base_q3_k, out, "q3_k")
+    assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
+    assert jiwer.wer(words(JFK_TEXT), words(transcribe_crispasr(out, jfk_wav))) <= 0.25
+
+
+def _check_tarq_export(capsys, ckpt: Path, out: Path, type_name: str) -> None:
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert manifest["lattice"]["ggml_type"] == type_name and manifest["method"]["name"] == "tarq"
     assert any(layer.get("lam") for layer in manifest["layers"])  # rareBAL ran, on this type's lattice
     assert run_cli(capsys, "export", "--target", "whisper.cpp", ckpt, "-o", out, "--quiet")[0] == 0
     status, _ = run_cli(capsys, "verify", out, "--against", ckpt)
     assert status == 0
-    assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
-    if type_name == "q3_k":
-        assert jiwer.wer(words(JFK_TEXT), words(transcribe_crispasr(out, jfk_wav))) <= 0.25
 
 
 # ------------------------------------------------------------------------------------------------------ refusals

@@ -1,7 +1,8 @@
 """`tarq-deploy export --target TARGET`: the lattice checkpoint re-arranged, bit for bit, into a runtime's format.
 
 whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); qwen3-asr.cpp and CrispASR one
-Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_targets.py); the GPU targets write a transformers
+Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_targets.py); CrispASR runs Whisper from whisper.cpp's model
+file (its whisper backend reads no GGUF: tarq_deploy/formats/crispasr_whisper.py); the GPU targets write a transformers
 checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
 to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
 """
@@ -15,7 +16,8 @@ from . import export_whispercpp
 HELP = ("export a lattice checkpoint (or a float model) to whisper.cpp, qwen3-asr.cpp, CrispASR, GPTQ, "
         "compressed-tensors or Marlin, bit-exactly")
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
-GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr")
+CRISPASR = "crispasr"
+GGUF_TARGETS = ("qwen3-asr.cpp", CRISPASR)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,9 +31,27 @@ def run(args: argparse.Namespace) -> int:
     _check_output(args)
     if args.target in GPU_TARGETS:
         return _export_gpu(args)
+    if args.target == CRISPASR and _is_whisper(args):
+        return export_whispercpp.run_export(args, crispasr=True)  # CrispASR runs Whisper from whisper.cpp's .bin
     if args.target in GGUF_TARGETS:
         return _export_gguf(args)
     return export_whispercpp.run_export(args)
+
+
+def _is_whisper(args: argparse.Namespace) -> bool:
+    """Whether the export's source is a Whisper model (a checkpoint's saved config, or --model's kind)."""
+    from tarq_deploy.formats.crispasr_whisper import WHISPER_MODEL_TYPE, checkpoint_model_type
+
+    if args.checkpoint is not None:
+        return checkpoint_model_type(args.checkpoint) == WHISPER_MODEL_TYPE
+    if args.model is None:
+        return False
+    from ..models.registry import model_type
+
+    try:
+        return model_type(args.model) == WHISPER_MODEL_TYPE
+    except ValueError:  # a config.json that is not JSON: the Qwen3-ASR path names it
+        return False
 
 
 def _check_output(args: argparse.Namespace) -> None:

@@ -49,7 +49,10 @@ def add_export_arguments(parser: argparse.ArgumentParser, targets: Sequence[str]
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def run_export(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace, crispasr: bool = False) -> int:
+    """Write the whisper.cpp model file; ``crispasr``: for CrispASR's whisper backend, which reads this very file
+    (the same bytes; a mix of types is refused naming CrispASR, see formats/crispasr_whisper.py)."""
+    from tarq_deploy.formats.crispasr_whisper import build_crispasr_whisper
     from tarq_deploy.formats.whisper_cpp import build_whisper_cpp, default_target, write_whisper_cpp
 
     from ..fileio import naming_os_errors
@@ -58,14 +61,19 @@ def run_export(args: argparse.Namespace) -> int:
         _check_export_arguments(args)
         started = time.perf_counter()
         source = _export_source(args)
-        target = args.weight_type or default_target(source, args.baseline)
-        built = build_whisper_cpp(source, target, args.baseline, progress=not args.quiet)
+        if crispasr:
+            built, target = build_crispasr_whisper(source, args.weight_type, args.baseline, progress=not args.quiet)
+        else:
+            target = args.weight_type or default_target(source, args.baseline)
+            built = build_whisper_cpp(source, target, args.baseline, progress=not args.quiet)
         with naming_os_errors(args.output):  # a full disk names the file it could not write
             out = write_whisper_cpp(built, args.output, progress=not args.quiet)
     except input_errors() as e:
         return _error("export", e)
     what = f"{target} (ggml rounding of the float model)" if args.baseline else target
-    print(f"wrote {out}: whisper.cpp {what}, {len(built.tensors)} tensors, {out.stat().st_size / 1e6:.1f} MB "
+    kind = ("CrispASR whisper backend (a whisper.cpp .bin: the crispasr wheel reads no Whisper GGUF)" if crispasr
+            else "whisper.cpp")
+    print(f"wrote {out}: {kind} {what}, {len(built.tensors)} tensors, {out.stat().st_size / 1e6:.1f} MB "
           f"in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
 

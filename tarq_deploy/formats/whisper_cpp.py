@@ -278,26 +278,27 @@ def _check_nothing_left_over(source: WhisperSource, slots: list[TensorSlot]) -> 
     used = {source.resolve(s.hf_name) for s in slots} | {s.hf_name for s in slots} | {OUTPUT_PROJECTION}
     extra = sorted(n for n in [*source.floats, *source.lattice] if n not in used)
     if extra:
-        raise WhisperExportError(f"{source.origin}: tensors whisper.cpp has no place for: {', '.join(extra[:5])}"
+        raise WhisperExportError(f"{source.origin}: tensors {source.runtime} has no place for: {', '.join(extra[:5])}"
                                  + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
 
 
 def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseline: str | None) -> PackedTensor:
+    if not source.has(slot.hf_name):
+        raise WhisperExportError(f"{source.origin}: tensor {slot.hf_name} missing ({source.runtime} needs {slot.name})")
     ggml_type = slot.ggml_type(weight_type)
     if ggml_type in QUANTIZED_TYPES:
         data = _ggml_rtn(slot, source, ggml_type) if baseline else _pack_lattice_slot(slot, source, ggml_type)
     else:
         data = stored_blocks_as_f16(source, slot) if ggml_type == GGMLType.F16 else None
         if data is None:
-            data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type)
+            data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin, source.runtime),
+                              ggml_type)
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
 
 
 def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
     key = source.resolve(slot.hf_name)
     name = GGML_TYPE_NAMES[ggml_type]
-    if key not in source.lattice and key not in source.floats:
-        raise WhisperExportError(f"{source.origin}: tensor {slot.hf_name} missing (whisper.cpp needs {slot.name})")
     if key not in source.lattice:
         raise LatticeNotRepresentable(
             f"{source.origin}: {slot.hf_name} is not on a lattice; a {name} export stores a lattice checkpoint "
@@ -308,16 +309,16 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
 
 def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
     # whisper.cpp's quantize tool reads the F16 file, so it rounds the fp16 weights: do the same
-    w = _shaped(source.float_value(slot.hf_name), slot, source.origin).to(torch.float16).float()
+    w = _shaped(source.float_value(slot.hf_name), slot, source.origin, source.runtime).to(torch.float16).float()
     return ggml_rtn(w.numpy(), ggml_type)
 
 
-def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
+def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str, runtime: str = "whisper.cpp") -> torch.Tensor:
     """``t`` in the slot's shape; only a length-1 axis may be added or dropped (conv bias [d] -> [d, 1])."""
     if tuple(t.shape) != slot.shape:
         squeeze = tuple(s for s in t.shape if s != 1)
         if squeeze != tuple(s for s in slot.shape if s != 1):
-            raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, whisper.cpp expects "
+            raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, {runtime} expects "
                                      f"{list(slot.shape)} for {slot.name}")
         t = t.reshape(slot.shape)
     return t.detach().cpu().float()  # no copy for a float32 CPU tensor

@@ -1,10 +1,14 @@
 """CrispASR (PyPI ``crispasr``, a ggml runtime called in process through ctypes) on Qwen3-ASR GGUF files of
-architecture "qwen3asr" (written by tarq_deploy/formats/crispasr.py).
+architecture "qwen3asr" (written by tarq_deploy/formats/crispasr.py) and on Whisper's whisper.cpp model files, which
+its whisper backend reads (it reads no Whisper GGUF: tarq_deploy/formats/crispasr_whisper.py). A .bin runs in
+whisper.cpp by default; ``--backend crispasr`` runs it here.
 
 Decoding: language "en" (CrispASR prefills the assistant turn with "language English<asr_text>", as Qwen3-ASR's own
 inference code does), greedy (temperature 0, no frequency penalty, one beam), at most ``max_new_tokens`` tokens,
 fixed threads. CrispASR post-processes the text (special tokens and tags dropped, long runs of one token shortened).
-Files are parsed by our strict GGUF reader first.
+Whisper: language "en", greedy with no temperature fallback (temperature_inc 0, the other fallback thresholds at
+whisper.cpp's defaults) and non-speech tokens suppressed, as the whisper.cpp adapter decodes. Files are parsed by our
+strict readers first (GGUF, or the whisper.cpp .bin).
 
 Evaluation: a worker subprocess loads the model once and answers one JSON line per utterance, so a runtime crash is
 reported with the model file and the utterance. CPU bench: :func:`measure_crispasr` opens a session (= loads the
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
-from .sources import checked_gguf, is_gguf_of_arch
+from .sources import checked_gguf, is_gguf_of_arch, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
 if TYPE_CHECKING:
@@ -29,9 +33,15 @@ if TYPE_CHECKING:
 NAME = "crispasr"
 MODULE = "tarq_deploy.runtimes.crispasr"  # what worker and bench child import (there __name__ is __main__)
 ARCH = "qwen3asr"
+WHISPER_BACKEND = "whisper"  # the crispasr backend that runs a whisper.cpp .bin
 LANGUAGE = "en"
 WORKER_FLAG = "--crispasr-worker"
-CRISPASR_DECODE = {"language": LANGUAGE, "temperature": 0.0, "frequency_penalty": 0.0, "max_new_tokens": 224}
+# the whisper backend (a .bin): no temperature fallback (temperature_inc 0; the entropy, logprob and no-speech
+# thresholds stay at whisper.cpp's defaults) and non-speech tokens suppressed, as the whisper.cpp adapter decodes
+WHISPER_THRESHOLDS = {"entropy_thold": 2.4, "logprob_thold": -1.0, "no_speech_thold": 0.6}
+WHISPER_DECODE = {"whisper_temperature_inc": 0.0, "whisper_suppress_nst": True}
+CRISPASR_DECODE = {"language": LANGUAGE, "temperature": 0.0, "frequency_penalty": 0.0, "max_new_tokens": 224,
+                   **WHISPER_DECODE}
 
 
 def is_crispasr_file(source: str) -> bool:
@@ -40,19 +50,38 @@ def is_crispasr_file(source: str) -> bool:
 
 
 def describe_crispasr_file(path: Path) -> ModelInfo:
-    """Validate with our strict GGUF reader (GGUFFileError is a ValueError naming the problem)."""
+    """Validate with our strict readers (GGUFFileError / GGMLFileError are ValueErrors naming the problem): a
+    Qwen3-ASR GGUF, or a whisper.cpp .bin for the whisper backend."""
+    if is_whisper_cpp_file(str(path)):
+        from .whisper_cpp import describe_whisper_cpp_file
+
+        info = describe_whisper_cpp_file(path)
+        return ModelInfo(info.backbone, info.precision, {**info.details, "crispasr_backend": WHISPER_BACKEND})
     from tarq_deploy.formats.qwen3_asr_targets import describe_qwen3_asr_gguf
 
     backbone, precision, details = describe_qwen3_asr_gguf(path, ARCH)
     return ModelInfo(backbone, precision, details)
 
 
+def backend_of(model_file: str) -> str | None:
+    """The crispasr backend to open ``model_file`` with: "whisper" for a whisper.cpp .bin, else None (the wheel picks
+    it from the GGUF's architecture)."""
+    return WHISPER_BACKEND if is_whisper_cpp_file(model_file) else None
+
+
 def open_session(model_file: str, threads: int, max_new_tokens: int, temperature: float = 0.0,
-                 frequency_penalty: float = 0.0):
-    """A CrispASR session (the model loaded); greedy and reproducible with the default settings."""
+                 frequency_penalty: float = 0.0, whisper_temperature_inc: float = 0.0,
+                 whisper_suppress_nst: bool = True):
+    """A CrispASR session (the model loaded); greedy and reproducible with the default settings. The whisper_*
+    settings apply to a whisper.cpp .bin (the whisper backend), the others to a GGUF."""
     import crispasr
 
-    session = crispasr.Session(model_file, n_threads=threads)
+    backend = backend_of(model_file)
+    session = crispasr.Session(model_file, n_threads=threads, backend=backend)
+    if backend == WHISPER_BACKEND:
+        session.set_fallback_thresholds(**WHISPER_THRESHOLDS, temperature_inc=whisper_temperature_inc)
+        session.set_whisper_decode_extras(suppress_nst=whisper_suppress_nst)
+        return session
     session.set_max_new_tokens(max_new_tokens)
     session.set_temperature(temperature)
     session.set_frequency_penalty(frequency_penalty)
@@ -84,13 +113,35 @@ class CrispASRTranscriber(WorkerTranscriber):
                           str(options.max_new_tokens)])
 
     def describe(self) -> dict:
-        return {"loaded_as": "CrispASR Qwen3-ASR GGUF", "runtime": "crispasr " + importlib.metadata.version("crispasr"),
+        runtime = "crispasr " + importlib.metadata.version("crispasr")
+        if backend_of(str(self.model_file)) == WHISPER_BACKEND:
+            return {"loaded_as": "whisper.cpp model file (CrispASR whisper backend)", "runtime": runtime,
+                    "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0, **WHISPER_THRESHOLDS,
+                    **WHISPER_DECODE}
+        return {"loaded_as": "CrispASR Qwen3-ASR GGUF", "runtime": runtime,
                 "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0,
                 "max_new_tokens": self.options.max_new_tokens}
 
 
 def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscriber:
+    if is_whisper_cpp_file(spec.source):
+        return CrispASRTranscriber(checked_whisper_cpp(spec), options).start()
     return CrispASRTranscriber(checked_gguf(spec, ARCH, "CrispASR", "crispasr"), options).start()
+
+
+def checked_whisper_cpp(spec: ModelSpec) -> Path:
+    """The resolved path of ``spec``'s whisper.cpp .bin once our strict parser accepts it (the runtime must never see
+    a file it rejects); a UserError naming the model and file otherwise."""
+    from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
+
+    from ..errors import UserError
+
+    path = Path(spec.source).expanduser()
+    try:
+        read_whisper_cpp(path)
+    except GGMLFileError as error:
+        raise UserError(f"model {spec.label!r}: {error}") from None
+    return path.resolve()
 
 
 def _worker_main(model_file: str, threads: int, max_new_tokens: int) -> int:
@@ -108,7 +159,9 @@ def measure_crispasr(spec: dict) -> dict:
     def load(model_file: str):
         settings = spec["settings"]
         return open_session(model_file, spec["threads"], int(settings["max_new_tokens"]),
-                            float(settings["temperature"]), float(settings["frequency_penalty"]))
+                            float(settings["temperature"]), float(settings["frequency_penalty"]),
+                            float(settings.get("whisper_temperature_inc", 0.0)),
+                            bool(settings.get("whisper_suppress_nst", True)))
 
     return measure_transcription(
         spec, started, crispasr_info, load,
@@ -117,10 +170,10 @@ def measure_crispasr(spec: dict) -> dict:
 
 
 ADAPTER = RuntimeAdapter(
-    NAME, "Qwen3-ASR GGUF (arch qwen3asr) through the crispasr wheel (worker subprocess)", is_crispasr_file,
-    open_crispasr, crispasr_info,
+    NAME, "Qwen3-ASR GGUF (arch qwen3asr), or a whisper.cpp .bin (its whisper backend), through the crispasr wheel "
+          "(worker subprocess)", is_crispasr_file, open_crispasr, crispasr_info,
     BenchRuntime(NAME, describe_crispasr_file, f"{MODULE}:measure_crispasr", CRISPASR_DECODE,
-                 "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr)"))
+                 "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr; or a whisper.cpp .bin)"))
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
     sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
