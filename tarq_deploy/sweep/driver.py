@@ -2,11 +2,11 @@
 cluster (``address``) -- one code path.
 
 Resources say where a step may run. A calibration asks for a GPU (and calibrates on CUDA) when the cluster has GPUs
-and the sweep file's [quantize] table chooses no device, else for ``calibration_cpus`` CPUs; export, verify and
-eval ask for one CPU each. A bench asks for every CPU of the largest node, so while it runs nothing else runs beside
-it and its timings are undisturbed. The output folder must be one
-that every node sees (a shared file system on a cluster): step folders are content-addressed, so whichever node runs
-a step, the next run finds it.
+and the sweep file's [quantize] table chooses no device, or when it chooses cuda; else for ``calibration_cpus`` CPUs
+(a sweep file naming ``device = "cpu"`` asks for no GPU). Export, verify and eval ask for one CPU each. A bench asks
+for every CPU of the largest node, so while it runs nothing else runs beside it and its timings are undisturbed. The
+output folder must be one that every node sees (a shared file system on a cluster): step folders are
+content-addressed, so whichever node runs a step, the next run finds it.
 """
 from __future__ import annotations
 

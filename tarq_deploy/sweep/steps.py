@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,7 +87,7 @@ def run_step(out: Path, step: Step, cells: Sequence[str], cpus: int, *upstream: 
     cached = finished(out, step, needed)
     if cached:
         return cached
-    machine = {**machine_record(), "threads": cpus}  # where this step ran: the scope of its bytes (machine.py)
+    machine = {**machine_record(), **node_record(), "threads": cpus}  # where it ran: the scope of its bytes
     append_log(out, {"event": "start", "step": step.kind, "key": step.key, "cells": list(cells), "machine": machine})
     started = time.monotonic()
     folder = _output_dir(out, step, needed)
@@ -108,6 +109,17 @@ def run_step(out: Path, step: Step, cells: Sequence[str], cpus: int, *upstream: 
     append_log(out, {"event": status, "step": step.kind, "key": step.key, "cells": list(cells),
                      "seconds": seconds, **({"error": error} if error else {})})
     return StepResult(step.kind, step.key, status, outputs, error, seconds)
+
+
+def node_record() -> dict[str, Any]:
+    """The node a step runs on: its host name, and its Ray node id and IP when it runs in a Ray worker (ray is then
+    already imported; this never imports it, so a step run outside Ray records its host alone)."""
+    record: dict[str, Any] = {"host": socket.gethostname()}
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        record["ray_node_id"] = ray.get_runtime_context().get_node_id()
+        record["ray_node_ip"] = ray.util.get_node_ip_address()
+    return record
 
 
 class StepFailed(RuntimeError):
