@@ -40,18 +40,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _is_whisper(args: argparse.Namespace) -> bool:
     """Whether the export's source is a Whisper model (a checkpoint's saved config, or --model's kind)."""
-    from tarq_deploy.formats.crispasr_whisper import WHISPER_MODEL_TYPE, checkpoint_model_type
+    from tarq_deploy.formats.crispasr_whisper import checkpoint_model_type
+
+    from ..models.registry import is_whisper_source
 
     if args.checkpoint is not None:
-        return checkpoint_model_type(args.checkpoint) == WHISPER_MODEL_TYPE
-    if args.model is None:
-        return False
-    from ..models.registry import model_type
-
-    try:
-        return model_type(args.model) == WHISPER_MODEL_TYPE
-    except ValueError:  # a config.json that is not JSON: the Qwen3-ASR path names it
-        return False
+        return checkpoint_model_type(args.checkpoint) == "whisper"
+    return args.model is not None and is_whisper_source(args.model)
 
 
 def _check_output(args: argparse.Namespace) -> None:

@@ -114,12 +114,13 @@ def lattice_choice(args: argparse.Namespace) -> tuple[str, int, int]:
 def tensor_type_choice(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     """The --tensor-type overrides, each checked; a mix for whisper.cpp (one type per .bin), or for a Whisper model on
     CrispASR (which runs it from that .bin), is a UserError."""
+    from ..models.registry import is_whisper_source
     from ..quant.recipe import parse_tensor_type
 
     if args.tensor_type and args.target not in GGUF_TARGETS:
         raise UserError(f"--tensor-type {args.tensor_type[0]}: --target {args.target} holds one type for all weight "
                         f"matrices; per-tensor mixes are for the GGUF targets ({', '.join(GGUF_TARGETS)})")
-    if args.tensor_type and args.target == "crispasr" and _is_whisper_model(args.model):
+    if args.tensor_type and args.target == "crispasr" and is_whisper_source(args.model):
         raise UserError(f"--tensor-type {args.tensor_type[0]}: --target crispasr runs Whisper from whisper.cpp's .bin "
                         f"(the crispasr wheel reads no Whisper GGUF), which holds one type for every weight matrix; "
                         f"quantize Whisper with one --type (CrispASR's per-tensor mixes are for Qwen3-ASR GGUF)")
@@ -129,15 +130,6 @@ def tensor_type_choice(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         return tuple(parse_tensor_type(text) for text in args.tensor_type)
     except ValueError as e:
         raise UserError(f"--tensor-type {e}") from None
-
-
-def _is_whisper_model(source: str) -> bool:
-    from ..models.registry import model_type
-
-    try:
-        return model_type(source) == "whisper"
-    except ValueError:  # a config.json that is not JSON: check_model_source names it
-        return False
 
 
 def auto_tensor_types(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:

@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from tarq_deploy.checkpoint import MODEL_FILES_DIR
+from tarq_deploy.errors import JSON_ERRORS
 
 from .ggml_blocks import GGML_TYPE_NAMES, type_for_spec
-from .whisper_cpp import (WhisperCppModel, WhisperExportError, WhisperSource, as_source, build_whisper_cpp,
-                          default_target, write_whisper_cpp)
+from .whisper_cpp import WhisperCppModel, WhisperExportError, WhisperSource, as_source, build_whisper_cpp, default_target
 
 RUNTIME = "CrispASR's whisper backend"
-FILE_KIND = "whisper.cpp .bin"  # what the crispasr target writes for a Whisper model
-WHISPER_MODEL_TYPE = "whisper"
 
 
 def crispasr_whisper_source(source: Any) -> WhisperSource:
@@ -65,18 +63,11 @@ def build_crispasr_whisper(source: Any, target: str | None = None, baseline: str
     return build_whisper_cpp(whisper, target, baseline, progress), target
 
 
-def export_crispasr_whisper(source: Any, out_path: str | os.PathLike, target: str | None = None, *,
-                            baseline: str | None = None, progress: bool = False) -> Path:
-    """Export a Whisper checkpoint, checkpoint directory or (model, processor) for CrispASR; returns the path."""
-    built, _ = build_crispasr_whisper(source, target, baseline, progress)
-    return write_whisper_cpp(built, out_path, progress)
-
-
 def checkpoint_model_type(checkpoint: str | os.PathLike) -> str | None:
     """The model_type of a checkpoint directory's saved config (model/config.json), None when it cannot be read (the
     exporter then reports what is wrong with the checkpoint)."""
     try:
         config = json.loads((Path(checkpoint) / MODEL_FILES_DIR / "config.json").read_text())
-    except (OSError, ValueError, RecursionError):
+    except (OSError, *JSON_ERRORS):
         return None
     return config.get("model_type") if isinstance(config, dict) else None

@@ -20,6 +20,15 @@ def model_type(source: str) -> str:
     return "voxtral" if "voxtral" in source.lower() else "whisper"
 
 
+def is_whisper_source(source: str) -> bool:
+    """Whether ``source`` is a Whisper model by model_type; a config.json that is not JSON counts as not Whisper (the
+    command that loads it names the problem)."""
+    try:
+        return model_type(source) == "whisper"
+    except ValueError:
+        return False
+
+
 def load_backbone(source: str, device: str = "cpu", head_identity_weight: float = 1.0,
                   quantize_audio_tower: bool = False):
     kind = model_type(source)

@@ -335,12 +335,12 @@ def _exists(path: Path, entry: str, source: Path) -> bool:
         raise UserError(f"{source}: {entry}: {str(path)[:120]!r} is not a usable path ({error})") from None
 
 
-def _model_source(value: str, base: Path, source: Path | None = None) -> str:
+def _model_source(value: str, base: Path, source: Path) -> str:
     """A model folder beside the sweep file becomes an absolute path; packaged names and hub ids stay as given."""
     local = _path(value, base)
     if value.startswith("packaged:"):
         return value
-    return str(local) if _exists(local, f"model {value[:60]!r}", source or base) else value
+    return str(local) if _exists(local, f"model {value[:60]!r}", source) else value
 
 
 def _corpus(name: str, value: Any, base: Path, source: Path) -> Corpus:
