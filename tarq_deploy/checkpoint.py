@@ -50,6 +50,7 @@ from safetensors.numpy import save_file as save_numpy_file
 from safetensors.torch import load as load_torch_bytes
 from safetensors.torch import save_file
 
+from .errors import JSON_ERRORS
 from .fileio import atomic_directory
 from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
@@ -206,8 +207,7 @@ def table_of_tokenizer(raw: bytes) -> TokenTable | None:
         if not all(isinstance(i, int) and 0 <= i < MAX_TOKEN_ID for i in id_to_token):
             return None  # the table has a row for every id up to the largest: a corrupt id would cost its size
         table = table_of_tokens(id_to_token)
-    # ValueError: not JSON, an integer past Python's digit limit, NotByteLevel; RecursionError: nesting thousands deep
-    except (ValueError, RecursionError, AttributeError, TypeError, KeyError):
+    except (*JSON_ERRORS, AttributeError, TypeError, KeyError):  # NotByteLevel is a ValueError too
         return None
     return replace(table, source_digest=fast_digest(raw))
 
@@ -391,8 +391,7 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         raise CheckpointError(f"{path}: missing; {directory} is not a lattice checkpoint")
     try:
         manifest = json.loads(path.read_text())
-    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError: nesting thousands deep
-    except (ValueError, RecursionError) as e:
+    except JSON_ERRORS as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__

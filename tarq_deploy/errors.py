@@ -1,6 +1,11 @@
 """Errors that describe bad user input; the CLI prints them without a traceback and exits with status 2."""
 
 
+# What json.loads raises on bad bytes: ValueError (not UTF-8, not JSON, an integer past Python's digit limit) and
+# RecursionError (arrays or objects nested thousands deep). Every reader of a JSON file it did not write catches these.
+JSON_ERRORS = (ValueError, RecursionError)
+
+
 class UserError(Exception):
     """An error caused by the user's input (the message names the file or option and the problem)."""
 

@@ -17,6 +17,8 @@ import os
 import numpy as np
 import torch
 
+from .errors import JSON_ERRORS
+
 NUMPY_DTYPES = {"U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F16": np.float16,
                 "F32": np.float32, "F64": np.float64, "BOOL": np.bool_}
 LITTLE_ENDIAN = {name: np.dtype(t).newbyteorder("<") for name, t in NUMPY_DTYPES.items()}
@@ -93,8 +95,7 @@ def _header(buffer: mmap.mmap | bytes) -> tuple[dict, int]:
         raise SafetensorsViewError(f"header length {n} exceeds the file ({len(buffer)} bytes)")
     try:
         header = json.loads(bytes(buffer[HEADER_LENGTH_BYTES:HEADER_LENGTH_BYTES + n]))
-    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError: nesting thousands deep
-    except (ValueError, RecursionError) as e:
+    except JSON_ERRORS as e:
         raise SafetensorsViewError(f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise SafetensorsViewError("header is not a JSON object")

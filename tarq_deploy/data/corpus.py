@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from tarq_deploy.errors import JSON_ERRORS
 from tarq_deploy.fileio import write_text_atomic
 from tarq_deploy.data.normalize import spoken_words
 from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
@@ -404,8 +405,7 @@ def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, deco
         try:
             record = json.loads(line)
             utterance_id, audio, text = str(record["id"]), str(record["audio"]), str(record["text"] or "")
-        # ValueError: bad JSON, or an integer past Python's digit limit; RecursionError: arrays nested thousands deep
-        except (ValueError, KeyError, TypeError, RecursionError) as error:
+        except (*JSON_ERRORS, KeyError, TypeError) as error:
             raise CorpusError(
                 f'{manifest}:{line_number}: not an {{"id", "audio", "text"}} record ({type(error).__name__}: {error})'
             ) from None

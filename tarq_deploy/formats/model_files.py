@@ -9,6 +9,7 @@ import os
 from typing import Any, Callable, TypeVar
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights, load_checkpoint
+from tarq_deploy.errors import JSON_ERRORS
 
 Source = TypeVar("Source")
 
@@ -27,6 +28,7 @@ class ModelTensors:
     origin: str
     error: type[ModelFilesError] = ModelFilesError
     runtime: str = "the runtime"  # who expects a tensor's shape, in the error that says it differs
+    reshape_unit_axes: bool = False  # a float tensor may gain or lose length-1 axes to fit its slot
 
     def resolve(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -41,6 +43,19 @@ class ModelTensors:
         if shape != slot.shape:
             raise self.error(f"{self.origin}: {slot.hf_name} has shape {list(shape)}, {self.runtime} expects "
                              f"{list(slot.shape)} for {slot.name}")
+
+    def float_in_slot(self, slot: Any) -> Any:
+        """The float tensor behind ``slot`` (a TensorSlot) as float32 on the CPU, in the slot's shape; the error
+        names the runtime that expects that shape. Only a length-1 axis may be added or dropped, and only where the
+        source says so (Whisper's conv biases: [d] in transformers, [d, 1] in whisper.cpp)."""
+        t = self.float_value(slot.hf_name)
+        if tuple(t.shape) != slot.shape:
+            squeezed = [s for s in t.shape if s != 1] == [s for s in slot.shape if s != 1]
+            if not (self.reshape_unit_axes and squeezed):
+                raise self.error(f"{self.origin}: {slot.hf_name} has shape {list(t.shape)}, {self.runtime} expects "
+                                 f"{list(slot.shape)} for {slot.name}")
+            t = t.reshape(slot.shape)
+        return t.detach().cpu().float()  # no copy for a float32 CPU tensor
 
     def float_value(self, name: str) -> Any:
         """The float tensor behind ``name``: stored as is, or s * q of a lattice weight (exact in float32)."""
@@ -77,8 +92,7 @@ def json_file(files: dict[str, bytes], name: str, origin: str) -> dict:
         raise ModelFilesError(f"{origin}: model file {name} missing")
     try:
         return json.loads(files[name])
-    # ValueError: not UTF-8, not JSON, or an integer past Python's digit limit; RecursionError: nesting thousands deep
-    except (ValueError, RecursionError) as e:
+    except JSON_ERRORS as e:
         raise ModelFilesError(f"{origin}: model file {name} is not valid JSON ({e})") from None
 
 

@@ -365,7 +365,7 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
     ggml_type = slot.ggml_type(GGMLType.F16)  # what a float file stores: F16, norms and biases F32
     data = stored_blocks_as_f16(source, slot) if ggml_type == GGMLType.F16 else None
     if data is None:
-        data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin), ggml_type)
+        data = pack_float(slot.name, source.float_in_slot(slot), ggml_type)
     # gguf-py's writer takes every tensor's array before it writes: F16 values are made here, not while writing
     values = rounding.made(data) if isinstance(data, F16Values) else data
     return PackedTensor(slot.name, ggml_type, slot.shape, values)
@@ -374,13 +374,6 @@ def _pack_slot(slot: TensorSlot, source: Qwen3ASRSource, weight_type: int, round
 def _pack_lattice_slot(slot: TensorSlot, key: str, source: Qwen3ASRSource, weight_type: int) -> np.ndarray:
     source.check_lattice_shape(slot)
     return stored_or_packed(source.lattice, key, weight_type, slot.hf_name, source.origin)
-
-
-def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str) -> torch.Tensor:
-    if tuple(t.shape) != slot.shape:
-        raise GGUFExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, the runtime expects "
-                              f"{list(slot.shape)} for {slot.name}")
-    return t.detach().cpu().float()
 
 
 def vocab_kv(vocab: GGUFVocab, eos_id: int, pad_id: int, chat_template: str | None) -> list[KV]:

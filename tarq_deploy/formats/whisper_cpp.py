@@ -78,6 +78,7 @@ class WhisperSource(ModelTensors):
     wait_verified: Callable[[], None] = lambda: None  # the checkpoint's digest check, when it runs in the background
     error = WhisperExportError
     runtime = "whisper.cpp"
+    reshape_unit_axes = True  # conv biases: [d] in transformers, [d, 1] in the file
 
     @cached_property
     def tokenizer(self) -> dict:
@@ -291,8 +292,7 @@ def _pack_slot(slot: TensorSlot, source: WhisperSource, weight_type: int, baseli
     else:
         data = stored_blocks_as_f16(source, slot) if ggml_type == GGMLType.F16 else None
         if data is None:
-            data = pack_float(slot.name, _shaped(source.float_value(slot.hf_name), slot, source.origin, source.runtime),
-                              ggml_type)
+            data = pack_float(slot.name, source.float_in_slot(slot), ggml_type)
     return PackedTensor(slot.name, ggml_type, slot.shape, data)
 
 
@@ -309,19 +309,8 @@ def _pack_lattice_slot(slot: TensorSlot, source: WhisperSource, ggml_type: int) 
 
 def _ggml_rtn(slot: TensorSlot, source: WhisperSource, ggml_type: int) -> np.ndarray:
     # whisper.cpp's quantize tool reads the F16 file, so it rounds the fp16 weights: do the same
-    w = _shaped(source.float_value(slot.hf_name), slot, source.origin, source.runtime).to(torch.float16).float()
+    w = source.float_in_slot(slot).to(torch.float16).float()
     return ggml_rtn(w.numpy(), ggml_type)
-
-
-def _shaped(t: torch.Tensor, slot: TensorSlot, origin: str, runtime: str = "whisper.cpp") -> torch.Tensor:
-    """``t`` in the slot's shape; only a length-1 axis may be added or dropped (conv bias [d] -> [d, 1])."""
-    if tuple(t.shape) != slot.shape:
-        squeeze = tuple(s for s in t.shape if s != 1)
-        if squeeze != tuple(s for s in slot.shape if s != 1):
-            raise WhisperExportError(f"{origin}: {slot.hf_name} has shape {list(t.shape)}, {runtime} expects "
-                                     f"{list(slot.shape)} for {slot.name}")
-        t = t.reshape(slot.shape)
-    return t.detach().cpu().float()  # no copy for a float32 CPU tensor
 
 
 # ------------------------------------------------------------------------------------------------------ writing

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
-from .sources import checked_gguf, is_gguf_of_arch, is_whisper_cpp_file
+from .sources import checked_gguf, checked_whisper_cpp, is_gguf_of_arch, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
 if TYPE_CHECKING:
@@ -127,21 +127,6 @@ def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscribe
     if is_whisper_cpp_file(spec.source):
         return CrispASRTranscriber(checked_whisper_cpp(spec), options).start()
     return CrispASRTranscriber(checked_gguf(spec, ARCH, "CrispASR", "crispasr"), options).start()
-
-
-def checked_whisper_cpp(spec: ModelSpec) -> Path:
-    """The resolved path of ``spec``'s whisper.cpp .bin once our strict parser accepts it (the runtime must never see
-    a file it rejects); a UserError naming the model and file otherwise."""
-    from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
-
-    from ..errors import UserError
-
-    path = Path(spec.source).expanduser()
-    try:
-        read_whisper_cpp(path)
-    except GGMLFileError as error:
-        raise UserError(f"model {spec.label!r}: {error}") from None
-    return path.resolve()
 
 
 def _worker_main(model_file: str, threads: int, max_new_tokens: int) -> int:

@@ -56,6 +56,19 @@ def checked_gguf(spec: ModelSpec, arch: str, runtime: str, export_target: str) -
     return path.resolve()
 
 
+def checked_whisper_cpp(spec: ModelSpec) -> Path:
+    """The resolved path of ``spec``'s whisper.cpp .bin once our strict parser accepts it (no runtime may see a file
+    it rejects: pywhispercpp crashes on one); a UserError naming the model and file otherwise."""
+    from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
+
+    path = Path(spec.source).expanduser()
+    try:
+        read_whisper_cpp(path)
+    except GGMLFileError as error:
+        raise UserError(f"model {spec.label!r}: {error}") from None
+    return path.resolve()
+
+
 def is_lattice_checkpoint(source: str) -> bool:
     path = Path(source).expanduser()
     return path.is_dir() and all((path / marker).is_file() for marker in CHECKPOINT_MARKERS)

@@ -17,10 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter, dist_version
 from .child import measure_transcription
-from .sources import is_whisper_cpp_file
+from .sources import checked_whisper_cpp, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
 NAME = "whisper.cpp"
@@ -77,14 +76,7 @@ class WhisperCppTranscriber(WorkerTranscriber):
 
 
 def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
-    from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
-
-    path = Path(spec.source).expanduser()
-    try:
-        read_whisper_cpp(path)  # whisper.cpp must never see a file our parser rejects
-    except GGMLFileError as error:
-        raise UserError(f"model {spec.label!r}: {error}") from None
-    return WhisperCppTranscriber(path.resolve(), options).start()
+    return WhisperCppTranscriber(checked_whisper_cpp(spec), options).start()
 
 
 def _worker_main(model_file: str, threads: int) -> int:
