@@ -33,6 +33,7 @@ from ..evaluate.dataset import Dataset
 from ..evaluate.near_ties import near_tie_margins
 from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DEFAULT_NEAR_TIE_MARGIN, DatasetRuns,
                                ModelRun, ReportOptions, build_report, render_markdown)
+from ..evaluate.teacher_forced import TEACHER_FORCED_LINES
 from ..evaluate.teacher_forced_runs import teacher_forced_figures
 from ..evaluate.transcribe import transcribe_models
 from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
@@ -203,12 +204,20 @@ def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datas
                           for line in [f"## {d['name']}", *render_teacher_forced(d["teacher_forced"]), ""]) + "\n"
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     write_text_atomic(out / "report.md", markdown)
+    write_text_atomic(out / TEACHER_FORCED_LINES, figure_lines(figures))
     sys.stdout.write(markdown)
     return 0
 
 
+def figure_lines(figures: dict[str, dict[str, list]]) -> str:
+    """The per-utterance teacher-forced figures, one JSON line each ({dataset, label, id, sums, counts}): what a
+    merged report (the sweep's) re-scores with its own pairs and resamples, as utterances.jsonl is for the words."""
+    return "".join(json.dumps({"dataset": dataset, "label": label, **row.record()}, ensure_ascii=False) + "\n"
+                   for dataset, by_label in figures.items() for label, rows in by_label.items() for row in rows)
+
+
 # ------------------------------------------------------------------------------------------------------ outputs
-REPORT_FILES = ("report.json", "report.md", "utterances.jsonl")
+REPORT_FILES = ("report.json", "report.md", "utterances.jsonl", TEACHER_FORCED_LINES)
 CACHE_DIRS = ("hypotheses", "teacher-forced")
 
 
@@ -270,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     write_text_atomic(out / "report.md", markdown)
     write_text_atomic(out / "utterances.jsonl", "\n".join(utterance_lines) + "\n")
+    if figures:
+        write_text_atomic(out / TEACHER_FORCED_LINES, figure_lines(figures))
     sys.stdout.write(markdown)
     print(f"wrote {out / 'report.md'}, {out / 'report.json'} and {out / 'utterances.jsonl'}")
     return 0

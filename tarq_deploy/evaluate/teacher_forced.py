@@ -29,6 +29,7 @@ from .wer import OK, UtteranceScore
 
 FIGURES = ("kld", "dnll", "top1")
 GROUPS = ("rare", "common")
+TEACHER_FORCED_LINES = "teacher-forced.jsonl"  # eval's per-utterance figures, one JSON line each
 TF_METRICS = tuple(f"{figure}_{group}" for figure in FIGURES for group in GROUPS)  # kld_rare, kld_common, ...
 
 

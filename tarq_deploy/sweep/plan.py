@@ -1,7 +1,7 @@
 """A sweep file, read into cells and content-addressed steps.
 
 A sweep is the grid models × calibration corpora × methods × types. A *cell* is one point of the grid; its chain of
-*steps* (quantize → export → verify → eval) each have a *key*: the sha256 of everything the step's output depends
+*steps* (quantize → export → verify → eval / score) each have a *key*: the sha256 of everything the step's output depends
 on (the model's bytes, the corpus's bytes, the options, the code version and the keys of the steps before it). A step's
 output lives under ``OUT/steps/STEP/KEY`` and is final once its ``done.json`` exists, so a re-run finds finished steps
 by their key and an interrupted sweep resumes where it stopped. Steps with the same key are one step: ``rtn`` does not
@@ -11,9 +11,14 @@ read the calibration corpus, so its cells under two corpora share their steps.
     target = "whisper.cpp"            # export target of every cell (whisper.cpp or crispasr)
     methods = ["gptq", "tarq"]        # quantize --method values
     types = ["q4_0", "q8_0"]          # lattice types (see TYPES)
-    baseline = "gptq"                 # the report's paired differences: every method minus this one
-    steps = ["quantize", "export", "verify", "eval", "bench"]
+    baseline = "gptq"                 # the report's paired differences: every method minus this one (or a list:
+                                      # every method minus each of them)
+    steps = ["quantize", "export", "verify", "eval", "score", "bench"]
     reference = true                  # also export and evaluate each model's F16 file (retention, the bench's F16)
+
+The ``score`` step is the teacher-forced figures of a cell's file against its model's F16 file (KLD, ΔNLL, top-1 on
+rare and common positions, both files loaded in PyTorch; ``eval --teacher-forced-only``): it needs
+``reference = true``. ``eval`` decodes through the target's runtime.
 
     [models]                          # name = source (as for `tarq-deploy quantize --model`)
     "tiny.en" = "packaged:tiny.en"
@@ -55,7 +60,7 @@ from .. import __version__
 from ..errors import UserError
 from ..quant.choices import DATA_FREE_METHODS, GGML_TYPES, METHODS
 
-STEPS = ("quantize", "export", "verify", "eval", "bench")
+STEPS = ("quantize", "export", "verify", "eval", "score", "bench")
 REFERENCE_METHOD = "f16"
 METHODS_WITHOUT_DATA = frozenset(DATA_FREE_METHODS)
 KNOWN_METHODS = METHODS
@@ -133,7 +138,7 @@ class Sweep:
     methods: tuple[str, ...]
     types: tuple[LatticeType, ...]
     steps: tuple[str, ...]
-    baseline: str | None
+    baselines: tuple[str, ...]
     reference: bool
     quantize_options: dict[str, Any]
     eval_options: dict[str, Any]
@@ -173,12 +178,15 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     for step in steps:
         if step not in STEPS:
             raise UserError(f"{source}: [sweep] steps: unknown step {step!r} (known: {', '.join(STEPS)})")
-    baseline = head.get("baseline")
-    if baseline is not None and baseline not in methods:
-        raise UserError(f"{source}: [sweep] baseline {baseline!r} is not one of the methods")
+    baselines = _baselines(head.get("baseline"), methods, source)
     reference = head.get("reference", True)
     if not isinstance(reference, bool):
         raise UserError(f"{source}: [sweep] reference must be true or false, not {reference!r}")
+    if "score" in steps and "eval" not in steps:
+        raise UserError(f"{source}: [sweep] steps: score's figures are reported beside eval's; add eval")
+    if "score" in steps and not reference:
+        raise UserError(f"{source}: [sweep] steps: score compares each cell with its model's F16 file; it needs "
+                        f"reference = true")
     models = {name: _model_source(_path_text(value, f"[models] {name}", source), base, source)
               for name, value in _table(doc, "models", source).items()}
     if not models:
@@ -193,7 +201,9 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     for name, manifest in [*((c.name, c.manifest) for c in corpora), *evaluation.items()]:
         if not _exists(manifest, f"corpus {name!r}", source):
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
-    return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baseline, reference,
+    if "score" in steps and not evaluation:
+        raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")
+    return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baselines, reference,
                  _quantize_options(_table(doc, "quantize", source), source),
                  _options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source),
                  _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source))
@@ -293,6 +303,17 @@ def _option_problem(action: argparse.Action, value: Any) -> str | None:
     except (TypeError, ValueError):
         return f"{value!r} is not a valid value"
     return None
+
+
+def _baselines(value: Any, methods: tuple[str, ...], source: Path) -> tuple[str, ...]:
+    """[sweep] baseline: absent, one method or a list of methods, each one of the sweep's."""
+    names = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UserError(f"{source}: [sweep] baseline must be a method or a list of methods, not {value!r}")
+    for name in names:
+        if name not in methods:
+            raise UserError(f"{source}: [sweep] baseline {name!r} is not one of the methods")
+    return tuple(dict.fromkeys(names))
 
 
 def _path_text(value: Any, where: str, source: Path) -> str:
@@ -455,16 +476,23 @@ def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, la
     chain["verify"] = _add(steps, "verify", {}, (chain["export"], chain["quantize"]), code)
     gate = (chain["verify"],) if "verify" in sweep.steps else ()
     _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps, gate)
+    _add_score(sweep, cell, chain, source, model_key, corpus_hashes, code, steps, gate)
     return _with_steps(cell, chain, sweep)
 
 
 def _reference_cell(sweep: Sweep, model: str, source: str, model_key: str, corpus_hashes: Mapping[Path, str],
                     code: str, steps: dict[str, Step]) -> Cell:
     cell = Cell(model, "-", REFERENCE_METHOD, "f16")
-    chain = {"export": _add(steps, "export", {"target": sweep.target, "slug": cell.slug, "model": source,
-                                              "model_hash": model_key, "type": "f16"}, (), code)}
+    chain = {"export": _reference_export(sweep, model, source, model_key, code, steps)}
     _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps)
     return _with_steps(cell, chain, sweep)
+
+
+def _reference_export(sweep: Sweep, model: str, source: str, model_key: str, code: str, steps: dict[str, Step]) -> str:
+    """The model's F16 file: the reference cell's export, which every cell's score step reads too."""
+    slug = Cell(model, "-", REFERENCE_METHOD, "f16").slug
+    return _add(steps, "export", {"target": sweep.target, "slug": slug, "model": source, "model_hash": model_key,
+                                  "type": "f16"}, (), code)
 
 
 def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str, ...],
@@ -475,6 +503,19 @@ def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str,
     data = {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
     chain["eval"] = _add(steps, "eval", {"label": cell.name, "runtime": sweep.runtime, "data": data,
                                          "options": sweep.eval_options}, needs, code, after)
+
+
+def _add_score(sweep: Sweep, cell: Cell, chain: dict[str, str], source: str, model_key: str,
+               corpus_hashes: Mapping[Path, str], code: str, steps: dict[str, Step], after: tuple[str, ...]) -> None:
+    """The teacher-forced figures of the cell's file against the model's F16 file (the reference cell's export, the
+    same key as that cell's): both loaded in PyTorch with the model's own tokenizer."""
+    if "score" not in sweep.steps:
+        return
+    reference = _reference_export(sweep, cell.model, source, model_key, code, steps)
+    data = {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
+    options = {k: v for k, v in sweep.eval_options.items() if k in ("limit", "zipf_threshold")}
+    chain["score"] = _add(steps, "score", {"label": cell.name, "tokenizer": source, "tokenizer_hash": model_key,
+                                           "data": data, "options": options}, (chain["export"], reference), code, after)
 
 
 def _add_bench(sweep: Sweep, model: str, cells: list[Cell], code: str, steps: dict[str, Step]) -> None:
@@ -490,7 +531,7 @@ def _with_steps(cell: Cell, chain: dict[str, str], sweep: Sweep) -> Cell:
     """The cell with the links of its chain that run: those the sweep asks for, plus what they need (eval needs the
     export it reads, an export the checkpoint it copies)."""
     wanted = set(sweep.steps)
-    if wanted & {"verify", "eval", "bench"}:
+    if wanted & {"verify", "eval", "score", "bench"}:
         wanted.add("export")
     if "export" in wanted:
         wanted.add("quantize")

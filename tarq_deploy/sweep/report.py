@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from ..bench.bench_report import cpu_markdown
 from ..evaluate.report import DatasetRuns, ModelRun, ReportOptions, build_report, render_dataset
+from ..evaluate.teacher_forced import UtteranceFigures
 from ..evaluate.wer import score_utterance
 from ..fileio import write_bytes_atomic, write_text_atomic
 from .driver import SweepRun, describe
@@ -28,7 +29,7 @@ TIMING_FIELDS = ("decode_seconds", "real_time_factor")
 def build_sweep_report(sweep: Sweep, run: SweepRun) -> dict[str, Any]:
     status = describe(run.cells, run.results)
     return {"sweep": {"file": sweep.path.name, "target": sweep.target, "methods": list(sweep.methods),
-                      "types": [t.name for t in sweep.types], "baseline": sweep.baseline, "steps": list(sweep.steps),
+                      "types": [t.name for t in sweep.types], "baseline": list(sweep.baselines), "steps": list(sweep.steps),
                       "eval_options": sweep.eval_options},
             "cells": [{**status(c), "file_mib": _file_mib(c, run)} for c in run.cells],
             "models": [_model_section(sweep, run, model) for model in sweep.models]}
@@ -47,7 +48,8 @@ def _model_section(sweep: Sweep, run: SweepRun, model: str) -> dict[str, Any]:
     evaluation = None
     if cells:
         zipf = sweep.eval_options.get("zipf_threshold", 3.0)
-        datasets = [DatasetRuns(name, str(path), [_model_run(c, run, name, zipf, sweep.runtime) for c in cells])
+        datasets = [DatasetRuns(name, str(path), [_model_run(c, run, name, zipf, sweep.runtime) for c in cells],
+                                teacher_forced=_figures(cells, run, name))
                     for name, path in sweep.evaluation.items()]
         evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf}))
     bench = run.results.get(next((c.steps["bench"] for c in run.cells if c.model == model and "bench" in c.steps), ""))
@@ -61,11 +63,31 @@ def _eval_ok(cell: Cell, run: SweepRun) -> bool:
 
 
 def _baseline_pairs(sweep: Sweep, cells: Sequence[Cell]) -> tuple[tuple[str, str], ...]:
-    """Every cell against the baseline method's cell of the same corpus and type (a method that reads no corpus,
-    such as rtn, against the baseline of every corpus)."""
-    baselines = [c for c in cells if c.method == sweep.baseline]
-    return tuple((c.name, b.name) for c in cells if c.method not in (sweep.baseline, REFERENCE_METHOD)
-                 for b in baselines if b.type == c.type and c.corpus in (b.corpus, "-"))
+    """Every cell against each baseline method's cell of the same type and corpus (a method that reads no corpus,
+    such as rtn, against the baseline of every corpus; a baseline that reads none against every cell). A baseline
+    is compared with the baselines listed before it, not after."""
+    pairs = []
+    for rank, baseline in enumerate(sweep.baselines):
+        skipped = (baseline, REFERENCE_METHOD, *sweep.baselines[:rank])
+        pairs += [(c.name, b.name) for b in cells if b.method == baseline for c in cells
+                  if c.method not in skipped and c.type == b.type and (c.corpus == b.corpus or "-" in (c.corpus,
+                                                                                                     b.corpus))]
+    return tuple(dict.fromkeys(pairs))
+
+
+def _figures(cells: Sequence[Cell], run: SweepRun, dataset: str) -> dict[str, list[UtteranceFigures]]:
+    """The teacher-forced figures of every cell whose score step finished, by cell name (the F16 cell has none:
+    it is the reference)."""
+    figures: dict[str, list[UtteranceFigures]] = {}
+    for cell in cells:
+        result = run.results.get(cell.steps.get("score", ""))
+        if not (result and result.ok):
+            continue
+        lines = Path(result.outputs["figures"]).read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+        figures[cell.name] = [UtteranceFigures.from_record(r) for r in rows
+                              if r["dataset"] == dataset and r["label"] == cell.name]
+    return figures
 
 
 def _model_run(cell: Cell, run: SweepRun, dataset: str, zipf: float, runtime: str) -> ModelRun:
@@ -112,7 +134,62 @@ def render_sweep_markdown(report: dict) -> str:
             lines.append("_no cell of this model was evaluated_")
         if model["bench"]:
             lines += ["", cpu_markdown(model["bench"]).replace("## ", "### ", 1)]
+    lines += render_frontier(report.get("frontier", []))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def frontier_rows(report: dict) -> list[dict[str, Any]]:
+    """One row per evaluated cell and dataset: its type, method, file size and bits per weight of its type beside the
+    decoded figures (WER, rare-WER raw and capped, loops), retention and the teacher-forced KLDs, when measured: the
+    size / quality frontier as a table."""
+    mib = {c["cell"]: c["file_mib"] for c in report["cells"]}
+    rows = []
+    for model in report["models"]:
+        for dataset in (model["evaluation"] or {}).get("datasets", []):
+            retention = {r["model"]: r["retention"]["value"] for r in dataset.get("retention", {}).get("models", [])}
+            figures = {m["label"]: m for m in dataset.get("teacher_forced", {}).get("models", [])}
+            for row in dataset["models"]:
+                _, _, method, type_name = row["label"].split("/")
+                tf = figures.get(row["label"], {})
+                rows.append({"model": model["model"], "dataset": dataset["name"], "cell": row["label"],
+                             "type": type_name, "method": method, "file_mib": mib[row["label"]],
+                             "type_bpw": type_bits_per_weight(type_name),
+                             **{k: row[k]["value"] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")},
+                             "loops": row["loops"], "retention": retention.get(row["key"]),
+                             **{k: tf[k]["value"] if k in tf else None for k in ("kld_rare", "kld_common")}})
+    return sorted(rows, key=lambda r: (r["model"], r["dataset"], -r["type_bpw"], r["method"]))
+
+
+def type_bits_per_weight(type_name: str) -> float:
+    """Bits per weight of a ggml type's blocks (f16: 16), from gguf-py's block sizes."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name.upper()]]
+    return size * 8 / block
+
+
+def render_frontier(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## The size / quality frontier", "",
+             "Every evaluated cell: file size, bits per weight of its type's blocks, decoded figures (%), rare-word "
+             "retention against F16 (%) and teacher-forced KLD against F16 (nats; the paired intervals are in the "
+             "tables above).", "",
+             "| model | dataset | type | method | MiB | bits/weight | WER | rare-WER | capped WER | capped rare-WER | "
+             "loops | retention | KLD rare | KLD common |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:.1f}"
+
+    def nats(x: float | None) -> str:
+        return "—" if x is None else f"{x:.4f}"
+
+    for r in rows:
+        mib = "—" if r["file_mib"] is None else f"{r['file_mib']:.1f}"
+        lines.append(f"| {r['model']} | {r['dataset']} | {r['type']} | {r['method']} | {mib} | {r['type_bpw']:.4g} | "
+                     f"{pct(r['wer'])} | {pct(r['rare_wer'])} | {pct(r['capped_wer'])} | {pct(r['capped_rare_wer'])} | "
+                     f"{r['loops']} | {pct(r['retention'])} | {nats(r['kld_rare'])} | {nats(r['kld_common'])} |")
+    return lines
 
 
 def size_quality_points(report: dict) -> list[dict[str, Any]]:
@@ -123,24 +200,37 @@ def size_quality_points(report: dict) -> list[dict[str, Any]]:
             for m in report["models"] if m["evaluation"] for d in m["evaluation"]["datasets"] for row in d["models"]]
 
 
-def size_quality_png(points: list[dict[str, Any]]) -> bytes | None:
-    if not points:
+def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
+    """The frontier: file size against rare-WER (and rare KLD where scored), one line per method through its types,
+    the F16 file as a point; one row of panels per model and dataset."""
+    if not rows:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(p["model"], p["dataset"]) for p in points})
-    figure, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
-    for axis, (model, dataset) in zip(axes[0], groups):
-        mine = [p for p in points if (p["model"], p["dataset"]) == (model, dataset)]
-        axis.scatter([p["file_mib"] for p in mine], [100 * p["rare_wer"] for p in mine])
-        for p in mine:
-            axis.annotate("/".join(p["cell"].split("/")[2:]), (p["file_mib"], 100 * p["rare_wer"]), fontsize=7,
-                          xytext=(3, 3), textcoords="offset points")
-        axis.set(xlabel="file size (MiB)", ylabel="rare-WER (%)", title=f"{model} on {dataset}")
-        axis.grid(alpha=0.3)
+    groups = sorted({(r["model"], r["dataset"]) for r in rows})
+    metrics = [("rare_wer", "rare-WER (%)", 100.0)]
+    if any(r["kld_rare"] is not None for r in rows):
+        metrics.append(("kld_rare", "rare KLD vs F16 (nats)", 1.0))
+    figure, axes = plt.subplots(len(groups), len(metrics), figsize=(5.8 * len(metrics), 4.2 * len(groups)),
+                                squeeze=False)
+    for line, (model, dataset) in zip(axes, groups):
+        mine = [r for r in rows if (r["model"], r["dataset"]) == (model, dataset) and r["file_mib"] is not None]
+        for axis, (metric, label, scale) in zip(line, metrics):
+            for method in sorted({r["method"] for r in mine}):
+                points = sorted((r["file_mib"], scale * r[metric], r["type"]) for r in mine
+                                if r["method"] == method and r[metric] is not None)
+                if not points:
+                    continue
+                xs, ys, types = zip(*points)
+                axis.plot(xs, ys, marker="o", label=method)
+                for x, y, type_name in points:
+                    axis.annotate(type_name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            axis.set(xlabel="file size (MiB)", ylabel=label, title=f"{model} on {dataset}")
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=8)
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
@@ -151,9 +241,10 @@ def size_quality_png(points: list[dict[str, Any]]) -> bytes | None:
 def write_sweep_report(sweep: Sweep, run: SweepRun, out: Path) -> dict[str, Path]:
     report = build_sweep_report(sweep, run)
     report["size_quality"] = size_quality_points(report)
+    report["frontier"] = frontier_rows(report)
     written = {"json": write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n"),
                "md": write_text_atomic(out / "report.md", render_sweep_markdown(report))}
-    png = size_quality_png(report["size_quality"])
+    png = size_quality_png(report["frontier"])
     if png:
         written["png"] = write_bytes_atomic(out / "size-quality.png", png)
     return written

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..evaluate.teacher_forced import TEACHER_FORCED_LINES
 from ..fileio import write_json_atomic
 from ..machine import machine_record
 from .plan import TARGETS, Step, sha256_json
@@ -28,7 +29,8 @@ from .plan import TARGETS, Step, sha256_json
 DONE = "done.json"
 LOG = "cells.log.jsonl"
 PR_SET_PDEATHSIG = 1
-PATH_OUTPUTS = frozenset({"checkpoint", "file", "report", "utterances", "bench"})  # stored relative to OUT
+REFERENCE_LABEL = "F16"  # the score step's label for the model's F16 file
+PATH_OUTPUTS = frozenset({"checkpoint", "file", "report", "utterances", "figures", "bench"})  # stored relative to OUT
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,19 @@ def _eval(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -> 
     return {"report": str(folder / "report.json"), "utterances": str(folder / "utterances.jsonl")}
 
 
+def _score(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -> dict[str, str]:
+    """Teacher-forced figures of the cell's file against the F16 file, both in PyTorch (eval --teacher-forced-only)."""
+    p = step.params
+    exported, reference = needed
+    data = [arg for name, d in p["data"].items() for arg in ("--data", f"{name}={d['manifest']}")]
+    _tarq_deploy(["eval", *data, "--backend", "torch", "--tokenizer", p["tokenizer"],
+                  "--model", f"{REFERENCE_LABEL}={reference.outputs['file']}",
+                  "--model", f"{p['label']}={exported.outputs['file']}", "--reference", REFERENCE_LABEL,
+                  "--teacher-forced-only", "--threads", str(cpus), *_flags(p["options"]), "--out", str(folder),
+                  "--quiet"], folder, cpus)
+    return {"report": str(folder / "report.json"), "figures": str(folder / TEACHER_FORCED_LINES)}
+
+
 def _bench(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -> dict[str, str]:
     p = step.params["options"]
     files = [arg for r in needed for arg in ("--model", r.outputs["file"])]
@@ -228,5 +243,6 @@ def _bench(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) ->
     return {"bench": str(folder / "bench.json")}
 
 
-_RUNNERS = {"quantize": _quantize, "export": _export, "verify": _verify, "eval": _eval, "bench": _bench}
+_RUNNERS = {"quantize": _quantize, "export": _export, "verify": _verify, "eval": _eval, "score": _score,
+            "bench": _bench}
 
