@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 
-.PHONY: install system-packages venv demo test clean-venv
+.PHONY: install system-packages venv demo test clean-venv peers-venv
 
 # Debian packages: real human speech with transcripts (LibriVox clips, pocketsphinx-testdata), and the offline
 # rare-word speech corpus: festival + the CMU ARCTIC SLT HTS voice (calibration, dev) and the KAL diphone voice
@@ -36,3 +36,11 @@ test: install
 
 clean-venv:
 	rm -rf $(VENV)
+
+# llm-compressor for `python -m tarq_deploy.bench.peers`, in an environment of its own (its pins differ from .venv's);
+# the requirement is the [peers] extra of pyproject.toml, read from there so that it is written once.
+PEERS_VENV ?= .venv-peers
+peers-venv: venv
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(PEERS_VENV)/bin/python -m pip install --quiet $$($(PYTHON) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['peers']))")

@@ -1,0 +1,307 @@
+"""The peer a GPU user would pick, side by side with ours: llm-compressor's GPTQ (and AWQ, where it runs) against our
+RTN, GPTQ and TARQ at the paper's W4G128, on the same model, the same calibration windows and the same layers.
+
+    python -m tarq_deploy.bench.peers --model packaged:base --calib corpora/synth/calib.jsonl --n-calib 128 \\
+        --data test=corpora/synth/test.jsonl --out bench/results/peers
+
+1. Our float model is written as a transformers directory (the reference, and llm-compressor's input), and the
+   calibration windows our own quantize builds from ``--calib`` / ``--n-calib`` / ``--seed`` (input features and the
+   reference transcripts as decoder inputs) are written to a safetensors file.
+2. Each method calibrates in a child process, timed by its wall clock and peak RSS (os.wait4): ours through
+   ``tarq-deploy quantize --target gptq`` (symmetric int4, groups of 128, every Linear including the tied head),
+   llm-compressor through ``peer_llmcompressor.py`` in its own environment (``--peer-python``; make peers-venv),
+   whose fake-quantized weights go back into a copy of the float model.
+3. ``tarq-deploy eval`` scores every model in PyTorch on the held-out ``--data``: decoded WER / rare-WER (raw and
+   capped, loops) and teacher-forced KLD against the float model, with paired bootstrap intervals.
+
+Writes OUT/peers-MODEL.json and .md (the table, the paired differences, the machine, the command). A failed peer
+(AWQ has no mapping for Whisper, say) is a row with its error, not a stopped bench.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..fileio import write_text_atomic
+from ..machine import machine_record
+
+OURS = ("rtn", "gptq", "tarq")
+PEERS = ("llmcompressor-gptq", "llmcompressor-awq")
+REFERENCE = "FP32"
+GROUP_SIZE = 128
+DEFAULT_PEER_PYTHON = ".venv-peers/bin/python"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A method's calibration run: what it produced and what it cost."""
+
+    method: str
+    output: Path | None
+    seconds: float
+    peak_rss_mib: float
+    error: str = ""
+
+
+def timed_child(argv: list[str], log: Path) -> tuple[int, float, float]:
+    """Run ``argv`` with its output in ``log``; (exit status, wall seconds, peak RSS MiB) of that child alone."""
+    started = time.monotonic()
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped above: Popen must not wait again
+    return process.returncode, time.monotonic() - started, usage.ru_maxrss / 1024
+
+
+def last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text("utf-8", "replace").replace("\r", "\n").splitlines()
+             if line.strip()]
+    errors = [line for line in lines if "Error" in line or "error" in line]
+    return (errors or lines or ["(no output)"])[-1][:400]
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: int, work: Path) -> Path:
+    """The float model as a transformers directory (work/float) and our calibration windows (work/windows.safetensors)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ..data.corpus import load_corpus
+    from ..models.registry import load_backbone
+    from ..quant.pipeline import QuantizeOptions, decode_utterances, select_calibration
+
+    backbone = load_backbone(source)
+    float_dir = work / "float"
+    if not (float_dir / "config.json").is_file():
+        staging = work / "float.partial"
+        backbone.model.save_pretrained(staging)
+        backbone.processor.save_pretrained(staging)
+        backbone.generation_config.save_pretrained(staging)
+        staging.rename(float_dir)
+    options = QuantizeOptions(method="gptq", n_calib=n_calib, seed=seed, group_size=GROUP_SIZE)
+    chosen = select_calibration(load_corpus(calib), options)
+    windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
+                                     options.encoder_tagging)
+    tensors = {}
+    for i, window in enumerate(windows):
+        tensors[f"input_features.{i}"] = window.inputs["input_features"].to(torch.float32).contiguous()
+        tensors[f"decoder_input_ids.{i}"] = window.inputs["decoder_input_ids"].to(torch.int64).contiguous()
+    save_file(tensors, str(work / "windows.safetensors"))
+    return float_dir
+
+
+# ------------------------------------------------------------------------------------------- calibrations
+def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: int, work: Path) -> Calibration:
+    out = work / f"ours-{method}"
+    data = [] if method == "rtn" else ["--calib", str(calib), "--n-calib", str(n_calib)]
+    argv = [sys.executable, "-m", "tarq_deploy.cli", "quantize", "--model", source, "--method", method, "--target",
+            "gptq", "--group-size", str(GROUP_SIZE), *data, "--seed", str(seed), "--out", str(out)]
+    if (out / "manifest.json").is_file():
+        return _recorded(method, out)
+    status, seconds, rss = timed_child(argv, work / f"ours-{method}.log")
+    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log")
+
+
+def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path) -> Calibration:
+    out = work / peer
+    if (out / "model" / "config.json").is_file():
+        return _recorded(peer, out / "model")
+    script = Path(__file__).with_name("peer_llmcompressor.py")
+    argv = [peer_python, str(script), "--model", str(float_dir), "--windows", str(work / "windows.safetensors"),
+            "--modifier", peer.split("-", 1)[1], "--group-size", str(GROUP_SIZE), "--out", str(out / "raw")]
+    out.mkdir(parents=True, exist_ok=True)
+    status, seconds, rss = timed_child(argv, work / f"{peer}.log")
+    if status == 0:
+        _float_model_with(float_dir, out / "raw" / "dequantized.safetensors", out / "model")
+    return _finish(peer, out / "model", status, seconds, rss, work / f"{peer}.log")
+
+
+def _float_model_with(float_dir: Path, weights: Path, out: Path) -> None:
+    """A copy of the float model whose quantized Linears hold the peer's lattice weights."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    model = WhisperForConditionalGeneration.from_pretrained(float_dir, dtype=torch.float32)
+    state = model.state_dict()
+    for name, value in load_file(str(weights)).items():
+        if name not in state or state[name].shape != value.shape:
+            raise UserError(f"{weights}: {name} is not a weight of the float model with shape {tuple(value.shape)}")
+        with torch.no_grad():
+            state[name].copy_(value)
+    staging = out.with_name(out.name + ".partial")
+    model.save_pretrained(staging)
+    WhisperProcessor.from_pretrained(float_dir).save_pretrained(staging)
+    model.generation_config.save_pretrained(staging)
+    staging.rename(out)
+
+
+def _finish(method: str, out: Path, status: int, seconds: float, rss: float, log: Path) -> Calibration:
+    if status != 0:
+        return Calibration(method, None, round(seconds, 1), round(rss), f"exit {status}: {last_line(log)}")
+    cost = {"seconds": round(seconds, 1), "peak_rss_mib": round(rss)}
+    write_text_atomic(out.parent / f"{out.name}.cost.json", json.dumps(cost) + "\n")
+    return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"])
+
+
+def _recorded(method: str, out: Path) -> Calibration:
+    """A calibration finished by an earlier run of this bench: its output and recorded cost."""
+    cost = json.loads((out.parent / f"{out.name}.cost.json").read_text())
+    return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"])
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+def evaluate(float_dir: Path, runs: list[Calibration], data: list[str], limit: int | None, threads: int,
+             resamples: int, out: Path) -> dict:
+    models = [arg for run in runs if run.output for arg in ("--model", f"{run.method}={run.output}")]
+    present = {run.method for run in runs if run.output}
+    pairs = [(a, b) for a, b in (("tarq", "gptq"), ("gptq", "llmcompressor-gptq"), ("tarq", "llmcompressor-gptq"),
+                                 ("gptq", "rtn"), ("tarq", "rtn"), ("llmcompressor-gptq", "rtn"),
+                                 ("llmcompressor-awq", "llmcompressor-gptq")) if a in present and b in present]
+    argv = [sys.executable, "-m", "tarq_deploy.cli", "eval", *(a for d in data for a in ("--data", d)),
+            "--backend", "torch", "--model", f"{REFERENCE}={float_dir}", *models, "--reference", REFERENCE,
+            "--teacher-forced", *(a for p in pairs for a in ("--compare", f"{p[0]}:{p[1]}")),
+            "--threads", str(threads), "--resamples", str(resamples), "--out", str(out / "eval"), "--quiet",
+            *(["--limit", str(limit)] if limit else [])]
+    status, _, _ = timed_child(argv, out / "eval.log")
+    if status != 0:
+        raise UserError(f"tarq-deploy eval failed: {last_line(out / 'eval.log')}")
+    return json.loads((out / "eval" / "report.json").read_text())
+
+
+# ------------------------------------------------------------------------------------------------ report
+def summary(runs: list[Calibration], report: dict) -> list[dict]:
+    """One row per method and dataset: cost, decoded and teacher-forced figures."""
+    rows = []
+    for dataset in report["datasets"]:
+        decoded = {m["label"]: m for m in dataset["models"]}
+        figures = {m["label"]: m for m in dataset.get("teacher_forced", {}).get("models", [])}
+        for run in runs:
+            row = {"dataset": dataset["name"], "method": run.method, "seconds": run.seconds,
+                   "peak_rss_mib": run.peak_rss_mib, "error": run.error}
+            if run.method in decoded:
+                d = decoded[run.method]
+                row.update({k: d[k] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")}, loops=d["loops"])
+            if run.method in figures:
+                row.update({k: figures[run.method][k] for k in ("kld_rare", "kld_common")})
+            rows.append(row)
+    return rows
+
+
+def _cell(value: dict | None, scale: float = 100.0, digits: int = 1) -> str:
+    if not value:
+        return "—"
+    star = " *" if value.get("significant") else ""
+    fmt = f"{{:+.{digits}f}}" if "significant" in value else f"{{:.{digits}f}}"
+    return f"{fmt.format(scale * value['value'])} [{fmt.format(scale * value['low'])}, " \
+           f"{fmt.format(scale * value['high'])}]{star}"
+
+
+def render(result: dict) -> str:
+    lines = [f"# W4G128 against llm-compressor: {result['model']}", "",
+             f"`{result['command']}`", "",
+             f"Machine: {result['machine'].get('cpu_model')}, {result['machine'].get('logical_cores')} logical CPUs; "
+             f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}), the same "
+             f"windows for every method; every Linear, the tied head included, symmetric int4 in groups of "
+             f"{GROUP_SIZE}.", "",
+             "| data | method | calibration s | peak RSS MiB | WER | rare-WER | capped rare-WER | loops | KLD rare | "
+             "KLD common |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["error"]:
+            lines.append(f"| {r['dataset']} | {r['method']} | failed: {r['error']} ||||||||")
+            continue
+        lines.append(f"| {r['dataset']} | {r['method']} | {r['seconds']:.0f} | {r['peak_rss_mib']:.0f} | "
+                     f"{_cell(r.get('wer'))} | {_cell(r.get('rare_wer'))} | {_cell(r.get('capped_rare_wer'))} | "
+                     f"{r.get('loops', '—')} | {_cell(r.get('kld_rare'), 1, 4)} | {_cell(r.get('kld_common'), 1, 4)} |")
+    lines += ["", "Paired differences (95 % bootstrap intervals over utterances; * = excludes 0):", "",
+              "| data | model | versus | Δ rare-WER (pp) | Δ WER (pp) | Δ KLD rare | Δ KLD common |",
+              "|---|---|---|---|---|---|---|"]
+    for d in result["differences"]:
+        lines.append(f"| {d['dataset']} | {d['model']} | {d['versus']} | {_cell(d.get('rare_wer'))} | "
+                     f"{_cell(d.get('wer'))} | {_cell(d.get('kld_rare'), 1, 4)} | {_cell(d.get('kld_common'), 1, 4)} |")
+    return "\n".join(lines) + "\n"
+
+
+def differences(report: dict) -> list[dict]:
+    out = []
+    for dataset in report["datasets"]:
+        figures = {(d["model"], d["versus"]): d for d in dataset.get("teacher_forced", {}).get("differences", [])}
+        for d in dataset["differences"]:
+            model, versus = d["model"].split(" [")[0], d["versus"].split(" [")[0]
+            if versus == REFERENCE:
+                continue
+            tf = figures.get((model, versus), {})
+            out.append({"dataset": dataset["name"], "model": model, "versus": versus,
+                        **{k: d[k] for k in ("wer", "rare_wer") if k in d},
+                        **{k: tf[k] for k in ("kld_rare", "kld_common") if k in tf}})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tarq_deploy.bench.peers", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="packaged:base", help="model source (as for tarq-deploy quantize)")
+    p.add_argument("--calib", required=True, help="calibration manifest")
+    p.add_argument("--n-calib", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", action="append", required=True, help="held-out [NAME=]MANIFEST (repeatable)")
+    p.add_argument("--limit", type=int, help="only the first N utterances of each dataset")
+    p.add_argument("--methods", default=",".join(OURS + PEERS), help="comma-separated: " + ", ".join(OURS + PEERS))
+    p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="the Python of llm-compressor's environment")
+    p.add_argument("--threads", type=int, default=2, help="evaluation threads")
+    p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> list[str]:
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in OURS + PEERS]
+    if unknown:
+        raise UserError(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(OURS + PEERS)})")
+    if not Path(args.calib).is_file():
+        raise UserError(f"--calib {args.calib}: no such manifest")
+    for value in args.data:
+        if not Path(value.split("=", 1)[-1]).is_file():
+            raise UserError(f"--data {value}: no such manifest")
+    if any(m in PEERS for m in methods) and not Path(args.peer_python).is_file():
+        raise UserError(f"--peer-python {args.peer_python}: not found (make peers-venv installs llm-compressor there)")
+    if args.n_calib < 1:
+        raise UserError(f"--n-calib {args.n_calib}: give at least 1")
+    return methods
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        methods = check(args)
+        name = args.model.split(":")[-1].rstrip("/").split("/")[-1]
+        out = Path(args.out)
+        work = out / f"work-{name}"
+        work.mkdir(parents=True, exist_ok=True)
+        float_dir = write_float_model_and_windows(args.model, Path(args.calib), args.n_calib, args.seed, work)
+        runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work) if m in OURS
+                else calibrate_peer(m, float_dir, args.peer_python, work) for m in methods]
+        report = evaluate(float_dir, runs, args.data, args.limit, args.threads, args.resamples, work)
+    except UserError as error:
+        print(f"python -m tarq_deploy.bench.peers: error: {error}", file=sys.stderr)
+        return 2
+    result = {"model": args.model, "calib": args.calib, "n_calib": args.n_calib, "seed": args.seed,
+              "command": "python -m tarq_deploy.bench.peers " + shlex.join(argv if argv is not None else sys.argv[1:]),
+              "machine": machine_record(), "rows": summary(runs, report), "differences": differences(report)}
+    write_text_atomic(out / f"peers-{name}.json", json.dumps(result, indent=1) + "\n")
+    write_text_atomic(out / f"peers-{name}.md", render(result))
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The sweep's score step and the frontier report, without running a model: the plan gives every quantized cell a
+score step reading its own file and its model's F16 file (the reference cell's export, one step), checks the file's
+choices strictly, and the merged report re-scores the steps' per-utterance figures with paired intervals against
+every listed baseline, ending with the frontier table (file size, bits per weight, decoded and teacher-forced
+figures) and its plot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tarq_deploy.errors import UserError
+from tarq_deploy.evaluate.teacher_forced import TF_METRICS
+from tarq_deploy.evaluate.wer import score_utterance
+from tarq_deploy.sweep.driver import SweepRun
+from tarq_deploy.sweep.plan import load_sweep, plan_cells
+from tarq_deploy.sweep.report import build_sweep_report, frontier_rows, render_sweep_markdown, size_quality_png
+from tarq_deploy.sweep.steps import StepResult
+
+SWEEP = """
+[sweep]
+methods = ["ggml", "gptq", "tarq"]
+types = ["q3_k", "q4_0"]
+baseline = {baseline}
+steps = {steps}
+reference = {reference}
+
+[models]
+base = "packaged:base"
+
+[calibration]
+synth = "calib.jsonl"
+
+[evaluation]
+test = "test.jsonl"
+"""
+UTTERANCES = [("u1", "the quixotic zeugma of aardvarks"), ("u2", "a plain sentence of common words"),
+              ("u3", "name the xylophonist please"), ("u4", "we went home")]
+
+
+def _write(tmp_path: Path, baseline: str = '["ggml", "gptq"]', steps: str = '["quantize", "export", "eval", "score"]',
+           reference: str = "true") -> Path:
+    for name in ("calib.jsonl", "test.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps({"id": i, "audio": "x.wav", "text": t}) + "\n"
+                                             for i, t in UTTERANCES))
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP.format(baseline=baseline, steps=steps, reference=reference))
+    return path
+
+
+def _plan(path: Path):
+    sweep = load_sweep(path)
+    corpora = {p: f"hash-{p.name}" for p in [*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()]}
+    cells, steps = plan_cells(sweep, {"base": "model-hash"}, corpora, "code")
+    return sweep, cells, steps
+
+
+def test_every_quantized_cell_is_scored_against_the_one_f16_export(tmp_path):
+    _, cells, steps = _plan(_write(tmp_path))
+    reference = next(c for c in cells if c.method == "f16")
+    assert "score" not in reference.steps  # the reference is what the others are scored against
+    scored = [c for c in cells if c.method != "f16"]
+    assert len(scored) == 6 and all("score" in c.steps for c in scored)
+    for cell in scored:
+        needs = steps[cell.steps["score"]].needs
+        assert needs == (cell.steps["export"], reference.steps["export"])
+    assert len({c.steps["score"] for c in scored}) == 6  # one score per file
+
+
+@pytest.mark.parametrize("baseline, steps, reference, message", [
+    ('["ggml", "awq"]', '["quantize", "export", "eval", "score"]', "true", "baseline 'awq' is not one of"),
+    ("3", '["quantize", "export", "eval", "score"]', "true", "baseline must be a method or a list"),
+    ('"gptq"', '["quantize", "export", "eval", "score"]', "false", "it needs reference = true"),
+    ('"gptq"', '["quantize", "export", "score"]', "true", "add eval"),
+])
+def test_bad_score_and_baseline_choices_are_named(tmp_path, baseline, steps, reference, message):
+    with pytest.raises(UserError, match=message):
+        load_sweep(_write(tmp_path, baseline, steps, reference))
+
+
+def _fake_results(tmp_path: Path, cells, steps) -> dict[str, StepResult]:
+    """Finished steps with outputs shaped like eval's and score's: every method loses the rare words in proportion
+    to its quality (ggml worst), so the paired differences have a known sign."""
+    quality = {"f16": 0, "tarq": 1, "gptq": 2, "ggml": 3}
+    results: dict[str, StepResult] = {}
+    for cell in cells:
+        worse = quality[cell.method] + (1 if cell.type == "q3_k" else 0)
+        folder = tmp_path / "out" / cell.slug
+        folder.mkdir(parents=True)
+        size = {"f16": 140, "q4_0": 44, "q3_k": 35}[cell.type] * 1024 * 1024
+        results[cell.steps["export"]] = StepResult("export", cell.steps["export"], "done",
+                                                   {"file": str(folder / "m.bin"), "bytes": str(size)})
+        rows = []
+        for index, (uid, text) in enumerate(UTTERANCES):
+            words = text.split()
+            hypothesis = " ".join(words[: max(1, len(words) - (worse if index % 2 == 0 else 0))])
+            rows.append(json.dumps({"dataset": "test", **score_utterance(uid, text, hypothesis).record()}))
+        (folder / "utterances.jsonl").write_text("\n".join(rows) + "\n")
+        results[cell.steps["eval"]] = StepResult("eval", cell.steps["eval"], "done",
+                                                 {"utterances": str(folder / "utterances.jsonl")})
+        if "score" in cell.steps:
+            figures = [{"dataset": "test", "label": cell.name, "id": uid,
+                        "sums": {m: (0.01 * worse * (index + 1) if "kld" in m or "dnll" in m else 3.0)
+                                 for m in TF_METRICS},
+                        "counts": {"rare": 3, "common": 3}} for index, (uid, _) in enumerate(UTTERANCES)]
+            figures.append({"dataset": "test", "label": "F16", "id": "u1", "sums": {m: 9.0 for m in TF_METRICS},
+                            "counts": {"rare": 3, "common": 3}})  # the reference's own line is not a cell's
+            (folder / "teacher-forced.jsonl").write_text("".join(json.dumps(f) + "\n" for f in figures))
+            results[cell.steps["score"]] = StepResult("score", cell.steps["score"], "done",
+                                                      {"figures": str(folder / "teacher-forced.jsonl")})
+    for key, step in steps.items():
+        results.setdefault(key, StepResult(step.kind, key, "done"))
+    return results
+
+
+def test_the_report_merges_figures_against_every_baseline_and_ends_with_the_frontier(tmp_path):
+    sweep, cells, steps = _plan(_write(tmp_path))
+    run = SweepRun(cells, steps, _fake_results(tmp_path, cells, steps))
+    report = build_sweep_report(sweep, run)
+    report["frontier"] = frontier_rows(report)
+    dataset = report["models"][0]["evaluation"]["datasets"][0]
+    tf = dataset["teacher_forced"]
+    assert {m["label"] for m in tf["models"]} == {c.name for c in cells if c.method != "f16"}
+    pairs = {(d["model"], d["versus"]) for d in tf["differences"]}
+    assert ("base/synth/tarq/q3_k", "base/-/ggml/q3_k") in pairs
+    assert ("base/synth/tarq/q3_k", "base/synth/gptq/q3_k") in pairs
+    assert ("base/synth/gptq/q3_k", "base/-/ggml/q3_k") in pairs  # a later baseline against an earlier one
+    assert ("base/-/ggml/q3_k", "base/synth/gptq/q3_k") not in pairs  # ... not the other way round
+    assert not any(a.split("/")[3] != b.split("/")[3] for a, b in pairs)  # only within a type
+    tarq_vs_ggml = next(d for d in tf["differences"]
+                        if (d["model"], d["versus"]) == ("base/synth/tarq/q3_k", "base/-/ggml/q3_k"))
+    assert tarq_vs_ggml["kld_rare"]["value"] < 0  # TARQ's fake figures are lower
+    rows = {r["cell"]: r for r in report["frontier"]}
+    assert rows["base/-/f16/f16"]["kld_rare"] is None and rows["base/-/f16/f16"]["type_bpw"] == 16
+    assert rows["base/synth/tarq/q3_k"]["type_bpw"] == pytest.approx(3.4375)
+    assert rows["base/synth/tarq/q3_k"]["file_mib"] == 35
+    assert rows["base/-/ggml/q3_k"]["kld_rare"] > rows["base/synth/tarq/q3_k"]["kld_rare"] > 0
+    markdown = render_sweep_markdown(report)
+    assert "## The size / quality frontier" in markdown and "| base | test | q3_k | tarq | 35.0 | 3.438 |" in markdown
+    png = size_quality_png(report["frontier"])
+    assert png and png.startswith(b"\x89PNG")
