@@ -283,3 +283,35 @@ def test_every_committed_sweep_file_still_loads(tmp_path):
             (copy.parent / manifest).write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "a"}) + "\n")
         sweep = load_sweep(copy)
         assert sweep.methods and sweep.models, original
+
+
+def _study_cells(label: str) -> tuple[str, str]:
+    """(method, type) of a committed report's model label: 'F16', 'tarq-q4_0' (results/types) or 'TARQ' (round 3,
+    every model Q4_0)."""
+    if label == "F16":
+        return "f16", "f16"
+    method, _, type_name = label.lower().partition("-")
+    return method, type_name or "q4_0"
+
+
+@pytest.mark.parametrize("study, report", [("results/types/sweep.toml", "results/types/report.json"),
+                                           ("results/rarewords/round3/sweep.toml",
+                                            "results/rarewords/round3/test600/report.json")])
+def test_study_sweep_files_plan_the_cells_of_their_committed_tables(tmp_path, study, report):
+    """Each study's sweep file plans exactly the models of the table it stands for (and evaluates as many utterances)."""
+    from tarq_deploy.sweep.plan import plan_cells
+
+    copy = tmp_path / study
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / study, copy)
+    doc = tomllib.loads(copy.read_text())
+    manifests = [v if isinstance(v, str) else v["manifest"] for v in doc["calibration"].values()]
+    for manifest in [*manifests, *doc["evaluation"].values()]:
+        (copy.parent / manifest).parent.mkdir(parents=True, exist_ok=True)
+        (copy.parent / manifest).write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "a"}) + "\n")
+    sweep = load_sweep(copy)
+    hashes = {p: "h" for p in [*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()]}
+    cells, _ = plan_cells(sweep, {m: "h" for m in sweep.models}, hashes, "code")
+    committed = json.loads((REPO / report).read_text())["datasets"][0]
+    assert {(c.method, c.type) for c in cells} == {_study_cells(m["label"]) for m in committed["models"]}
+    assert sweep.eval_options.get("limit", committed["utterances"]) == committed["utterances"]

@@ -137,6 +137,43 @@ def test_the_report_merges_figures_against_every_baseline_and_ends_with_the_fron
     assert rows["base/synth/tarq/q3_k"]["file_mib"] == 35
     assert rows["base/-/ggml/q3_k"]["kld_rare"] > rows["base/synth/tarq/q3_k"]["kld_rare"] > 0
     markdown = render_sweep_markdown(report)
-    assert "## The size / quality frontier" in markdown and "| base | test | q3_k | tarq | 35.0 | 3.438 |" in markdown
+    assert "## The size / quality frontier" in markdown and "| base | test | whisper.cpp | q3_k | tarq | 35.0 | 3.438 |" in markdown
     png = size_quality_png(report["frontier"])
     assert png and png.startswith(b"\x89PNG")
+
+
+def test_cells_decoded_by_two_backends_are_compared_within_each(tmp_path):
+    path = _write(tmp_path)
+    path.write_text(path.read_text() + '\n[eval]\nbackends = ["whisper.cpp", "torch"]\n')
+    sweep, cells, steps = _plan(path)
+    assert sweep.backends == ("whisper.cpp", "torch")
+    assert all(steps[c.steps["eval"]].params["tokenizer"] == "packaged:base" for c in cells)  # torch reads the .bin
+    results = _fake_results(tmp_path, cells, steps)
+    for cell in cells:  # each backend's lines carry its key, as eval writes them; torch drops one more word
+        path = Path(results[cell.steps["eval"]].outputs["utterances"])
+        lines = []
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            lines.append(json.dumps({**row, "model": f"{cell.name} [whisper.cpp]"}))
+            shorter = " ".join(row["hypothesis"].split()[:-1])
+            lines.append(json.dumps({**score_utterance(row["id"], row["reference"], shorter).record(),
+                                     "dataset": "test", "model": f"{cell.name} [torch]"}))
+        path.write_text("\n".join(lines) + "\n")
+    report = build_sweep_report(sweep, SweepRun(cells, steps, results))
+    dataset = report["models"][0]["evaluation"]["datasets"][0]
+    assert {m["backend"] for m in dataset["models"]} == {"whisper.cpp", "torch"}
+    agreement = {row["label"]: row for row in dataset["backend_agreement"]}
+    assert agreement["base/synth/tarq/q3_k"]["identical"] == 0  # every torch text lost a word
+    assert all(" [torch]" in d["model"] and " [torch]" in d["versus"] or " [whisper.cpp]" in d["model"]
+               and " [whisper.cpp]" in d["versus"] for d in dataset["differences"])
+    torch_rows = [r for r in dataset["models"] if r["backend"] == "torch"]
+    cpp_rows = {r["label"]: r for r in dataset["models"] if r["backend"] == "whisper.cpp"}
+    assert all(r["wer"]["value"] > cpp_rows[r["label"]]["wer"]["value"] for r in torch_rows)
+
+
+@pytest.mark.parametrize("backends", ['["crispasr"]', "[]", '["torch", "torch"]'])
+def test_backends_outside_the_target_are_refused(tmp_path, backends):
+    path = _write(tmp_path)
+    path.write_text(path.read_text() + f"\n[eval]\nbackends = {backends}\n")
+    with pytest.raises(UserError, match=r"\[eval\] backends must list distinct backends among whisper.cpp, torch"):
+        load_sweep(path)

@@ -31,7 +31,9 @@ rare and common positions, both files loaded in PyTorch; ``eval --teacher-forced
 
     [quantize]                        # more `quantize` options for every cell (option = value; true = a flag)
     seed = 0
-    [eval]                            # limit, threads, resamples, seed, zipf_threshold
+    [eval]                            # limit, threads, resamples, seed, zipf_threshold, and backends: the
+                                      # runtimes each cell's file is decoded by (default: the target's; "torch"
+                                      # too loads the same file in PyTorch: backend agreement in the report)
     [bench]                           # audio, threads, runs, warmup
 
 Relative paths are taken from the sweep file's folder. The file is read strictly: a table or key not listed above
@@ -43,7 +45,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
-import hashlib
 import json
 import os
 import sys
@@ -58,6 +59,8 @@ else:  # pragma: no cover - Python 3.10
 
 from .. import __version__
 from ..errors import UserError
+from ..hashing import chunks_sha256, files_sha256, json_fingerprint
+from ..model_source import SourceKind, resolve_source
 from ..quant.choices import DATA_FREE_METHODS, GGML_TYPES, METHODS
 
 STEPS = ("quantize", "export", "verify", "eval", "score", "bench")
@@ -79,7 +82,7 @@ class LatticeType:
 TYPES: dict[str, LatticeType] = {name: LatticeType(name, bits, group) for name, (_, bits, group) in GGML_TYPES.items()}
 # target -> (runtime that evaluates its files, file suffix)
 TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf")}
-EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float}
+EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list}
 BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int}
 
 
@@ -148,6 +151,11 @@ class Sweep:
     def runtime(self) -> str:
         return TARGETS[self.target][0]
 
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends every cell's file is decoded by: the target's runtime unless [eval] backends lists others."""
+        return tuple(self.eval_options.get("backends", [self.runtime]))
+
 
 # ------------------------------------------------------------------------------------------------------ reading
 def load_sweep(path: str | os.PathLike[str]) -> Sweep:
@@ -201,11 +209,13 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     for name, manifest in [*((c.name, c.manifest) for c in corpora), *evaluation.items()]:
         if not _exists(manifest, f"corpus {name!r}", source):
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
+    eval_options = _options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source)
+    _check_backends(eval_options.get("backends"), TARGETS[target][0], source)
     if "score" in steps and not evaluation:
         raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")
     return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baselines, reference,
                  _quantize_options(_table(doc, "quantize", source), source),
-                 _options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source),
+                 eval_options,
                  _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source))
 
 
@@ -316,6 +326,17 @@ def _baselines(value: Any, methods: tuple[str, ...], source: Path) -> tuple[str,
     return tuple(dict.fromkeys(names))
 
 
+def _check_backends(backends: list | None, runtime: str, source: Path) -> None:
+    """[eval] backends: a non-empty list of distinct names, each the target's runtime or torch (which loads the
+    target's file in PyTorch)."""
+    if backends is None:
+        return
+    allowed = (runtime, "torch")
+    if not backends or len(set(map(str, backends))) != len(backends) or any(b not in allowed for b in backends):
+        raise UserError(f"{source}: [eval] backends must list distinct backends among {', '.join(allowed)} (this "
+                        f"target's files run there), not {backends!r}")
+
+
 def _path_text(value: Any, where: str, source: Path) -> str:
     if not isinstance(value, str):
         raise UserError(f"{source}: {where} must be a string (a path or model name), not {value!r}")
@@ -359,7 +380,7 @@ def _exists(path: Path, entry: str, source: Path) -> bool:
 def _model_source(value: str, base: Path, source: Path) -> str:
     """A model folder beside the sweep file becomes an absolute path; packaged names and hub ids stay as given."""
     local = _path(value, base)
-    if value.startswith("packaged:"):
+    if resolve_source(value).kind is SourceKind.PACKAGED:
         return value
     return str(local) if _exists(local, f"model {value[:60]!r}", source) else value
 
@@ -384,40 +405,22 @@ def _options(table: dict, allowed: dict[str, type], name: str, source: Path) -> 
 
 
 # ------------------------------------------------------------------------------------------------------ hashing
-def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
 def code_version() -> str:
     """The package version and the sha256 of its Python sources: any change to the code is a new key."""
-    digest = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-    return f"{__version__}+{digest.hexdigest()[:16]}"
-
-
-def files_hash(paths: Iterable[Path]) -> str:
-    """sha256 over the names and bytes of files (directories: every file under them, in sorted order)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in files:
-            digest.update(file.name.encode() + b"\0")
-            with open(file, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-    return digest.hexdigest()
+    sources = sorted(package.rglob("*.py"))
+    digest = chunks_sha256(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() for path in sources)
+    return f"{__version__}+{digest[:16]}"
 
 
 def model_hash(source: str) -> str:
     """The bytes of a local or packaged model; a hub id (not on this disk) by its name."""
-    if source.startswith("packaged:"):
+    found = resolve_source(source)
+    if found.kind is SourceKind.PACKAGED:
         from ..models.packaged import resolve_packaged
 
-        return files_hash([resolve_packaged(source.split(":", 1)[1])])
-    path = Path(source).expanduser()
-    return files_hash([path]) if path.exists() else sha256_json({"hub": source})
+        return files_sha256([resolve_packaged(found.packaged_name)])
+    return files_sha256([found.path]) if found.on_disk else json_fingerprint({"hub": source})
 
 
 def corpus_hash(manifest: Path) -> str:
@@ -427,9 +430,9 @@ def corpus_hash(manifest: Path) -> str:
     try:
         utterances = load_corpus(manifest)
     except ValueError as error:  # an unreadable manifest: its bytes are the key; the step that reads it will fail
-        return sha256_json({"unreadable": str(error), "bytes": files_hash([manifest])})
+        return json_fingerprint({"unreadable": str(error), "bytes": files_sha256([manifest])})
     audio = [Path(u.audio) for u in utterances if Path(u.audio).is_file()]
-    return files_hash([manifest, *audio])
+    return files_sha256([manifest, *audio])
 
 
 # -------------------------------------------------------------------------------------------------------- cells
@@ -458,7 +461,7 @@ def plan_cells(sweep: Sweep, model_hashes: Mapping[str, str], corpus_hashes: Map
 
 def _add(steps: dict[str, Step], kind: str, params: dict[str, Any], needs: tuple[str, ...], code: str,
          after: tuple[str, ...] = ()) -> str:
-    key = sha256_json({"step": kind, "params": params, "needs": needs, "code": code})
+    key = json_fingerprint({"step": kind, "params": params, "needs": needs, "code": code})
     steps.setdefault(key, Step(kind, key, params, needs, after))
     return key
 
@@ -475,7 +478,7 @@ def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, la
     chain["export"] = _add(steps, "export", {"target": sweep.target, "slug": cell.slug}, (chain["quantize"],), code)
     chain["verify"] = _add(steps, "verify", {}, (chain["export"], chain["quantize"]), code)
     gate = (chain["verify"],) if "verify" in sweep.steps else ()
-    _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps, gate)
+    _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps, gate, source)
     _add_score(sweep, cell, chain, source, model_key, corpus_hashes, code, steps, gate)
     return _with_steps(cell, chain, sweep)
 
@@ -484,7 +487,7 @@ def _reference_cell(sweep: Sweep, model: str, source: str, model_key: str, corpu
                     code: str, steps: dict[str, Step]) -> Cell:
     cell = Cell(model, "-", REFERENCE_METHOD, "f16")
     chain = {"export": _reference_export(sweep, model, source, model_key, code, steps)}
-    _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps)
+    _add_eval(sweep, cell, chain, (chain["export"],), corpus_hashes, code, steps, (), source)
     return _with_steps(cell, chain, sweep)
 
 
@@ -497,12 +500,13 @@ def _reference_export(sweep: Sweep, model: str, source: str, model_key: str, cod
 
 def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str, ...],
               corpus_hashes: Mapping[Path, str], code: str, steps: dict[str, Step],
-              after: tuple[str, ...] = ()) -> None:
+              after: tuple[str, ...] = (), source: str = "") -> None:
     if "eval" not in sweep.steps:
         return
     data = {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
+    tokenizer = {"tokenizer": source} if "torch" in sweep.backends else {}  # torch reads the file with the model's
     chain["eval"] = _add(steps, "eval", {"label": cell.name, "runtime": sweep.runtime, "data": data,
-                                         "options": sweep.eval_options}, needs, code, after)
+                                         "options": sweep.eval_options, **tokenizer}, needs, code, after)
 
 
 def _add_score(sweep: Sweep, cell: Cell, chain: dict[str, str], source: str, model_key: str,

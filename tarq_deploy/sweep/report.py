@@ -48,7 +48,8 @@ def _model_section(sweep: Sweep, run: SweepRun, model: str) -> dict[str, Any]:
     evaluation = None
     if cells:
         zipf = sweep.eval_options.get("zipf_threshold", 3.0)
-        datasets = [DatasetRuns(name, str(path), [_model_run(c, run, name, zipf, sweep.runtime) for c in cells],
+        datasets = [DatasetRuns(name, str(path), [_model_run(c, run, name, zipf, backend) for c in cells
+                                                  for backend in sweep.backends],
                                 teacher_forced=_figures(cells, run, name))
                     for name, path in sweep.evaluation.items()]
         evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf}))
@@ -90,14 +91,17 @@ def _figures(cells: Sequence[Cell], run: SweepRun, dataset: str) -> dict[str, li
     return figures
 
 
-def _model_run(cell: Cell, run: SweepRun, dataset: str, zipf: float, runtime: str) -> ModelRun:
-    """A cell's run on a dataset, re-scored from its per-utterance hypotheses (as `eval` scored them)."""
+def _model_run(cell: Cell, run: SweepRun, dataset: str, zipf: float, backend: str) -> ModelRun:
+    """A cell's run on a dataset through one backend, re-scored from its per-utterance hypotheses (as `eval` scored
+    them; eval keys each run "LABEL [BACKEND]")."""
     result = run.results[cell.steps["eval"]]
     rows = [json.loads(line) for line in Path(result.outputs["utterances"]).read_text(encoding="utf-8").splitlines()
             if line.strip()]
-    scores = [score_utterance(r["id"], r["reference"], r["hypothesis"], zipf) for r in rows if r["dataset"] == dataset]
+    key = f"{cell.name} [{backend}]"
+    scores = [score_utterance(r["id"], r["reference"], r["hypothesis"], zipf) for r in rows
+              if r["dataset"] == dataset and r.get("model", key) == key]
     export = run.results[cell.steps["export"]]
-    return ModelRun(cell.name, cell.name, runtime, Path(export.outputs["file"]).name, scores)
+    return ModelRun(key, cell.name, backend, Path(export.outputs["file"]).name, scores)
 
 
 def _without_timings(report: dict) -> dict:
@@ -152,12 +156,12 @@ def frontier_rows(report: dict) -> list[dict[str, Any]]:
                 _, _, method, type_name = row["label"].split("/")
                 tf = figures.get(row["label"], {})
                 rows.append({"model": model["model"], "dataset": dataset["name"], "cell": row["label"],
-                             "type": type_name, "method": method, "file_mib": mib[row["label"]],
+                             "backend": row["backend"], "type": type_name, "method": method, "file_mib": mib[row["label"]],
                              "type_bpw": type_bits_per_weight(type_name),
                              **{k: row[k]["value"] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")},
                              "loops": row["loops"], "retention": retention.get(row["key"]),
                              **{k: tf[k]["value"] if k in tf else None for k in ("kld_rare", "kld_common")}})
-    return sorted(rows, key=lambda r: (r["model"], r["dataset"], -r["type_bpw"], r["method"]))
+    return sorted(rows, key=lambda r: (r["model"], r["dataset"], r["backend"], -r["type_bpw"], r["method"]))
 
 
 def type_bits_per_weight(type_name: str) -> float:
@@ -175,8 +179,9 @@ def render_frontier(rows: list[dict[str, Any]]) -> list[str]:
              "Every evaluated cell: file size, bits per weight of its type's blocks, decoded figures (%), rare-word "
              "retention against F16 (%) and teacher-forced KLD against F16 (nats; the paired intervals are in the "
              "tables above).", "",
-             "| model | dataset | type | method | MiB | bits/weight | WER | rare-WER | capped WER | capped rare-WER | "
-             "loops | retention | KLD rare | KLD common |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | dataset | backend | type | method | MiB | bits/weight | WER | rare-WER | capped WER | "
+             "capped rare-WER | loops | retention | KLD rare | KLD common |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{100 * x:.1f}"
@@ -186,7 +191,8 @@ def render_frontier(rows: list[dict[str, Any]]) -> list[str]:
 
     for r in rows:
         mib = "—" if r["file_mib"] is None else f"{r['file_mib']:.1f}"
-        lines.append(f"| {r['model']} | {r['dataset']} | {r['type']} | {r['method']} | {mib} | {r['type_bpw']:.4g} | "
+        lines.append(f"| {r['model']} | {r['dataset']} | {r['backend']} | {r['type']} | {r['method']} | {mib} | "
+                     f"{r['type_bpw']:.4g} | "
                      f"{pct(r['wer'])} | {pct(r['rare_wer'])} | {pct(r['capped_wer'])} | {pct(r['capped_rare_wer'])} | "
                      f"{r['loops']} | {pct(r['retention'])} | {nats(r['kld_rare'])} | {nats(r['kld_common'])} |")
     return lines
@@ -202,7 +208,7 @@ def size_quality_points(report: dict) -> list[dict[str, Any]]:
 
 def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
     """The frontier: file size against rare-WER (and rare KLD where scored), one line per method through its types,
-    the F16 file as a point; one row of panels per model and dataset."""
+    the F16 file as a point; one row of panels per model, dataset and backend."""
     if not rows:
         return None
     import matplotlib
@@ -210,14 +216,15 @@ def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["model"], r["dataset"]) for r in rows})
+    groups = sorted({(r["model"], r["dataset"], r["backend"]) for r in rows})
     metrics = [("rare_wer", "rare-WER (%)", 100.0)]
     if any(r["kld_rare"] is not None for r in rows):
         metrics.append(("kld_rare", "rare KLD vs F16 (nats)", 1.0))
     figure, axes = plt.subplots(len(groups), len(metrics), figsize=(5.8 * len(metrics), 4.2 * len(groups)),
                                 squeeze=False)
-    for line, (model, dataset) in zip(axes, groups):
-        mine = [r for r in rows if (r["model"], r["dataset"]) == (model, dataset) and r["file_mib"] is not None]
+    for line, (model, dataset, backend) in zip(axes, groups):
+        mine = [r for r in rows if (r["model"], r["dataset"], r["backend"]) == (model, dataset, backend)
+                and r["file_mib"] is not None]
         for axis, (metric, label, scale) in zip(line, metrics):
             for method in sorted({r["method"] for r in mine}):
                 points = sorted((r["file_mib"], scale * r[metric], r["type"]) for r in mine
@@ -228,7 +235,7 @@ def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
                 axis.plot(xs, ys, marker="o", label=method)
                 for x, y, type_name in points:
                     axis.annotate(type_name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-            axis.set(xlabel="file size (MiB)", ylabel=label, title=f"{model} on {dataset}")
+            axis.set(xlabel="file size (MiB)", ylabel=label, title=f"{model} on {dataset} ({backend})")
             axis.grid(alpha=0.3)
             axis.legend(fontsize=8)
     figure.tight_layout()

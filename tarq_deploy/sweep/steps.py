@@ -23,8 +23,9 @@ from typing import Any, Sequence
 
 from ..evaluate.teacher_forced import TEACHER_FORCED_LINES
 from ..fileio import write_json_atomic
+from ..hashing import json_fingerprint
 from ..machine import machine_record
-from .plan import TARGETS, Step, sha256_json
+from .plan import TARGETS, Step
 
 DONE = "done.json"
 LOG = "cells.log.jsonl"
@@ -131,7 +132,7 @@ class StepFailed(RuntimeError):
 def _output_dir(out: Path, step: Step, needed: Sequence[StepResult]) -> Path:
     folder = step_dir(out, step)
     if step.kind == "bench":  # a bench measures the files that exist: a cell that failed today may not tomorrow
-        folder = folder.with_name(f"{step.key}-{sha256_json(sorted(r.key for r in needed))[:16]}")
+        folder = folder.with_name(f"{step.key}-{json_fingerprint(sorted(r.key for r in needed))[:16]}")
     return folder
 
 
@@ -210,9 +211,12 @@ def _verify(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -
 def _eval(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -> dict[str, str]:
     p = step.params
     options = {"threads": 1, **p["options"]}
+    backends = options.pop("backends", [p["runtime"]])
     data = [arg for name, d in p["data"].items() for arg in ("--data", f"{name}={d['manifest']}")]
-    _tarq_deploy(["eval", *data, "--backend", p["runtime"], "--model", f"{p['label']}={needed[0].outputs['file']}",
-                  *_flags(options), "--out", str(folder), "--quiet"], folder, cpus)
+    models = [arg for backend in backends
+              for arg in ("--model", f"{p['label']}={needed[0].outputs['file']}", "--backend", backend)]
+    tokenizer = ["--tokenizer", p["tokenizer"]] if "tokenizer" in p else []
+    _tarq_deploy(["eval", *data, *models, *tokenizer, *_flags(options), "--out", str(folder), "--quiet"], folder, cpus)
     return {"report": str(folder / "report.json"), "utterances": str(folder / "utterances.jsonl")}
 
 
