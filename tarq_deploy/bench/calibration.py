@@ -2,6 +2,11 @@
 
     python -m tarq_deploy.bench.calibration [--model packaged:base] [--n 128] [--device cpu|cuda] [--out FILE.json]
     python -m tarq_deploy.bench.calibration --dims small --device cuda       # real-dimension random-weight models
+    python -m tarq_deploy.bench.calibration --dims tiny,base,small --n 32,128 --type q3_k --out FILE.json   # a grid
+
+With several --dims or --n values every combination is measured (each method in its own child), smallest first, and
+the rows say how time and memory grow with the model and the calibration set; a cell over --max-seconds is stopped
+and recorded as such, so the grid always finishes.
 
 Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
@@ -23,8 +28,14 @@ import time
 from pathlib import Path
 
 DIMS = {  # real Whisper dimensions, random weights (no such checkpoints offline)
+    "tiny": dict(d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
+                 decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536, num_mel_bins=80),
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80),
     "small": dict(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
                   decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, num_mel_bins=80),
+    "medium": dict(d_model=1024, encoder_layers=24, decoder_layers=24, encoder_attention_heads=16,
+                   decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, num_mel_bins=80),
     "large-v3": dict(d_model=1280, encoder_layers=32, decoder_layers=32, encoder_attention_heads=20,
                      decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128),
 }
@@ -77,19 +88,26 @@ def child(args: argparse.Namespace) -> None:
     from tarq_deploy.data.corpus import load_corpus
     from tarq_deploy.models.loader import load_whisper
     from tarq_deploy.models.whisper import WhisperBackbone
+    from tarq_deploy.quant.choices import GGML_TYPES
     from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
     model, processor, gc = (random_whisper(args.dims, args.device, args.processor) if args.dims
                             else load_whisper(args.model))
     backbone = WhisperBackbone(model, processor, gc, args.device)
-    options = QuantizeOptions(method=args.method, n_calib=args.n, device=args.device, group_size=args.group_size)
+    scheme, bits, native_group = GGML_TYPES[args.type] if args.type else ("symmetric", 4, args.group_size)
+    group = args.group_size if scheme == "symmetric" else native_group
+    options = QuantizeOptions(method=args.method, n_calib=args.n, device=args.device, group_size=group, bits=bits,
+                              scheme=scheme)
     utterances = load_corpus(args.manifest)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     _, timing = quantize_backbone(backbone, utterances, options, args.model, log=lambda _: None)
-    figures = {"method": args.method, "wall_s": time.perf_counter() - start, "calibration_s": timing["seconds"],
-               "peak_rss_mb": _peak_rss_mb()}
+    wall = time.perf_counter() - start
+    figures = {"method": args.method, "dims": args.dims or args.model, "n": args.n, "type": args.type or "",
+               "wall_s": wall, "calibration_s": timing["seconds"],
+               "windows_s": wall - timing["seconds"],  # audio decoding, features, rare tags and alignment
+               "peak_rss_mb": _peak_rss_mb(), "parameters": sum(p.numel() for p in model.parameters())}
     if args.device == "cuda":
         figures["peak_vram_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print("RESULT " + json.dumps(figures), flush=True)
@@ -103,27 +121,41 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def run_child(args: argparse.Namespace, method: str, manifest: Path) -> dict:
+def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str | None, n: int) -> dict:
     cmd = [sys.executable, "-m", "tarq_deploy.bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
-           "--model", args.model, "--n", str(args.n), "--device", args.device, "--group-size", str(args.group_size),
-           "--threads", str(args.threads or 0)]
-    if args.dims:
-        cmd += ["--dims", args.dims, "--processor", args.processor]
+           "--model", args.model, "--n", str(n), "--device", args.device, "--group-size", str(args.group_size),
+           "--threads", str(args.threads or 0), *(["--type", args.type] if args.type else [])]
+    if dims:
+        cmd += ["--dims", dims, "--processor", args.processor]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.max_seconds)
+    except subprocess.TimeoutExpired:
+        return {"method": method, "dims": dims or args.model, "n": n, "type": args.type or "",
+                "stopped_after_s": args.max_seconds}
     if done.returncode != 0:
         raise RuntimeError(f"{method} calibration failed:\n{done.stderr[-3000:]}")
     line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 
+def tarq_over_gptq(rows: list[dict]) -> list[dict]:
+    """TARQ's wall time over GPTQ's for every (dims, n) where both finished (the same machine, one run apart)."""
+    done = {(r["dims"], r["n"], r["method"]): r["wall_s"] for r in rows if "wall_s" in r}
+    return [{"dims": dims, "n": n, "ratio": done[(dims, n, "tarq")] / wall}
+            for (dims, n, method), wall in done.items() if method == "gptq" and (dims, n, "tarq") in done]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="packaged:base")
-    parser.add_argument("--dims", choices=sorted(DIMS), help="random-weight model of these real dimensions")
+    parser.add_argument("--dims", help=f"random-weight model(s) of these real dimensions, comma-separated: "
+                                       f"{', '.join(DIMS)}")
     parser.add_argument("--processor", default="packaged:tiny.en",
                         help="--dims: the Whisper whose tokenizer and feature extractor the random model takes")
-    parser.add_argument("--n", type=int, default=128)
+    parser.add_argument("--n", default="128", help="calibration utterances; comma-separated for a grid")
+    parser.add_argument("--type", help="ggml type of the lattice (as quantize --type; default: symmetric 4-bit)")
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop a calibration after this long")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--methods", default="gptq,tarq")
@@ -135,26 +167,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
+        args.n = int(args.n)
         child(args)
         return 0
+    grid_dims = args.dims.split(",") if args.dims else [None]
+    unknown = [d for d in grid_dims if d is not None and d not in DIMS]
+    if unknown:
+        parser.error(f"--dims: unknown {', '.join(unknown)} (known: {', '.join(DIMS)})")
+    try:
+        grid_n = sorted(int(n) for n in args.n.split(","))
+    except ValueError:
+        parser.error(f"--n {args.n}: comma-separated whole numbers")
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             print("CUDA is not available on this machine: nothing measured.")
             return 0
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = Path(args.calib) if args.calib else cycled_corpus(args.n, Path(tmp))
+        manifest = Path(args.calib) if args.calib else cycled_corpus(max(grid_n), Path(tmp))
         rows = []
-        for method in args.methods.split(","):
-            rows.append(run_child(args, method, manifest))
-            print(json.dumps(rows[-1]), flush=True)
-    by_method = {r["method"]: r for r in rows}
+        for dims in grid_dims:
+            for n in grid_n:
+                for method in args.methods.split(","):
+                    rows.append(run_child(args, method, manifest, dims, n))
+                    print(json.dumps(rows[-1]), flush=True)
+    by_method = {r["method"]: r for r in rows if "wall_s" in r}
     result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,
+              "type": args.type or "symmetric 4-bit",
               "corpus": args.calib or "cycled real clips", "threads": args.threads or "default",
               "group_size": args.group_size, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                           "load_average": os.getloadavg()},
               "rows": rows}
-    if {"gptq", "tarq"} <= by_method.keys():
+    result["ratios_tarq_over_gptq"] = tarq_over_gptq(rows)
+    if {"gptq", "tarq"} <= by_method.keys() and len(rows) == 2:
         result["ratio_tarq_over_gptq"] = by_method["tarq"]["wall_s"] / by_method["gptq"]["wall_s"]
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
     from tarq_deploy.fileio import write_json_atomic
