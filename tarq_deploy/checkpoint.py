@@ -33,7 +33,6 @@ temporary directory that is renamed into place only when complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -52,6 +51,8 @@ from safetensors.torch import save_file
 
 from .errors import JSON_ERRORS
 from .fileio import atomic_directory
+from .hashing import json_fingerprint, sha256_hex
+from .model_source import CHECKPOINT_LATTICE, CHECKPOINT_MANIFEST, CHECKPOINT_MODEL_DIR
 from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 from .safetensors_view import SafetensorsViewError, map_private, map_readonly, tensor_views, torch_views
@@ -60,11 +61,11 @@ from .vocabulary import TokenTable, table_of_tokens, token_strings
 FORMAT_NAME = "tarq-lattice"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
-LATTICE_FILE = "lattice.safetensors"
+MANIFEST = CHECKPOINT_MANIFEST  # the two markers tarq_deploy.model_source knows a checkpoint folder by
+LATTICE_FILE = CHECKPOINT_LATTICE
 TENSORS_FILE = "tensors.safetensors"
 VOCABULARY_FILE = "vocabulary.safetensors"
-MODEL_FILES_DIR = "model"
+MODEL_FILES_DIR = CHECKPOINT_MODEL_DIR
 MODEL_FILES_PREFIX = MODEL_FILES_DIR + os.sep  # of a model file's path relative to the checkpoint
 TOKENIZER_FILE = "tokenizer.json"
 MANIFEST_DIGEST_KEY = "manifest_sha256"
@@ -243,7 +244,7 @@ def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's canonical JSON (sorted keys, no whitespace) without its own digest: an edit to the
     manifest (a shape, the lattice, a file hash) is caught like an edit to any file it lists."""
     body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST_KEY}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return json_fingerprint(body, ensure_ascii=True, separators=(",", ":"))
 
 
 # ----------------------------------------------------------------------------------------------------- codes packing
@@ -310,7 +311,7 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         "quantized": shapes,
         "aliases": dict(sorted(ckpt.aliases.items())),
         **ckpt.metadata,
-        "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in payload.items()},
+        "files": {rel: sha256_hex(data) for rel, data in payload.items()},
         FAST_DIGESTS_KEY: {rel: fast_digest(data) for rel, data in payload.items()},
     }
     if vocabulary is not None:
@@ -530,7 +531,7 @@ def _verify_files(root: Path, manifest: dict, contents: dict, sha256: bool) -> N
     if fast is not None and not sha256:
         return
     for rel, expected in manifest.get("files", {}).items():
-        if hashlib.sha256(contents[rel]).hexdigest() != expected:
+        if sha256_hex(contents[rel]) != expected:
             raise CheckpointError(f"{root / rel}: content does not match its sha256 in {MANIFEST} (corrupted or "
                                   f"truncated)")
 

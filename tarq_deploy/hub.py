@@ -65,6 +65,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 
 from .errors import UserError
 from .fileio import atomic_directory
+from .model_source import SourceKind, resolve_source
 
 PIPELINE_TAG = "automatic-speech-recognition"
 TASK_NAME = "Automatic Speech Recognition"
@@ -82,7 +83,6 @@ _LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")  # the Hub's license ids: ap
 WHISPER_CPP, GGUF, GPTQ, COMPRESSED_TENSORS, MARLIN, LATTICE = (
     "whisper.cpp", "gguf", "gptq", "compressed-tensors", "marlin", "tarq-lattice")
 TRANSFORMERS_KINDS = (GPTQ, COMPRESSED_TENSORS, MARLIN)
-GGUF_MAGIC = b"GGUF"
 # CrispASR's name for Qwen3-ASR; upstream qwen3-asr.cpp files say "qwen3-asr" (see the shared FACTS)
 CRISPASR_ARCHITECTURES = ("qwen3asr",)
 
@@ -192,9 +192,7 @@ def describe_runtime_file(path: Path) -> RuntimeFile:
         return _describe_transformers_dir(path)
     if not path.is_file():
         raise UserError(f"{path}: no such file or directory")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == GGUF_MAGIC:
+    if resolve_source(path).kind is SourceKind.GGUF:
         return _describe_gguf(path)
     return _describe_whisper_cpp(path)
 
@@ -343,8 +341,8 @@ def source_languages(model_files: dict[str, bytes]) -> list[str]:
 
 
 def hub_base_model(source_id: str | None) -> str | None:
-    """``source_id`` when it reads as a Hub repo id (not a local path, not a packaged:NAME source)."""
-    if not source_id or not _HUB_REPO_ID.match(source_id) or Path(source_id).expanduser().exists():
+    """``source_id`` when it is a Hub source (not a local path, not a packaged:NAME source) spelt as a repo id."""
+    if not source_id or resolve_source(source_id).kind is not SourceKind.HUB or not _HUB_REPO_ID.match(source_id):
         return None
     return source_id
 

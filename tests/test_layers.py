@@ -19,6 +19,7 @@ REPO_ROOT = PACKAGE_ROOT.parent
 LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks", "tarq_deploy.machine",
              "tarq_deploy.checkpoint", "tarq_deploy.safetensors_view", "tarq_deploy.vocabulary", "tarq_deploy.quant",
+             "tarq_deploy.model_source", "tarq_deploy.hashing",
              "tarq_deploy.models", "tarq_deploy.data"),
     "formats": ("tarq_deploy.formats",),
     "runtimes": ("tarq_deploy.runtimes",),

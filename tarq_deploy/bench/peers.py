@@ -32,6 +32,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..fileio import write_text_atomic
 from ..machine import machine_record
+from ..model_source import SourceKind, resolve_source
 
 OURS = ("rtn", "gptq", "tarq")
 PEERS = ("llmcompressor-gptq", "llmcompressor-awq")
@@ -80,7 +81,7 @@ def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: 
 
     backbone = load_backbone(source)
     float_dir = work / "float"
-    if not (float_dir / "config.json").is_file():
+    if resolve_source(float_dir).kind is not SourceKind.TRANSFORMERS:  # saved by an earlier run: reused
         staging = work / "float.partial"
         backbone.model.save_pretrained(staging)
         backbone.processor.save_pretrained(staging)
@@ -104,7 +105,7 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
     data = [] if method == "rtn" else ["--calib", str(calib), "--n-calib", str(n_calib)]
     argv = [sys.executable, "-m", "tarq_deploy.cli", "quantize", "--model", source, "--method", method, "--target",
             "gptq", "--group-size", str(GROUP_SIZE), *data, "--seed", str(seed), "--out", str(out)]
-    if (out / "manifest.json").is_file():
+    if resolve_source(out).kind is SourceKind.CHECKPOINT:  # finished by an earlier run
         return _recorded(method, out)
     status, seconds, rss = timed_child(argv, work / f"ours-{method}.log")
     return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log")
@@ -112,7 +113,7 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
 
 def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path) -> Calibration:
     out = work / peer
-    if (out / "model" / "config.json").is_file():
+    if resolve_source(out / "model").kind is SourceKind.TRANSFORMERS:  # finished by an earlier run
         return _recorded(peer, out / "model")
     script = Path(__file__).with_name("peer_llmcompressor.py")
     argv = [peer_python, str(script), "--model", str(float_dir), "--windows", str(work / "windows.safetensors"),

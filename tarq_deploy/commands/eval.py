@@ -28,7 +28,6 @@ from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
 from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
 from ..runtimes.registry import BY_NAME, infer_runtime
-from ..runtimes.sources import is_whisper_cpp_file
 from ..evaluate.dataset import Dataset
 from ..evaluate.near_ties import near_tie_margins
 from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DEFAULT_NEAR_TIE_MARGIN, DatasetRuns,
@@ -39,6 +38,7 @@ from ..evaluate.transcribe import transcribe_models
 from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utterance
 from ..fileio import write_text_atomic
 from ..machine import machine_record
+from ..model_source import ModelSource, SourceKind, resolve_source
 
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
 GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
@@ -119,10 +119,11 @@ def _split_named(value: str) -> tuple[str | None, str]:
     return None, value
 
 
-def default_label(source: str) -> str:
-    if source.startswith("packaged:"):
-        return source.split(":", 1)[1]
-    path = Path(source.rstrip("/"))
+def default_label(source: str | ModelSource) -> str:
+    found = resolve_source(source)
+    if found.kind is SourceKind.PACKAGED:
+        return found.packaged_name
+    path = Path(found.text.rstrip("/"))
     return path.stem if path.suffix == ".bin" else path.name
 
 
@@ -134,21 +135,29 @@ def model_specs(args: argparse.Namespace) -> list[ModelSpec]:
     for source, backends in entries:
         if len(backends) > 1:
             raise UserError(f"--model {source}: --backend given {len(backends)} times ({', '.join(backends)})")
-    parsed = [(_split_named(source), backends) for source, backends in entries]
-    tokenizer = args.tokenizer or next((s for (_, s), _ in parsed if not is_whisper_cpp_file(s)), None)
+    parsed = [(label, resolve_source(text), backends)  # each source resolved once, for every question below
+              for (label, text), backends in ((_split_named(source), backends) for source, backends in entries)]
+    tokenizer = args.tokenizer or next((f.text for _, f, _ in parsed if f.kind is not SourceKind.WHISPER_CPP), None)
     specs = []
-    for (label, source), backends in parsed:
-        if not source.startswith("packaged:") and ("/" in source or source.endswith(".bin")) and \
-                not Path(source).expanduser().exists():
-            raise UserError(f"--model {source}: no such file or directory")
+    for label, found, backends in parsed:
+        if _not_here(found):
+            raise UserError(f"--model {found.text}: no such file or directory")
         chosen = backends[0] if backends else default
-        backend = infer_runtime(source) if chosen == "auto" else chosen
-        specs.append(ModelSpec(label or default_label(source), source, backend, tokenizer))
+        backend = infer_runtime(found) if chosen == "auto" else chosen
+        specs.append(ModelSpec(label or default_label(found), found.text, backend, tokenizer))
     keys = [s.key for s in specs]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
         raise UserError(f"two models share a label and backend: {', '.join(duplicates)}; label them LABEL=SOURCE")
     return specs
+
+
+def _not_here(found: ModelSource) -> bool:
+    """A source eval cannot run: a path that names nothing, or a name not on this disk that reads like one (a '/' or
+    a .bin ending: a mistyped path is said to be missing here, not looked up on the Hub after the other models ran)."""
+    if found.kind is SourceKind.MISSING:
+        return True
+    return found.kind is SourceKind.HUB and ("/" in found.text or found.text.endswith(".bin"))
 
 
 def dataset_name(source: str, given: str | None) -> str:

@@ -39,13 +39,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _is_whisper(args: argparse.Namespace) -> bool:
-    """Whether the export's source is a Whisper model (a checkpoint's saved config, or --model's kind)."""
-    from tarq_deploy.formats.crispasr_whisper import checkpoint_model_type
-
+    """Whether the export's source is a Whisper model (a checkpoint's saved config, or --model's kind); a checkpoint
+    that cannot be read is not (the exporter then reports what is wrong with it)."""
+    from ..model_source import SourceKind, resolve_source
     from ..models.registry import is_whisper_source
 
     if args.checkpoint is not None:
-        return checkpoint_model_type(args.checkpoint) == "whisper"
+        found = resolve_source(args.checkpoint)
+        return found.kind is SourceKind.CHECKPOINT and found.model_type == "whisper"
     return args.model is not None and is_whisper_source(args.model)
 
 

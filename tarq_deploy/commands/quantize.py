@@ -8,6 +8,7 @@ from typing import Sequence
 
 from ..data.corpus import POOLS
 from ..errors import UserError
+from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
 from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
                              GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
 
@@ -200,14 +201,14 @@ def run(args: argparse.Namespace) -> int:
     out, work, log_path = checked_outputs(args.out, model_inputs(args))
     # One run at a time into OUT: a second one would share OUT.partial's blocks and replace OUT under the first.
     with exclusive_writer(lock_path(work), "--out", out):
-        check_model_source(args.model)
+        source = check_model_source(args.model)
         utterances = []
         if options.method not in DATA_FREE_METHODS:
             utterances = load_corpus(args.calib)
             if not utterances:
                 raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot "
                                 f"calibrate from nothing (use --method rtn for data-free rounding)")
-        backbone = load_checked_backbone(args, options)
+        backbone = load_checked_backbone(args, options, source)
         checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
         save_checkpoint(checkpoint, out)
         write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
@@ -289,40 +290,42 @@ def checked_outputs(out_arg: str, inputs: Sequence[tuple[str, str | None]] = ())
     return out, work, check_output_file("--out", log)
 
 
-def check_model_source(source: str) -> None:
-    """A packaged name that exists, a local path that exists and holds a supported model type, or a hub id."""
-    from ..models.loader import LOCAL_PATH_PREFIXES
-    from ..models.packaged import PACKAGED_MODELS, PACKAGED_PREFIX
+def check_model_source(source: str) -> ModelSource:
+    """A packaged name that exists, a local path that exists and holds a supported model type, or a hub id; resolved
+    once, for the loading that follows."""
+    from ..models.packaged import PACKAGED_MODELS
 
-    if source.startswith(PACKAGED_PREFIX):
-        if source.removeprefix(PACKAGED_PREFIX) not in PACKAGED_MODELS:
+    found = resolve_source(source)
+    if found.kind is SourceKind.PACKAGED:
+        if found.packaged_name not in PACKAGED_MODELS:
             known = ", ".join(PACKAGED_PREFIX + name for name in PACKAGED_MODELS)
             raise UserError(f"--model {source}: unknown packaged model; available: {known}")
-        return
-    path = Path(source).expanduser()
-    if source.startswith(LOCAL_PATH_PREFIXES) or path.exists():
-        if not path.exists():
-            raise UserError(f"--model {source}: no such file or directory")
+        return found
+    if found.kind is SourceKind.MISSING:
+        raise UserError(f"--model {source}: no such file or directory")
+    if found.on_disk:
         from ..models.registry import model_type
 
         try:
-            kind = model_type(source)
+            kind = model_type(found)
         except ValueError as e:
             raise UserError(f"--model {e}") from None
         if kind not in SUPPORTED_MODEL_TYPES:
             raise UserError(f"--model {source}: model type {kind!r} is not supported "
                             f"({', '.join(SUPPORTED_MODEL_TYPES)})")
+    return found
 
 
-def load_checked_backbone(args: argparse.Namespace, options):
-    """The backbone adapter, refused with the tensor's name when a weight is not finite or a Linear's width does not
-    fit the group size."""
+def load_checked_backbone(args: argparse.Namespace, options, source: ModelSource | None = None):
+    """The backbone adapter of ``source`` (--model, resolved by check_model_source), refused with the tensor's name
+    when a weight is not finite or a Linear's width does not fit the group size."""
     from ..errors import nonfinite_problem
     from ..models.packaged import PackagedModelError
     from ..models.registry import load_backbone
 
     try:
-        backbone = load_backbone(args.model, options.device, options.head_identity_weight, args.quantize_audio_tower)
+        backbone = load_backbone(args.model if source is None else source, options.device,
+                                 options.head_identity_weight, args.quantize_audio_tower)
     except (ValueError, OSError, PackagedModelError) as e:
         raise UserError(f"--model {args.model}: cannot load it ({e})") from None
     for name, tensor in backbone.model.state_dict().items():

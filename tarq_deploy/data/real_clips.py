@@ -20,7 +20,6 @@ Everything fetched lands in ``clips_cache_dir()``: ``$TARQ_DEPLOY_CACHE/clips`` 
 """
 from __future__ import annotations
 
-import hashlib
 import html.parser
 import io
 import os
@@ -35,9 +34,10 @@ import urllib.request
 import wave
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from ..fileio import atomic_file, write_bytes_atomic
+from ..hashing import chunks_sha256
 
 SAMPLE_RATE = 16_000
 
@@ -253,18 +253,21 @@ def download_distribution(project: str, filename: str, dest_dir: Path, sources: 
     url, _, fragment = link.partition("#")
     expected = dict(p.split("=", 1) for p in fragment.split("&") if "=" in p).get("sha256")
     dest_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
     with atomic_file(target) as out:  # an error inside removes the partial file
         try:
             with _open_url(url) as response:
-                for chunk in iter(lambda: response.read(1 << 20), b""):
-                    digest.update(chunk)
-                    out.write(chunk)
+                sha256 = chunks_sha256(_written(response, out))  # hashed as it is written: one pass
         except OSError as error:
             raise RealClipError(f"could not download {filename} from {url}: {error}") from error
-        if expected and digest.hexdigest() != expected.lower():
-            raise RealClipError(f"sha256 mismatch for {url}: got {digest.hexdigest()}, index says {expected}")
+        if expected and sha256 != expected.lower():
+            raise RealClipError(f"sha256 mismatch for {url}: got {sha256}, index says {expected}")
     return target
+
+
+def _written(response: Any, out: BinaryIO) -> Iterator[bytes]:
+    for chunk in iter(lambda: response.read(1 << 20), b""):
+        out.write(chunk)
+        yield chunk
 
 
 # ------------------------------------------------------------------------------------- safe archive extraction

@@ -24,7 +24,6 @@ voice, round-robin within each split, so a corpus has every voice in equal share
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import os
 import re
@@ -41,6 +40,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
+from ..hashing import sha256_hex
 from .corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, to_mono_16k, write_manifest
 from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, zipf
 
@@ -424,7 +424,7 @@ class Planned:
     @property
     def file_name(self) -> str:
         """Named by voice, engine and text alone, so a re-planned corpus reuses every recording it still needs."""
-        digest = hashlib.sha256(f"{VOICES[self.voice].engine}\n{self.voice}\n{self.sentence.text}".encode()).hexdigest()
+        digest = sha256_hex(f"{VOICES[self.voice].engine}\n{self.voice}\n{self.sentence.text}".encode())
         return f"audio/{self.voice}-{digest[:16]}.wav"
 
 

@@ -3,7 +3,6 @@ decoded hypotheses, teacher-forced figures and near-tie margins. Each cache is v
 settings that made it (its identity); anything else is started over."""
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -11,6 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import write_text_atomic
+from ..hashing import file_sha256, sha1_hex
+from ..model_source import CHECKPOINT_MANIFEST, SourceKind, resolve_source
 from ..runtimes.base import DecodeOptions, ModelSpec
 from ..runtimes.whisper_cpp import WHISPER_CPP_PARAMS
 from .dataset import Dataset
@@ -19,21 +20,16 @@ from .dataset import Dataset
 def source_fingerprint(source: str) -> str:
     """Identifies a model's bytes: a file's sha256 (so re-exporting identical bytes keeps the cache, and changed bytes
     never reuse it), a checkpoint's manifest (it holds the sha256 of every file), or the name itself."""
-    path = Path(source).expanduser()
-    if path.is_file():
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 24), b""):
-                digest.update(chunk)
-        return f"sha256:{digest.hexdigest()}"
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        return f"{path.resolve()}:{hashlib.sha256(manifest.read_bytes()).hexdigest()}"
+    found = resolve_source(source)
+    if found.on_disk and found.path.is_file():
+        return f"sha256:{file_sha256(found.path)}"
+    if found.kind is SourceKind.CHECKPOINT:
+        return f"{found.path.resolve()}:{file_sha256(found.path / CHECKPOINT_MANIFEST)}"
     return source
 
 
 def audio_digest(audio: np.ndarray) -> str:
-    return hashlib.sha1(np.ascontiguousarray(audio, dtype="<f4").tobytes()).hexdigest()
+    return sha1_hex(np.ascontiguousarray(audio, dtype="<f4").tobytes())
 
 
 def file_stem(text: str) -> str:
@@ -120,7 +116,7 @@ class MarginCache:
 
     @staticmethod
     def key(dataset: str, utterance_id: str, audio: str, text: str) -> str:
-        return f"{dataset}/{utterance_id}/{audio}/{hashlib.sha1(text.encode()).hexdigest()}"
+        return f"{dataset}/{utterance_id}/{audio}/{sha1_hex(text.encode())}"
 
     def save(self) -> None:
         write_text_atomic(self.path, json.dumps({"model": self.identity, "entries": self.entries}) + "\n")

@@ -2,11 +2,10 @@
 cache: the models are loaded in PyTorch only when some dataset has a figure missing."""
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from ..errors import UserError
+from ..hashing import json_fingerprint, sha256_hex
 from ..runtimes.base import ModelSpec
 from ..runtimes.torch_whisper import load_torch_bundle
 from .cache import FigureCache, audio_digest, source_fingerprint
@@ -60,5 +59,5 @@ def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], refe
 def dataset_keys(d: Dataset) -> list[str]:
     """One key per utterance: the dataset's name and every utterance's (id, audio, text), then the utterance's id."""
     items = [(u.id, audio_digest(a), u.text) for u, a in zip(d.utterances, d.audio)]
-    whole = hashlib.sha256(json.dumps([d.name, items]).encode()).hexdigest()
-    return [hashlib.sha256(f"{whole}:{u_id}".encode()).hexdigest() for u_id, _, _ in items]
+    whole = json_fingerprint([d.name, items], ensure_ascii=True)  # lists only: sorting keys changes nothing
+    return [sha256_hex(f"{whole}:{u_id}".encode()) for u_id, _, _ in items]

@@ -16,13 +16,7 @@ per-tensor mixes in CrispASR are for its GGUF backends (Qwen3-ASR: formats/crisp
 """
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
-
-from tarq_deploy.checkpoint import MODEL_FILES_DIR
-from tarq_deploy.errors import JSON_ERRORS
 
 from .ggml_blocks import GGML_TYPE_NAMES, type_for_spec
 from .whisper_cpp import WhisperCppModel, WhisperExportError, WhisperSource, as_source, build_whisper_cpp, default_target
@@ -61,13 +55,3 @@ def build_crispasr_whisper(source: Any, target: str | None = None, baseline: str
         raise
     target = target or default_target(whisper, baseline)
     return build_whisper_cpp(whisper, target, baseline, progress), target
-
-
-def checkpoint_model_type(checkpoint: str | os.PathLike) -> str | None:
-    """The model_type of a checkpoint directory's saved config (model/config.json), None when it cannot be read (the
-    exporter then reports what is wrong with the checkpoint)."""
-    try:
-        config = json.loads((Path(checkpoint) / MODEL_FILES_DIR / "config.json").read_text())
-    except (OSError, *JSON_ERRORS):
-        return None
-    return config.get("model_type") if isinstance(config, dict) else None

@@ -144,14 +144,6 @@ class GGUFFile(MappedTensors):
         return value
 
 
-def is_gguf_file(path: str | os.PathLike) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC_BYTES
-    except OSError:
-        return False
-
-
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Parse ``path`` strictly (any truncation, unknown type or misplaced tensor raises GGUFFileError)."""
     path = Path(path)

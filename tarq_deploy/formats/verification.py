@@ -7,11 +7,12 @@ import os
 from dataclasses import dataclass
 
 from tarq_deploy.checkpoint import CheckpointError, LatticeCheckpoint
+from tarq_deploy.model_source import SourceKind, resolve_source
 
 from .ggml_blocks import GGML_TYPE_NAMES, LatticeNotRepresentable
 from .ggml_file import read_whisper_cpp
 from .ggml_tensors import TensorFileError, VerifyError
-from .gguf_file import is_gguf_file, read_gguf
+from .gguf_file import read_gguf
 from .model_files import ModelFilesError
 from .qwen3_asr_targets import verify_gguf
 from .whisper_cpp import verify as verify_whisper_cpp
@@ -42,7 +43,7 @@ class Verification:
 def verify_model_file(model_file: str | os.PathLike,
                       checkpoint: str | os.PathLike | LatticeCheckpoint) -> Verification:
     """Decode every array of ``model_file`` and compare it with ``checkpoint``'s exact values."""
-    if is_gguf_file(model_file):
+    if resolve_source(model_file).kind is SourceKind.GGUF:  # else the whisper.cpp reader names what it is
         diffs = verify_gguf(model_file, checkpoint)
         tensors = read_gguf(model_file).tensors
     else:

@@ -37,16 +37,17 @@ from transformers import (
 )
 
 from tarq_deploy.fileio import atomic_directory
+from tarq_deploy.model_source import CONFIG_JSON, CT2_BINARY_VERSION, CT2_MODEL_BIN
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------
 
-MODEL_BIN_NAME = "model.bin"
-CONFIG_JSON_NAME = "config.json"
+MODEL_BIN_NAME = CT2_MODEL_BIN
+CONFIG_JSON_NAME = CONFIG_JSON
 TOKENIZER_JSON_NAME = "tokenizer.json"
 
-SUPPORTED_BINARY_VERSION = 6
+SUPPORTED_BINARY_VERSION = CT2_BINARY_VERSION  # what tarq_deploy.model_source recognises, this reads
 WHISPER_SPEC_NAME = "WhisperSpec"
 SUPPORTED_WHISPER_REVISION = 3
 
@@ -238,19 +239,6 @@ def _read_aliases(cursor: _ByteCursor) -> dict[str, str]:
         alias = cursor.string("alias name")
         aliases[alias] = cursor.string(f"target of alias {alias}")
     return aliases
-
-
-def is_ct2_directory(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a directory whose ``model.bin`` starts with a CTranslate2 header."""
-    model_bin = Path(path) / MODEL_BIN_NAME
-    if not model_bin.is_file():
-        return False
-    with model_bin.open("rb") as handle:
-        header = handle.read(6)
-    if len(header) < 6:
-        return False
-    version, name_length = struct.unpack("<IH", header)
-    return 1 <= version <= SUPPORTED_BINARY_VERSION and name_length > 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

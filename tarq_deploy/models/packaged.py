@@ -16,26 +16,28 @@ hard-coded site-packages paths, and no package code is imported.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..fileio import replace_directory
+from ..hashing import chunks_sha256, file_chunks
+from ..model_source import CT2_MODEL_BIN, PACKAGED_PREFIX, packaged_name
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------
 
-PACKAGED_PREFIX = "packaged:"
 PIP_EXTRA = "tarq-deploy[models]"
 CACHE_ENV = "TARQ_DEPLOY_CACHE"
 DEFAULT_CACHE_ROOT = Path("~/.cache/tarq-deploy")
 PACKAGED_CACHE_SUBDIR = "packaged"
-MODEL_BIN_NAME = "model.bin"
+MODEL_BIN_NAME = CT2_MODEL_BIN
 COPY_CHUNK_BYTES = 8 << 20
 
 
@@ -138,7 +140,7 @@ def locate_package_file(model: PackagedModel, package_file: PackageFile) -> Path
 
 
 def _lookup(name: str) -> PackagedModel:
-    key = name.removeprefix(PACKAGED_PREFIX)
+    key = packaged_name(name)
     if key not in PACKAGED_MODELS:
         raise PackagedModelError(f"unknown packaged model {name!r}; available: "
                                  f"{', '.join(PACKAGED_PREFIX + known for known in PACKAGED_MODELS)}")
@@ -151,17 +153,17 @@ def _lookup(name: str) -> PackagedModel:
 
 
 def _concatenate(parts: list[Path], destination: Path) -> tuple[int, str]:
-    """Write the parts one after another into ``destination``; return (size, sha256 hex)."""
-    digest = hashlib.sha256()
-    size = 0
+    """Write the parts one after another into ``destination``; return (size, sha256 hex), hashed as written."""
     with destination.open("wb") as output:
-        for part in parts:
-            with part.open("rb") as source:
-                while chunk := source.read(COPY_CHUNK_BYTES):
-                    output.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-    return size, digest.hexdigest()
+        sha256 = chunks_sha256(_copied(parts, output))
+        return output.tell(), sha256
+
+
+def _copied(parts: list[Path], output: BinaryIO) -> Iterator[bytes]:
+    for part in parts:
+        for chunk in file_chunks(part, COPY_CHUNK_BYTES):
+            output.write(chunk)
+            yield chunk
 
 
 def _check_model_bin(model: PackagedModel, size: int, sha256: str | None, where: Path) -> None:

@@ -47,7 +47,6 @@ tagged ``none``: audio-path Linears get the plain metric (TARQ falls back to GPT
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -365,26 +364,6 @@ def qwen3_asr_checkpoint(backbone: Qwen3ASRBackbone, lattice: dict[str, Quantize
     lm_head lattice (or, with an untouched head, lm_head as an alias of the embedding), and the model files."""
     files = saved_files(backbone.model.config, backbone.model.generation_config, backbone.processor)
     return checkpoint_from_model(backbone.model, lattice, spec, metadata, files)
-
-
-def is_qwen3_asr_directory(path: str | Path) -> bool:
-    """A transformers directory whose config.json says model_type "qwen3_asr"."""
-    config = Path(path).expanduser() / "config.json"
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("model_type") == ARCHITECTURE
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def is_qwen3_asr_checkpoint(path: str | Path) -> bool:
-    """A lattice checkpoint directory whose source model is a Qwen3-ASR."""
-    from ..checkpoint import CheckpointError, read_manifest
-
-    try:
-        manifest = read_manifest(Path(path).expanduser())
-    except (CheckpointError, OSError):
-        return False
-    return manifest.get("source_model", {}).get("architecture") == ARCHITECTURE
 
 
 def load_qwen3_asr(directory: str | Path, dtype: torch.dtype = torch.float32

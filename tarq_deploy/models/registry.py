@@ -3,24 +3,20 @@ transformers directory whose config says ``voxtral``)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from ..model_source import ModelSource, resolve_source
 from .loader import load_whisper
 
 
-def model_type(source: str) -> str:
-    """The config's model_type for a local transformers directory; "whisper" for every other source."""
-    config = Path(source).expanduser() / "config.json"
-    if config.is_file():
-        try:
-            return str(json.loads(config.read_text()).get("model_type", "whisper"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{config}: not valid JSON") from None
-    return "voxtral" if "voxtral" in source.lower() else "whisper"
+def model_type(source: str | ModelSource) -> str:
+    """The model type a backbone is picked by (ModelSource.assumed_model_type); ValueError naming a config.json that
+    is not JSON."""
+    found = resolve_source(source)
+    if found.config_error is not None:
+        raise ValueError(found.config_error)
+    return found.assumed_model_type
 
 
-def is_whisper_source(source: str) -> bool:
+def is_whisper_source(source: str | ModelSource) -> bool:
     """Whether ``source`` is a Whisper model by model_type; a config.json that is not JSON counts as not Whisper (the
     command that loads it names the problem)."""
     try:
@@ -29,25 +25,26 @@ def is_whisper_source(source: str) -> bool:
         return False
 
 
-def load_backbone(source: str, device: str = "cpu", head_identity_weight: float = 1.0,
+def load_backbone(source: str | ModelSource, device: str = "cpu", head_identity_weight: float = 1.0,
                   quantize_audio_tower: bool = False):
-    kind = model_type(source)
+    found = resolve_source(source)
+    kind, text = model_type(found), found.text
     if kind == "voxtral":
         import torch
         from transformers import VoxtralForConditionalGeneration, VoxtralProcessor
 
         from .voxtral import VoxtralBackbone
 
-        model = VoxtralForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
-        processor = VoxtralProcessor.from_pretrained(source, mistral_format=False)
+        model = VoxtralForConditionalGeneration.from_pretrained(text, dtype=torch.float32)
+        processor = VoxtralProcessor.from_pretrained(text, mistral_format=False)
         return VoxtralBackbone(model, processor, device, quantize_audio_tower=quantize_audio_tower)
     if kind == "qwen3_asr":
         from .qwen3_asr import load_qwen3_asr_backbone
 
-        return load_qwen3_asr_backbone(source, device, head_identity_weight)
+        return load_qwen3_asr_backbone(text, device, head_identity_weight)
     if kind != "whisper":
-        raise ValueError(f"{source}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
+        raise ValueError(f"{text}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
     from .whisper import WhisperBackbone
 
-    model, processor, generation_config = load_whisper(source)
+    model, processor, generation_config = load_whisper(found)
     return WhisperBackbone(model, processor, generation_config, device, head_identity_weight)

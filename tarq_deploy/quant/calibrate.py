@@ -22,7 +22,6 @@ a window's hidden states into, through and out of them; see ``Stage``.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ from tqdm.auto import tqdm
 
 from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
+from ..hashing import json_fingerprint, sha256_hex
 from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 from .recipe import TypeRecipe
 from .stats import LayerStats
@@ -199,7 +199,7 @@ class WorkDir:
         data = save(tensors)
         write_bytes_atomic(self.block_file(index), data)
         earlier = self.block_sha256[:index]
-        self.block_sha256 = [*earlier, *[""] * (index - len(earlier)), hashlib.sha256(data).hexdigest()]
+        self.block_sha256 = [*earlier, *[""] * (index - len(earlier)), sha256_hex(data)]
         progress = {"fingerprint": self.fingerprint, "finished_blocks": index + 1, "records": records,
                     "block_sha256": self.block_sha256}
         write_json_atomic(self.progress_file, progress, indent=1)
@@ -214,7 +214,7 @@ class WorkDir:
         except OSError as e:
             raise WorkDirError(f"{path}: unreadable ({e.strerror or e})") from None
         recorded = self.block_sha256[index] if index < len(self.block_sha256) else ""  # "": saved without one
-        if recorded and hashlib.sha256(data).hexdigest() != recorded:
+        if recorded and sha256_hex(data) != recorded:
             raise WorkDirError(f"{path}: content does not match its sha256 in {self.progress_file.name} (corrupted)")
         try:
             raw = load(data)
@@ -249,7 +249,7 @@ class WorkDir:
 
 def fingerprint(*parts: Any) -> str:
     """A stable hash of everything that determines the result (model, corpus, method, lattice, seed)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return json_fingerprint(parts, ensure_ascii=True, default=str)  # the options work folders were keyed with
 
 
 # ------------------------------------------------------------------------------------------------------------ driver

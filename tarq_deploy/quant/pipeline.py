@@ -7,7 +7,6 @@ checkpoint bytes (timings go to a separate log, never into the checkpoint).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -20,6 +19,7 @@ from ..checkpoint import LatticeCheckpoint
 from ..data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import require_finite
+from ..hashing import chunks_sha256
 from ..machine import machine_record
 from ..models.common import TextAudio
 from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
@@ -84,12 +84,14 @@ class QuantizeOptions:
 
 def state_sha256(model: torch.nn.Module) -> str:
     """Hash of the model's tensors (names, dtypes, shapes, bytes): identifies the source whatever its file format."""
-    digest = hashlib.sha256()
+    return chunks_sha256(_tensor_chunks(model))
+
+
+def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes]:
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
+        yield f"{name}:{t.dtype}:{tuple(t.shape)}".encode()
+        yield t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def select_calibration(utterances: list[Utterance], options: QuantizeOptions) -> list[Utterance]:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..model_source import ModelSource
+
 SAMPLE_RATE = 16_000  # every runtime here takes 16 kHz mono float32
 
 
@@ -82,7 +84,7 @@ class RuntimeAdapter:
 
     name: str
     description: str
-    claims: Callable[[str], bool]
+    claims: Callable[[str | ModelSource], bool]  # given a resolved source (tarq_deploy.model_source), or its text
     open: Callable[[ModelSpec, DecodeOptions], Transcriber]
     info: Callable[[], dict]
     bench: BenchRuntime | None = None

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..model_source import ModelSource
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
 from .sources import checked_gguf, checked_whisper_cpp, is_gguf_of_arch, is_whisper_cpp_file
@@ -44,7 +45,7 @@ CRISPASR_DECODE = {"language": LANGUAGE, "temperature": 0.0, "frequency_penalty"
                    **WHISPER_DECODE}
 
 
-def is_crispasr_file(source: str) -> bool:
+def is_crispasr_file(source: str | ModelSource) -> bool:
     """A Qwen3-ASR GGUF in CrispASR's flavour (the architecture key decides; a broken file is not claimed)."""
     return is_gguf_of_arch(source, ARCH)
 

@@ -14,7 +14,6 @@ child's, not the runtime's.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import resource
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..hashing import file_sha256
+from ..model_source import ModelSource
 from .base import SAMPLE_RATE, BackendError, BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .sources import checked_gguf, is_gguf_of_arch
 
@@ -43,7 +44,7 @@ _TOTAL = re.compile(r"Total:\s+(\d+) ms")
 _TOKENS = re.compile(r"Tokens \((\d+)\):")
 
 
-def is_qwen3_asr_cpp_file(source: str) -> bool:
+def is_qwen3_asr_cpp_file(source: str | ModelSource) -> bool:
     return is_gguf_of_arch(source, ARCH)
 
 
@@ -68,7 +69,7 @@ def qwen3_asr_cpp_binary() -> Path:
 
 
 def binary_info(binary: Path) -> dict:
-    return {"binary": str(binary), "sha256": hashlib.sha256(binary.read_bytes()).hexdigest()}
+    return {"binary": str(binary), "sha256": file_sha256(binary)}
 
 
 def qwen3_asr_cpp_info() -> dict:

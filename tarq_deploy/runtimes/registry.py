@@ -8,9 +8,9 @@ it (Qwen3-ASR directories and checkpoints look like any other model directory to
 from __future__ import annotations
 
 from ..errors import UserError
+from ..model_source import ModelSource, SourceKind, resolve_source
 from . import crispasr, qwen3_asr_cpp, torch_qwen3_asr, torch_whisper, whisper_cpp
 from .base import BenchRuntime, DecodeOptions, ModelSpec, RuntimeAdapter, Transcriber
-from .sources import is_gguf_file
 
 ADAPTERS: tuple[RuntimeAdapter, ...] = (torch_whisper.ADAPTER, whisper_cpp.ADAPTER, crispasr.ADAPTER,
                                         torch_qwen3_asr.ADAPTER, qwen3_asr_cpp.ADAPTER)
@@ -22,14 +22,15 @@ def runtime_names() -> str:
     return ", ".join(BY_NAME)
 
 
-def infer_runtime(source: str) -> str:
+def infer_runtime(source: str | ModelSource) -> str:
     """The runtime a source runs on by default: the first that claims it, else the fallback -- except for a GGUF
-    file, which the fallback cannot read: one that no runtime claims is an error."""
+    file, which the fallback cannot read: one that no runtime claims is an error. Resolved once, for every claim."""
+    found = resolve_source(source)
     for adapter in ADAPTERS:
-        if adapter.name != FALLBACK and adapter.claims(source):
+        if adapter.name != FALLBACK and adapter.claims(found):
             return adapter.name
-    if is_gguf_file(source):
-        raise UserError(f"{source}: a GGUF file of an architecture no runtime here runs (available: {runtime_names()})")
+    if found.kind is SourceKind.GGUF:
+        raise UserError(f"{found.text}: a GGUF file of an architecture no runtime here runs (available: {runtime_names()})")
     return FALLBACK
 
 

@@ -1,41 +1,30 @@
-"""What kind of model a source is, told from the file's first bytes or the directory's markers; the adapters' ``claims``
-build on these, and ``checked_gguf`` gates every GGUF runtime (a runtime must never see a file our parser rejects)."""
+"""The runtimes' questions about a model source: what it is comes from tarq_deploy.model_source (resolve_source), and the
+gates here parse a file strictly before a runtime may see it (``checked_gguf`` for every GGUF runtime,
+``checked_whisper_cpp`` for every .bin runtime): a runtime must never see a file our parser rejects."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import UserError
+from ..model_source import ModelSource, SourceKind, resolve_source
 from .base import ModelSpec
 
-GGML_MAGIC = b"lmgg"  # 0x67676d6c little-endian: the legacy whisper.cpp file
-GGUF_MAGIC = b"GGUF"
-CHECKPOINT_MARKERS = ("manifest.json", "lattice.safetensors")
+
+def is_whisper_cpp_file(source: str | os.PathLike | ModelSource) -> bool:
+    return resolve_source(source).kind is SourceKind.WHISPER_CPP
 
 
-def file_magic(source: str) -> bytes:
-    path = Path(source).expanduser()
-    if not path.is_file():
-        return b""
-    with open(path, "rb") as f:
-        return f.read(4)
-
-
-def is_whisper_cpp_file(source: str) -> bool:
-    return file_magic(source) == GGML_MAGIC
-
-
-def is_gguf_file(source: str) -> bool:
-    return file_magic(source) == GGUF_MAGIC
-
-
-def is_gguf_of_arch(source: str, arch: str) -> bool:
-    """A GGUF file whose general.architecture is ``arch`` (a file our reader rejects is not claimed)."""
-    if not is_gguf_file(source):
+def is_gguf_of_arch(source: str | os.PathLike | ModelSource, arch: str) -> bool:
+    """A GGUF file whose general.architecture is ``arch`` and which our strict reader accepts (a file it rejects is
+    claimed by no runtime)."""
+    found = resolve_source(source)
+    if found.kind is not SourceKind.GGUF or found.architecture != arch:
         return False
     from tarq_deploy.formats.gguf_file import GGUFFileError, read_gguf
 
     try:
-        return read_gguf(Path(source).expanduser()).arch == arch
+        return read_gguf(found.path).arch == arch
     except GGUFFileError:
         return False
 
@@ -67,8 +56,3 @@ def checked_whisper_cpp(spec: ModelSpec) -> Path:
     except GGMLFileError as error:
         raise UserError(f"model {spec.label!r}: {error}") from None
     return path.resolve()
-
-
-def is_lattice_checkpoint(source: str) -> bool:
-    path = Path(source).expanduser()
-    return path.is_dir() and all((path / marker).is_file() for marker in CHECKPOINT_MARKERS)

@@ -8,18 +8,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..model_source import ModelSource, SourceKind, resolve_source
 from .base import DecodeOptions, ModelSpec, RuntimeAdapter, torch_stack_info
 
 if TYPE_CHECKING:
     import numpy as np
 
 NAME = "qwen3-asr-torch"
+QWEN3_ASR_TYPE = "qwen3_asr"  # the model_type of its config.json (models.qwen3_asr.ARCHITECTURE, not imported: torch)
 
 
-def is_qwen3_asr_source(source: str) -> bool:
-    from ..models.qwen3_asr import is_qwen3_asr_checkpoint, is_qwen3_asr_directory
-
-    return is_qwen3_asr_checkpoint(source) or is_qwen3_asr_directory(source)
+def is_qwen3_asr_source(source: str | ModelSource) -> bool:
+    """A Qwen3-ASR transformers folder or lattice checkpoint (by the model_type its config says)."""
+    found = resolve_source(source)
+    return found.kind in (SourceKind.TRANSFORMERS, SourceKind.CHECKPOINT) and found.model_type == QWEN3_ASR_TYPE
 
 
 class Qwen3ASRTorchTranscriber:
@@ -47,11 +49,11 @@ class Qwen3ASRTorchTranscriber:
 
 
 def open_torch_qwen3_asr(spec: ModelSpec, options: DecodeOptions) -> Qwen3ASRTorchTranscriber:
-    from ..models.qwen3_asr import is_qwen3_asr_checkpoint, load_dequantized_qwen3_asr, load_qwen3_asr
+    from ..models.qwen3_asr import load_dequantized_qwen3_asr, load_qwen3_asr
 
     source = spec.source
     try:
-        if is_qwen3_asr_checkpoint(source):
+        if resolve_source(source).kind is SourceKind.CHECKPOINT:
             return Qwen3ASRTorchTranscriber(*load_dequantized_qwen3_asr(source), options,
                                             {"loaded_as": "Qwen3-ASR lattice checkpoint, dequantized (s * q)"})
         return Qwen3ASRTorchTranscriber(*load_qwen3_asr(source), options, {"loaded_as": "Qwen3-ASR float model"})

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..model_source import ModelSource, SourceKind, resolve_source
 from .base import SAMPLE_RATE, DecodeOptions, ModelSpec, RuntimeAdapter, torch_stack_info
-from .sources import is_lattice_checkpoint, is_whisper_cpp_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,26 +99,30 @@ def _quiet_transformers() -> None:
 
 
 def open_torch(spec: ModelSpec, options: DecodeOptions) -> TorchTranscriber:
-    bundle, loaded_as = load_torch_bundle(spec)
-    origin = {"loaded_as": loaded_as, **({"tokenizer": spec.tokenizer} if is_whisper_cpp_file(spec.source) else {})}
+    found = resolve_source(spec.source)
+    bundle, loaded_as = load_torch_bundle(spec, found)
+    whisper_cpp = found.kind is SourceKind.WHISPER_CPP
+    origin = {"loaded_as": loaded_as, **({"tokenizer": spec.tokenizer} if whisper_cpp else {})}
     return TorchTranscriber(bundle, options, origin)
 
 
-def load_torch_bundle(spec: ModelSpec) -> tuple[tuple, str]:
+def load_torch_bundle(spec: ModelSpec, found: ModelSource | None = None) -> tuple[tuple, str]:
     """(model, processor, generation_config) of any source this runtime takes, and how it was loaded: a lattice
-    checkpoint (s * q exactly), a whisper.cpp file (dequantized by gguf-py) or a float model."""
+    checkpoint (s * q exactly), a whisper.cpp file (dequantized by gguf-py) or a float model. ``found``: the spec's
+    source, when the caller has resolved it already."""
     _quiet_transformers()
     source = spec.source
+    found = resolve_source(source if found is None else found)
     try:
-        if is_lattice_checkpoint(source):
+        if found.kind is SourceKind.CHECKPOINT:
             from ..models.from_checkpoint import load_dequantized_whisper
 
             return load_dequantized_whisper(source), "lattice checkpoint, dequantized (s * q)"
-        if is_whisper_cpp_file(source):
+        if found.kind is SourceKind.WHISPER_CPP:
             return load_whisper_cpp_in_torch(source, spec.tokenizer), "whisper.cpp file, dequantized"
         from ..models.loader import load_whisper
 
-        return load_whisper(source), "float model"
+        return load_whisper(found), "float model"
     except (ValueError, OSError) as error:
         raise UserError(f"model {spec.label!r} ({source}): cannot load it for the torch backend: {error}") from None
 
@@ -153,13 +157,14 @@ def load_whisper_cpp_in_torch(path: str, companion: str | None):
 
 
 def _load_companion(source: str):
-    if is_lattice_checkpoint(source):
+    found = resolve_source(source)
+    if found.kind is SourceKind.CHECKPOINT:
         from ..models.from_checkpoint import load_dequantized_whisper
 
         return load_dequantized_whisper(source)
     from ..models.loader import load_whisper
 
-    return load_whisper(source)
+    return load_whisper(found)
 
 
 def _hparams_of(config, weight_type: int):
@@ -168,7 +173,7 @@ def _hparams_of(config, weight_type: int):
     return WhisperHParams.from_config(config.to_dict(), weight_type)
 
 
-def _claims_everything(source: str) -> bool:
+def _claims_everything(source: str | ModelSource) -> bool:
     return True  # the fallback: inference asks the other runtimes first
 
 
