@@ -173,3 +173,19 @@ def test_no_generic_top_level_module_is_importable(name: str, tmp_path: Path) ->
     import sys
     code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({name!r}) is None else 1)"
     assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0
+
+
+def test_the_argparse_namespace_stays_in_the_command_line_layer():
+    """Below the CLI, options travel as typed dataclasses (QuantizeOptions, DecodeOptions, ReportOptions, ...): no
+    module outside cli.py, commands/ and the benchmarks' own command lines takes or builds an argparse Namespace."""
+    command_lines = ("tarq_deploy.cli", "tarq_deploy.commands", "tarq_deploy.bench")
+    offenders = []
+    for module, path in MODULES.items():
+        if module.startswith(command_lines):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "Namespace":
+                offenders.append(f"{module}:{node.lineno}")
+            elif isinstance(node, ast.Name) and node.id == "Namespace":
+                offenders.append(f"{module}:{node.lineno}")
+    assert not offenders, f"argparse.Namespace below the command line: {offenders}"
