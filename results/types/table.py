@@ -1,4 +1,4 @@
-"""The size / quality table and plot of issue 16, from run_types.sh's eval report and model files.
+"""The size / quality table and plot of issue 16, from the eval report of the retired run_types.sh (commit 284d6a5) and model files.
 
 Per whisper.cpp type and method: file size (MiB), WER, rare-WER and capped rare-WER (95% bootstrap intervals), the
 teacher-forced rare-token KLD against F16, and TARQ's paired differences against ggml's own rounding and imatrix
