@@ -33,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
         return _export_gpu(args)
     if args.target == CRISPASR and _is_whisper(args):
         return export_whispercpp.run_export(args, crispasr=True)  # CrispASR runs Whisper from whisper.cpp's .bin
+    if args.target == CRISPASR and _is_voxtral(args):
+        return _export_gguf(args, voxtral=True)  # CrispASR's voxtral backend (formats/crispasr_voxtral.py)
     if args.target in GGUF_TARGETS:
         return _export_gguf(args)
     return export_whispercpp.run_export(args)
@@ -48,6 +50,16 @@ def _is_whisper(args: argparse.Namespace) -> bool:
         found = resolve_source(args.checkpoint)
         return found.kind is SourceKind.CHECKPOINT and found.model_type == "whisper"
     return args.model is not None and is_whisper_source(args.model)
+
+
+def _is_voxtral(args: argparse.Namespace) -> bool:
+    """Whether the export's source is a Voxtral model (a checkpoint's saved config, or --model's kind)."""
+    from ..model_source import SourceKind, resolve_source
+
+    if args.checkpoint is not None:
+        found = resolve_source(args.checkpoint)
+        return found.kind is SourceKind.CHECKPOINT and found.model_type == "voxtral"
+    return args.model is not None and resolve_source(args.model).model_type == "voxtral"
 
 
 def _check_output(args: argparse.Namespace) -> None:
@@ -69,8 +81,10 @@ def _check_output(args: argparse.Namespace) -> None:
     probe_writable("--output", out)
 
 
-def _export_gguf(args: argparse.Namespace) -> int:
-    """Qwen3-ASR GGUF for qwen3-asr.cpp or CrispASR: a checkpoint (q4_0 / q8_0 by its lattice) or --model (f16)."""
+def _export_gguf(args: argparse.Namespace, voxtral: bool = False) -> int:
+    """Qwen3-ASR GGUF for qwen3-asr.cpp or CrispASR, or Voxtral GGUF for CrispASR: a checkpoint (its lattice's ggml
+    types) or --model (f16)."""
+    from tarq_deploy.formats.crispasr_voxtral import export_voxtral_gguf
     from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
     from tarq_deploy.formats.qwen3_asr_targets import export_qwen3_asr_gguf
     from tarq_deploy.formats.model_files import ModelFilesError
@@ -83,8 +97,8 @@ def _export_gguf(args: argparse.Namespace) -> int:
                         f"F16 float model (--model)")
     try:
         with naming_os_errors(args.output):
-            out, summary = export_qwen3_asr_gguf(args.target, args.checkpoint, args.model, args.weight_type,
-                                                 args.output)
+            export = export_voxtral_gguf if voxtral else export_qwen3_asr_gguf
+            out, summary = export(args.target, args.checkpoint, args.model, args.weight_type, args.output)
     except (ModelFilesError, LatticeNotRepresentable) as e:  # GGUFExportError is a ModelFilesError
         raise UserError(str(e)) from None
     print(f"wrote {out}: {summary}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 
-from . import crispasr, qwen3_asr_cpp
+from . import crispasr, crispasr_voxtral, qwen3_asr_cpp
 from .ggml_blocks import GGML_TYPE_NAMES
 from .gguf_file import FILE_TYPE_NAMES, GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
@@ -36,11 +36,14 @@ def export_qwen3_asr_gguf(target: str, checkpoint: str | None, model: str | None
 
 
 def verify_gguf(model_file: str | os.PathLike, checkpoint: str | os.PathLike | LatticeCheckpoint) -> dict[str, float]:
-    """Verify a Qwen3-ASR GGUF of either flavour (chosen by its general.architecture) against a checkpoint."""
+    """Verify a Qwen3-ASR GGUF of either flavour, or a CrispASR Voxtral GGUF (chosen by its general.architecture),
+    against a checkpoint."""
     arch = read_gguf(model_file).arch
+    if arch == crispasr_voxtral.ARCH:
+        return crispasr_voxtral.verify(model_file, checkpoint)
     if arch not in ARCH_TARGETS:
         raise GGUFVerifyError(f"{model_file}: architecture {arch!r} is none this tool exports "
-                              f"({', '.join(ARCH_TARGETS)})")
+                              f"({', '.join([*ARCH_TARGETS, crispasr_voxtral.ARCH])})")
     return ARCH_TARGETS[arch].verify(model_file, checkpoint)
 
 

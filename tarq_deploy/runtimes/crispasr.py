@@ -1,5 +1,6 @@
 """CrispASR (PyPI ``crispasr``, a ggml runtime called in process through ctypes) on Qwen3-ASR GGUF files of
-architecture "qwen3asr" (written by tarq_deploy/formats/crispasr.py) and on Whisper's whisper.cpp model files, which
+architecture "qwen3asr" (written by tarq_deploy/formats/crispasr.py), on Voxtral GGUF files of architecture
+"voxtral" (tarq_deploy/formats/crispasr_voxtral.py; the wheel picks its voxtral backend from the key) and on Whisper's whisper.cpp model files, which
 its whisper backend reads (it reads no Whisper GGUF: tarq_deploy/formats/crispasr_whisper.py). A .bin runs in
 whisper.cpp by default; ``--backend crispasr`` runs it here.
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 NAME = "crispasr"
 MODULE = "tarq_deploy.runtimes.crispasr"  # what worker and bench child import (there __name__ is __main__)
 ARCH = "qwen3asr"
+VOXTRAL_ARCH = "voxtral"  # Voxtral GGUF (formats/crispasr_voxtral.py), run by the wheel's voxtral backend
 WHISPER_BACKEND = "whisper"  # the crispasr backend that runs a whisper.cpp .bin
 LANGUAGE = "en"
 WORKER_FLAG = "--crispasr-worker"
@@ -46,8 +48,9 @@ CRISPASR_DECODE = {"language": LANGUAGE, "temperature": 0.0, "frequency_penalty"
 
 
 def is_crispasr_file(source: str | ModelSource) -> bool:
-    """A Qwen3-ASR GGUF in CrispASR's flavour (the architecture key decides; a broken file is not claimed)."""
-    return is_gguf_of_arch(source, ARCH)
+    """A Qwen3-ASR GGUF in CrispASR's flavour, or a CrispASR Voxtral GGUF (the architecture key decides; a broken
+    file is not claimed)."""
+    return is_gguf_of_arch(source, ARCH) or is_gguf_of_arch(source, VOXTRAL_ARCH)
 
 
 def describe_crispasr_file(path: Path) -> ModelInfo:
@@ -60,6 +63,11 @@ def describe_crispasr_file(path: Path) -> ModelInfo:
         return ModelInfo(info.backbone, info.precision, {**info.details, "crispasr_backend": WHISPER_BACKEND})
     from tarq_deploy.formats.qwen3_asr_targets import describe_qwen3_asr_gguf
 
+    if is_gguf_of_arch(str(path), VOXTRAL_ARCH):
+        from tarq_deploy.formats.crispasr_voxtral import describe_voxtral_gguf
+
+        backbone, precision, details = describe_voxtral_gguf(path)
+        return ModelInfo(backbone, precision, details)
     backbone, precision, details = describe_qwen3_asr_gguf(path, ARCH)
     return ModelInfo(backbone, precision, details)
 
@@ -119,7 +127,8 @@ class CrispASRTranscriber(WorkerTranscriber):
             return {"loaded_as": "whisper.cpp model file (CrispASR whisper backend)", "runtime": runtime,
                     "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0, **WHISPER_THRESHOLDS,
                     **WHISPER_DECODE}
-        return {"loaded_as": "CrispASR Qwen3-ASR GGUF", "runtime": runtime,
+        kind = "Voxtral" if is_gguf_of_arch(str(self.model_file), VOXTRAL_ARCH) else "Qwen3-ASR"
+        return {"loaded_as": f"CrispASR {kind} GGUF", "runtime": runtime,
                 "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0,
                 "max_new_tokens": self.options.max_new_tokens}
 
@@ -127,6 +136,8 @@ class CrispASRTranscriber(WorkerTranscriber):
 def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscriber:
     if is_whisper_cpp_file(spec.source):
         return CrispASRTranscriber(checked_whisper_cpp(spec), options).start()
+    if is_gguf_of_arch(spec.source, VOXTRAL_ARCH):
+        return CrispASRTranscriber(checked_gguf(spec, VOXTRAL_ARCH, "CrispASR", "crispasr"), options).start()
     return CrispASRTranscriber(checked_gguf(spec, ARCH, "CrispASR", "crispasr"), options).start()
 
 
@@ -156,7 +167,7 @@ def measure_crispasr(spec: dict) -> dict:
 
 
 ADAPTER = RuntimeAdapter(
-    NAME, "Qwen3-ASR GGUF (arch qwen3asr), or a whisper.cpp .bin (its whisper backend), through the crispasr wheel "
+    NAME, "Qwen3-ASR GGUF (arch qwen3asr), Voxtral GGUF (arch voxtral), or a whisper.cpp .bin (its whisper backend), through the crispasr wheel "
           "(worker subprocess)", is_crispasr_file, open_crispasr, crispasr_info,
     BenchRuntime(NAME, describe_crispasr_file, f"{MODULE}:measure_crispasr", CRISPASR_DECODE,
                  "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr; or a whisper.cpp .bin)"))
