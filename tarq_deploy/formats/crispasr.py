@@ -23,7 +23,7 @@ import torch
 from gguf.constants import GGUFValueType
 
 from .gguf_file import KV, GGUFExportError
-from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
+from .qwen3_asr_gguf import (front_end_and_llm_keys, AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
                              Qwen3ASRFlavour, Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, gguf_vocab, vocab_kv)
 
 ARCH = "qwen3asr"
@@ -61,20 +61,12 @@ def front_end(source: Qwen3ASRSource) -> dict[str, np.ndarray]:
 
 def model_metadata(h: Qwen3ASRHParams, source: Qwen3ASRSource) -> list[KV]:
     """Every key but the file-type ones: front end, audio and LLM dimensions, token ids, the vocabulary."""
-    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
-    fe = source.feature_extractor
+    u32 = GGUFValueType.UINT32
+    front, llm = front_end_and_llm_keys(source.feature_extractor, h.n_mels,
+                                        (h.audio_layers, h.audio_d_model, h.audio_heads, h.audio_ffn), h)
     values = [
-        ("sample_rate", fe.get("sampling_rate", 16000), u32), ("n_mels", h.n_mels, u32),
-        ("n_fft", fe.get("n_fft", 400), u32), ("win_length", fe.get("n_fft", 400), u32),
-        ("hop_length", fe.get("hop_length", 160), u32),
-        ("audio.n_layers", h.audio_layers, u32), ("audio.d_model", h.audio_d_model, u32),
-        ("audio.n_heads", h.audio_heads, u32), ("audio.head_dim", h.audio_d_model // h.audio_heads, u32),
-        ("audio.ff_dim", h.audio_ffn, u32), ("audio.conv_channels", h.conv_channels, u32),
-        ("audio.proj_dim", h.text_hidden, u32), ("audio.max_source_pos", AUDIO_MAX_SOURCE_POSITIONS, u32),
-        ("llm.n_layers", h.text_layers, u32), ("llm.d_model", h.text_hidden, u32), ("llm.n_heads", h.text_heads, u32),
-        ("llm.n_kv_heads", h.text_kv_heads, u32), ("llm.head_dim", h.head_dim, u32), ("llm.ff_dim", h.text_ffn, u32),
-        ("llm.rope_theta", h.rope_theta, f32), ("llm.rms_norm_eps", h.rms_norm_eps, f32),
-        ("llm.vocab_size", h.vocab_size, u32), ("llm.max_pos", h.text_positions, u32),
+        *front, ("audio.conv_channels", h.conv_channels, u32),
+        ("audio.proj_dim", h.text_hidden, u32), ("audio.max_source_pos", AUDIO_MAX_SOURCE_POSITIONS, u32), *llm,
         ("audio_start_token_id", source.token_id(AUDIO_START_TOKEN), u32),
         ("audio_end_token_id", source.token_id(AUDIO_END_TOKEN), u32),
         ("audio_pad_token_id", source.token_id(AUDIO_PAD_TOKEN), u32),

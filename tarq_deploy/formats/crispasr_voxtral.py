@@ -49,7 +49,8 @@ from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, P
                            compare_tensors, max_abs_diff)
 from .gguf_file import KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf, write_gguf
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
-from .qwen3_asr_gguf import check_nothing_left_over, default_target, pack_tensors, weight_type_of
+from .qwen3_asr_gguf import (check_nothing_left_over, default_target, front_end_and_llm_keys, pack_tensors,
+                             weight_type_of)
 
 ARCH = "voxtral"
 TARGET = "crispasr"
@@ -300,21 +301,13 @@ def front_end(source: VoxtralSource) -> dict[str, np.ndarray]:
 
 
 def model_metadata(h: VoxtralHParams, source: VoxtralSource) -> list[KV]:
-    u32, f32, string = GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.STRING
-    fe = source.feature_extractor
+    u32, string = GGUFValueType.UINT32, GGUFValueType.STRING
+    front, llm = front_end_and_llm_keys(source.feature_extractor, h.n_mels,
+                                        (h.audio_layers, h.audio_d_model, h.audio_heads, h.audio_ffn), h)
     values = [
-        ("sample_rate", fe.get("sampling_rate", 16000), u32), ("n_mels", h.n_mels, u32),
-        ("n_fft", fe.get("n_fft", 400), u32), ("win_length", fe.get("n_fft", 400), u32),
-        ("hop_length", fe.get("hop_length", 160), u32),
-        ("audio.n_layers", h.audio_layers, u32), ("audio.d_model", h.audio_d_model, u32),
-        ("audio.n_heads", h.audio_heads, u32), ("audio.head_dim", h.audio_d_model // h.audio_heads, u32),
-        ("audio.ff_dim", h.audio_ffn, u32), ("audio.max_pos", h.audio_positions, u32),
+        *front, ("audio.max_pos", h.audio_positions, u32),
         ("proj.in_dim", FRAME_STACK * h.audio_d_model, u32), ("proj.out_dim", h.text_hidden, u32),
-        ("proj.frame_stack", FRAME_STACK, u32),
-        ("llm.n_layers", h.text_layers, u32), ("llm.d_model", h.text_hidden, u32), ("llm.n_heads", h.text_heads, u32),
-        ("llm.n_kv_heads", h.text_kv_heads, u32), ("llm.head_dim", h.head_dim, u32), ("llm.ff_dim", h.text_ffn, u32),
-        ("llm.rope_theta", h.rope_theta, f32), ("llm.rms_norm_eps", h.rms_norm_eps, f32),
-        ("llm.vocab_size", h.vocab_size, u32), ("llm.max_pos", h.text_positions, u32),
+        ("proj.frame_stack", FRAME_STACK, u32), *llm,
         ("audio_token_id", h.audio_token_id, u32),
     ]
     vocab = source.vocab

@@ -445,3 +445,20 @@ class Qwen3ASRFlavour:
             diffs[name] = max_abs_diff(model.dequantize(name), values)
         diffs.update(compare_tensors(model, qwen3_asr_slots(h, self.names), CheckpointValues(ckpt), origin))
         return diffs
+
+
+def front_end_and_llm_keys(fe: dict, n_mels: int, audio: tuple[int, int, int, int], h: Any) -> tuple[list, list]:
+    """The (key, value, type) triples every speech-LLM GGUF of CrispASR shares: the audio front end and encoder
+    dimensions (``audio`` = layers, d_model, heads, ffn), and the language model's (``h``: text_* fields)."""
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    layers, d_model, heads, ffn = audio
+    front = [("sample_rate", fe.get("sampling_rate", 16000), u32), ("n_mels", n_mels, u32),
+             ("n_fft", fe.get("n_fft", 400), u32), ("win_length", fe.get("n_fft", 400), u32),
+             ("hop_length", fe.get("hop_length", 160), u32),
+             ("audio.n_layers", layers, u32), ("audio.d_model", d_model, u32), ("audio.n_heads", heads, u32),
+             ("audio.head_dim", d_model // heads, u32), ("audio.ff_dim", ffn, u32)]
+    llm = [("llm.n_layers", h.text_layers, u32), ("llm.d_model", h.text_hidden, u32), ("llm.n_heads", h.text_heads, u32),
+           ("llm.n_kv_heads", h.text_kv_heads, u32), ("llm.head_dim", h.head_dim, u32), ("llm.ff_dim", h.text_ffn, u32),
+           ("llm.rope_theta", h.rope_theta, f32), ("llm.rms_norm_eps", h.rms_norm_eps, f32),
+           ("llm.vocab_size", h.vocab_size, u32), ("llm.max_pos", h.text_positions, u32)]
+    return front, llm
