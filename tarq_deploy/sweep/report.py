@@ -48,8 +48,8 @@ def _model_section(sweep: Sweep, run: SweepRun, model: str) -> dict[str, Any]:
     evaluation = None
     if cells:
         zipf = sweep.eval_options.get("zipf_threshold", 3.0)
-        datasets = [DatasetRuns(name, str(path), [_model_run(c, run, name, zipf, backend) for c in cells
-                                                  for backend in sweep.backends],
+        datasets = [DatasetRuns(name, str(path), [_model_run(c, run, name, zipf, backend, len(sweep.backends) > 1)
+                                                  for c in cells for backend in sweep.backends],
                                 teacher_forced=_figures(cells, run, name))
                     for name, path in sweep.evaluation.items()]
         evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf}))
@@ -91,9 +91,10 @@ def _figures(cells: Sequence[Cell], run: SweepRun, dataset: str) -> dict[str, li
     return figures
 
 
-def _model_run(cell: Cell, run: SweepRun, dataset: str, zipf: float, backend: str) -> ModelRun:
+def _model_run(cell: Cell, run: SweepRun, dataset: str, zipf: float, backend: str, several: bool) -> ModelRun:
     """A cell's run on a dataset through one backend, re-scored from its per-utterance hypotheses (as `eval` scored
-    them; eval keys each run "LABEL [BACKEND]")."""
+    them; eval keys each run "LABEL [BACKEND]"). The report keys a run by its cell's name alone when the sweep has
+    one backend, by name and backend when it has several."""
     result = run.results[cell.steps["eval"]]
     rows = [json.loads(line) for line in Path(result.outputs["utterances"]).read_text(encoding="utf-8").splitlines()
             if line.strip()]
@@ -101,7 +102,7 @@ def _model_run(cell: Cell, run: SweepRun, dataset: str, zipf: float, backend: st
     scores = [score_utterance(r["id"], r["reference"], r["hypothesis"], zipf) for r in rows
               if r["dataset"] == dataset and r.get("model", key) == key]
     export = run.results[cell.steps["export"]]
-    return ModelRun(key, cell.name, backend, Path(export.outputs["file"]).name, scores)
+    return ModelRun(key if several else cell.name, cell.name, backend, Path(export.outputs["file"]).name, scores)
 
 
 def _without_timings(report: dict) -> dict:
