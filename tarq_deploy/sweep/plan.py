@@ -491,6 +491,11 @@ def _reference_cell(sweep: Sweep, model: str, source: str, model_key: str, corpu
     return _with_steps(cell, chain, sweep)
 
 
+def _evaluation_data(sweep: Sweep, corpus_hashes: Mapping[Path, str]) -> dict[str, dict[str, str]]:
+    """The evaluation manifests an eval or score step reads, each with its corpus hash (part of the step's key)."""
+    return {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
+
+
 def _reference_export(sweep: Sweep, model: str, source: str, model_key: str, code: str, steps: dict[str, Step]) -> str:
     """The model's F16 file: the reference cell's export, which every cell's score step reads too."""
     slug = Cell(model, "-", REFERENCE_METHOD, "f16").slug
@@ -503,7 +508,7 @@ def _add_eval(sweep: Sweep, cell: Cell, chain: dict[str, str], needs: tuple[str,
               after: tuple[str, ...] = (), source: str = "") -> None:
     if "eval" not in sweep.steps:
         return
-    data = {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
+    data = _evaluation_data(sweep, corpus_hashes)
     tokenizer = {"tokenizer": source} if "torch" in sweep.backends else {}  # torch reads the file with the model's
     chain["eval"] = _add(steps, "eval", {"label": cell.name, "runtime": sweep.runtime, "data": data,
                                          "options": sweep.eval_options, **tokenizer}, needs, code, after)
@@ -516,7 +521,7 @@ def _add_score(sweep: Sweep, cell: Cell, chain: dict[str, str], source: str, mod
     if "score" not in sweep.steps:
         return
     reference = _reference_export(sweep, cell.model, source, model_key, code, steps)
-    data = {name: {"manifest": str(path), "hash": corpus_hashes[path]} for name, path in sweep.evaluation.items()}
+    data = _evaluation_data(sweep, corpus_hashes)
     options = {k: v for k, v in sweep.eval_options.items() if k in ("limit", "zipf_threshold")}
     chain["score"] = _add(steps, "score", {"label": cell.name, "tokenizer": source, "tokenizer_hash": model_key,
                                            "data": data, "options": options}, (chain["export"], reference), code, after)

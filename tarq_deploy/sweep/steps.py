@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..evaluate.teacher_forced import TEACHER_FORCED_LINES
 from ..fileio import write_json_atomic
@@ -208,11 +208,16 @@ def _verify(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -
     return {"arrays": str(len(diffs)), "max_abs_diff": "0"}
 
 
+def _data_args(params: Mapping[str, Any]) -> list[str]:
+    """eval's --data NAME=MANIFEST arguments for the evaluation sets a step's params name."""
+    return [arg for name, d in params["data"].items() for arg in ("--data", f"{name}={d['manifest']}")]
+
+
 def _eval(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) -> dict[str, str]:
     p = step.params
     options = {"threads": 1, **p["options"]}
     backends = options.pop("backends", [p["runtime"]])
-    data = [arg for name, d in p["data"].items() for arg in ("--data", f"{name}={d['manifest']}")]
+    data = _data_args(p)
     models = [arg for backend in backends
               for arg in ("--model", f"{p['label']}={needed[0].outputs['file']}", "--backend", backend)]
     tokenizer = ["--tokenizer", p["tokenizer"]] if "tokenizer" in p else []
@@ -224,7 +229,7 @@ def _score(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) ->
     """Teacher-forced figures of the cell's file against the F16 file, both in PyTorch (eval --teacher-forced-only)."""
     p = step.params
     exported, reference = needed
-    data = [arg for name, d in p["data"].items() for arg in ("--data", f"{name}={d['manifest']}")]
+    data = _data_args(p)
     _tarq_deploy(["eval", *data, "--backend", "torch", "--tokenizer", p["tokenizer"],
                   "--model", f"{REFERENCE_LABEL}={reference.outputs['file']}",
                   "--model", f"{p['label']}={exported.outputs['file']}", "--reference", REFERENCE_LABEL,
