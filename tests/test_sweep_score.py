@@ -177,3 +177,37 @@ def test_backends_outside_the_target_are_refused(tmp_path, backends):
     path.write_text(path.read_text() + f"\n[eval]\nbackends = {backends}\n")
     with pytest.raises(UserError, match=r"\[eval\] backends must list distinct backends among whisper.cpp, torch"):
         load_sweep(path)
+
+
+def test_a_group_size_is_a_coordinate_of_the_type_axis(tmp_path):
+    """q4_0-g128 is a q4_0 file calibrated with one scale per 128 columns: its own cells, quantized with
+    --group-size 128, paired with the baseline's q4_0-g128 cell, and counted at q4_0's bits per weight."""
+    from tarq_deploy.sweep.report import type_bits_per_weight
+
+    path = _write(tmp_path)
+    path.write_text(path.read_text().replace('["ggml", "gptq", "tarq"]', '["rtn", "gptq", "tarq"]')
+                    .replace('["q3_k", "q4_0"]', '["q4_0-g128", "q4_0"]').replace('["ggml", "gptq"]', '"rtn"'))
+    sweep, cells, steps = _plan(path)
+    grouped = [c for c in cells if c.type == "q4_0-g128"]
+    assert [c.method for c in grouped] == ["rtn", "gptq", "tarq"]
+    for cell in grouped:
+        params = steps[cell.steps["quantize"]].params
+        assert params["type"] == "q4_0" and params["group_size"] == 128
+    native = [c for c in cells if c.type == "q4_0" and c.method != "f16"]
+    assert all("group_size" not in steps[c.steps["quantize"]].params for c in native)
+    assert len({c.steps["quantize"] for c in cells if "quantize" in c.steps}) == 6
+    assert type_bits_per_weight("q4_0-g128") == type_bits_per_weight("q4_0") == 4.5
+
+
+@pytest.mark.parametrize("types, methods, quantize, message", [
+    ('["q4_0-g48"]', '["gptq"]', "", "TYPE-gN with N one of"),
+    ('["q4_k-g128"]', '["gptq"]', "", "a group size is for the symmetric types"),
+    ('["q4_0-g128"]', '["ggml", "gptq"]', "", "ggml run ggml's own quantizer"),
+    ('["q4_0-g128"]', '["gptq"]', "\n[quantize]\ngroup_size = 64\n", "both set a group size"),
+])
+def test_bad_group_sizes_are_named(tmp_path, types, methods, quantize, message):
+    path = _write(tmp_path, baseline='"gptq"')
+    path.write_text(path.read_text().replace('["q3_k", "q4_0"]', types).replace('["ggml", "gptq", "tarq"]', methods)
+                    + quantize)
+    with pytest.raises(UserError, match=message):
+        load_sweep(path)

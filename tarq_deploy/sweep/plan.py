@@ -10,7 +10,9 @@ read the calibration corpus, so its cells under two corpora share their steps.
     [sweep]
     target = "whisper.cpp"            # export target of every cell (whisper.cpp or crispasr)
     methods = ["gptq", "tarq"]        # quantize --method values
-    types = ["q4_0", "q8_0"]          # lattice types (see TYPES)
+    types = ["q4_0", "q8_0"]          # lattice types (see TYPES); "q4_0-g128": a symmetric type whose lattice has
+                                      # one scale per 128 input columns (quantize --group-size 128; the file holds
+                                      # q4_0 blocks, each carrying its group's scale)
     baseline = "gptq"                 # the report's paired differences: every method minus this one (or a list:
                                       # every method minus each of them)
     steps = ["quantize", "export", "verify", "eval", "score", "bench"]
@@ -71,15 +73,26 @@ KNOWN_METHODS = METHODS
 
 @dataclass(frozen=True)
 class LatticeType:
-    """A target type as the quantizer sees it: bits per code and input columns per scale."""
+    """A target type as the quantizer sees it: bits per code and input columns per scale. ``name`` is the grid's
+    coordinate: the ggml type, or ``TYPE-gN`` for a symmetric type calibrated at a group size N other than its own
+    (``group_option`` is then the quantize --group-size)."""
 
     name: str
     bits: int
     group_size: int
+    ggml_type: str = ""
+    group_option: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ggml_type:
+            object.__setattr__(self, "ggml_type", self.name)
 
 
 # The ggml types a lattice is made for (quant/choices.py; each written bit-exactly, quant/ggml_types.py).
 TYPES: dict[str, LatticeType] = {name: LatticeType(name, bits, group) for name, (_, bits, group) in GGML_TYPES.items()}
+GROUP_SUFFIX = "-g"
+# methods that run ggml's own quantizer, which writes each type at its own grouping only
+NATIVE_GROUP_METHODS = frozenset({"ggml", "imatrix"})
 # target -> (runtime that evaluates its files, file suffix)
 TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf")}
 EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list}
@@ -182,6 +195,16 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
         if method not in KNOWN_METHODS:
             raise UserError(f"{source}: [sweep] methods: unknown method {method!r} (known: {', '.join(KNOWN_METHODS)})")
     types = tuple(_lattice_type(name, source) for name in _strings(head, "types", source, default=["q4_0"]))
+    grouped = [t.name for t in types if t.group_option is not None]
+    if grouped and any(k.replace("-", "_") == "group_size" for k in _table(doc, "quantize", source)):
+        raise UserError(f"{source}: [quantize] group_size and [sweep] types {', '.join(grouped)} both set a group "
+                        f"size; keep one")
+    for lattice in types:
+        native_only = sorted(NATIVE_GROUP_METHODS & set(methods))
+        if lattice.group_option is not None and native_only:
+            raise UserError(f"{source}: [sweep] types: {lattice.name}: {', '.join(native_only)} run ggml's own "
+                            f"quantizer, which writes {lattice.ggml_type} in groups of "
+                            f"{TYPES[lattice.ggml_type].group_size} only (use a separate sweep for other group sizes)")
     steps = tuple(_strings(head, "steps", source, default=list(STEPS[:4])))
     for step in steps:
         if step not in STEPS:
@@ -358,9 +381,21 @@ def _strings(table: dict, key: str, source: Path, default: list[str] | None = No
 
 
 def _lattice_type(name: str, source: Path) -> LatticeType:
-    if name not in TYPES:
-        raise UserError(f"{source}: [sweep] types: unknown type {name!r} (known: {', '.join(TYPES)})")
-    return TYPES[name]
+    """A ggml type by name, or TYPE-gN: a symmetric type at another of the solvers' group sizes."""
+    from ..quant.lattice import SUPPORTED_GROUP_SIZES
+
+    base, _, group = name.partition(GROUP_SUFFIX)
+    if base not in TYPES:
+        raise UserError(f"{source}: [sweep] types: unknown type {name!r} (known: {', '.join(TYPES)}, or TYPE-gN for "
+                        f"a symmetric type at group size N)")
+    if not group:
+        return TYPES[base]
+    sizes = [g for g in SUPPORTED_GROUP_SIZES if g > 0]
+    if GGML_TYPES[base][0] != "symmetric" or not group.isdigit() or int(group) not in sizes:
+        symmetric = [t for t, (scheme, _, _) in GGML_TYPES.items() if scheme == "symmetric"]
+        raise UserError(f"{source}: [sweep] types: {name!r}: a group size is for the symmetric types "
+                        f"({', '.join(symmetric)}), as TYPE-gN with N one of {', '.join(map(str, sizes))}")
+    return LatticeType(name, TYPES[base].bits, int(group), base, int(group))
 
 
 def _path(value: Any, base: Path) -> Path:
@@ -470,8 +505,9 @@ def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, la
           model_key: str, corpus_hashes: Mapping[Path, str], code: str, steps: dict[str, Step]) -> Cell:
     uses_data = method not in METHODS_WITHOUT_DATA
     cell = Cell(model, corpus.name if uses_data else "-", method, lattice.name)
+    group = {} if lattice.group_option is None else {"group_size": lattice.group_option}
     quantize = {"model": source, "model_hash": model_key, "method": method, "target": sweep.target,
-                "type": lattice.name, "options": sweep.quantize_options,
+                "type": lattice.ggml_type, **group, "options": sweep.quantize_options,
                 **({"calib": str(corpus.manifest), "corpus_hash": corpus_hashes[corpus.manifest], "n_calib": corpus.n}
                    if uses_data else {})}
     chain = {"quantize": _add(steps, "quantize", quantize, (), code)}

@@ -183,7 +183,8 @@ def _quantize(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int)
     data = ["--calib", p["calib"], *(["--n-calib", str(p["n_calib"])] if p.get("n_calib") else [])] \
         if "calib" in p else []
     _tarq_deploy(["quantize", "--model", p["model"], "--method", p["method"], "--target", p["target"],
-                  "--type", p["type"], *data, *_flags(p["options"]),
+                  "--type", p["type"], *(["--group-size", str(p["group_size"])] if "group_size" in p else []),
+                  *data, *_flags(p["options"]),
                   "--out", str(checkpoint)], folder, cpus)
     return {"checkpoint": str(checkpoint)}
 
