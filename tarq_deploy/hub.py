@@ -296,6 +296,8 @@ LATTICE_WORDS = {
                    "under an fp16 super-block scale per 256 weights",
     "nonlinear": "{bits}-bit indices into ggml's fixed table of 16 non-uniform levels, one fp16 scale per row and "
                  "group of {group} input columns (value = scale × level)",
+    "k-nonlinear": "{bits}-bit indices into ggml's fixed table of 16 non-uniform levels in groups of {group}, each "
+                   "group's scale a code of {sub_bits} bits under an fp16 super-block scale per 256 weights",
 }
 
 

@@ -1,7 +1,7 @@
-"""Q3_K, Q2_K and IQ4_NL as lattices (issue 28): the codecs are exact both ways on every valid block (gguf-py's
+"""Q3_K, Q2_K, IQ4_NL and IQ4_XS as lattices (issue 28): the codecs are exact both ways on every valid block (gguf-py's
 dequantizers are the reference, bit for bit), ggml's own quantizer (``--method ggml``, ``--baseline rtn``, imatrix)
 comes back as its own bytes on a real Whisper matrix, the super-block parameters are codes in each type's range
-(IQ4_NL: only its 16 table values are codes), and GPTQ / TARQ land on each lattice exactly and beat plain and ggml
+(IQ4_NL, IQ4_XS: only the 16 table values are codes), and GPTQ / TARQ land on each lattice exactly and beat plain and ggml
 rounding under their metric. whisper.cpp runs them in tests/test_whisper_cpp_types.py."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tarq_deploy.quant.lattice_fit import fit_params, quantize_nearest, quantize
 from tarq_deploy.quant.stats import LayerStats
 from tarq_deploy.quant.tarq import TarqConfig, quantize_weight, rarebal_metric
 
-LOW_BIT = (T.Q3_K, T.Q2_K, T.IQ4_NL)
+LOW_BIT = (T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)
 M, N = 32, 512
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -102,9 +102,17 @@ def test_value_sets_and_parameter_ranges() -> None:
     q.codes[0, 0] = 0  # inside the code range, but no table value
     with pytest.raises(ValueError, match="code 0 is not one of the nonlinear lattice's codes"):
         check_on_lattice(q)
+    xs = spec_for_type(T.IQ4_XS)  # IQ4_NL's table under Q3_K-like 6-bit signed group scales, 8 groups of 32
+    assert (xs.scheme, xs.group_size, xs.codebook, xs.sub_code_range) == ("k-nonlinear", 32, nl.codebook, (-32, 31))
+    assert type_by_name("iq4_xs") == T.IQ4_XS and GGML_QUANT_SIZES[T.IQ4_XS] == (256, 136)  # 4.25 bits per weight
+    px = fit_params(W, xs, "search", torch.rand(512))
+    assert px["sub_scales"].dtype == torch.int8 and px["sub_scales"].shape == (4, 16) and px["scales"].shape == (4, 2)
+    assert (px["sub_scales"].amin(dim=1) == -32).all()  # the signed largest group scale takes -32, as ggml's
+    qx = quantize_nearest(W, xs, "search")
+    assert set(qx.codes.unique().tolist()) <= set(xs.codebook)
 
 
-@pytest.mark.parametrize("type_name", ["q3_k", "q2_k", "iq4_nl"])
+@pytest.mark.parametrize("type_name", ["q3_k", "q2_k", "iq4_nl", "iq4_xs"])
 def test_ggml_quantizer_bytes_on_a_real_tiny_matrix(tiny, type_name: str) -> None:
     """tiny.en's fc2 (1536 inputs: whole super-blocks): --method ggml, --baseline rtn and imatrix are ggml's bytes."""
     t = type_by_name(type_name)

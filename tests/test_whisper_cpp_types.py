@@ -1,4 +1,4 @@
-"""Every whisper.cpp type runs in whisper.cpp (issue 16): a lattice checkpoint of each type exports bit-exactly,
+"""Every whisper.cpp type runs in whisper.cpp (issues 16, 28; IQ4_XS in the crispasr wheel too): a lattice checkpoint of each type exports bit-exactly,
 whisper.cpp (pywhispercpp) loads it and transcribes real speech (Q2_K by plain rounding only runs: it garbles
 speech); TARQ calibrates onto a low-bit K-quant (Q3_K, issue 28) end to end, and the crispasr wheel runs it too;
 and what whisper.cpp cannot hold is refused in one line (K-quants on 384-wide rows, a mix of types, unknown types)."""
@@ -27,7 +27,7 @@ from conftest import calibration_clips
 from test_whisper_cpp_export import RUNTIME_TIMEOUT_S, lattice_checkpoint, transcribe_whisper_cpp, words
 
 ONE_LEVEL = ("q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")  # q4_0 is tests/test_whisper_cpp_export.py's
-K_QUANTS = ("q4_k", "q5_k", "q6_k", "q3_k")  # rows of 256: Whisper base (512 wide), not tiny (384)
+K_QUANTS = ("q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs")  # rows of 256: Whisper base (512 wide), not tiny (384)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -63,6 +63,9 @@ def test_one_level_types_of_tiny_run_in_whisper_cpp(tiny, tmp_path, jfk_wav, typ
 def test_k_quants_of_base_run_in_whisper_cpp(base, tmp_path, jfk_wav, type_name):
     text = _exports_exactly_and_transcribes(base, type_name, tmp_path, jfk_wav)
     assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
+    if type_name == "iq4_xs":  # the non-uniform 4.25-bit type CrispASR's quantize offers: its runtime loads it too
+        text = transcribe_crispasr(tmp_path / f"{type_name}.bin", jfk_wav)
+        assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
 
 
 def test_q2_k_of_base_exports_exactly_and_whisper_cpp_runs_it(base, tmp_path, jfk_wav):

@@ -9,7 +9,7 @@ Each ``decode_*`` kernel takes one type's blocks ``raw`` uint8 [blocks, type siz
 decode_k_affine: of the types their flags name) and fills ``out`` uint16
 [blocks * block size] with the fp16 bits of exactly what ``ggml_types.unpack(...).dequantize()`` gives: the unsigned
 code u, the code q = u + qmin, then q * s (and + o) as two float32 roundings, with s = d * sc and o = -(dmin * mn)
-for the K-quants (Q3_K: sc = e - 32 of its 6-bit e, and q = u - 4; IQ4_NL: q = table[u]). Every operand is made
+for the K-quants (Q3_K: sc = e - 32 of its 6-bit e, and q = u - 4; IQ4_NL: q = table[u]; IQ4_XS both). Every operand is made
 float32 before it meets another, so numba computes in float32 as the reference does. The byte layouts are those of
 ggml_types.py's docstring.
 
@@ -208,4 +208,23 @@ def decode_iq4_nl(raw: np.ndarray, out: np.ndarray, table: np.ndarray) -> int:
             x = np.int64(raw[b, 2 + j])
             changed += _store(out, 32 * b + j, np.float32(table[x & 15]) * d)
             changed += _store(out, 32 * b + 16 + j, np.float32(table[x >> 4]) * d)
+    return changed
+
+
+@_kernel
+def decode_iq4_xs(raw: np.ndarray, out: np.ndarray, table: np.ndarray) -> int:
+    """IQ4_XS: d, scales_h, scales_l, then 8 groups of 16 bytes of nibbles laid out as IQ4_NL's; group g's scale is
+    d * (e - 32) with e = its nibble of scales_l | its bit pair of scales_h << 4."""
+    changed = 0
+    for b in range(raw.shape[0]):
+        d = _fp16_at(raw, b, 0)
+        scales_h = np.int64(raw[b, 2]) | (np.int64(raw[b, 3]) << 8)
+        for g in range(8):
+            low = (np.int64(raw[b, 4 + g // 2]) >> (4 * (g % 2))) & 15
+            top = (scales_h >> (2 * g)) & 3
+            s = d * np.float32((low | (top << 4)) - 32)
+            for j in range(16):
+                x = np.int64(raw[b, 8 + 16 * g + j])
+                changed += _store(out, 256 * b + 32 * g + j, np.float32(table[x & 15]) * s)
+                changed += _store(out, 256 * b + 32 * g + 16 + j, np.float32(table[x >> 4]) * s)
     return changed

@@ -49,7 +49,8 @@ def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
                 GGMLType.Q6_K: f16_kernels.decode_q6_k,
                 GGMLType.Q3_K: f16_kernels.decode_q3_k,
                 GGMLType.Q2_K: f16_kernels.decode_q2_k,
-                GGMLType.IQ4_NL: lambda raw, out: f16_kernels.decode_iq4_nl(raw, out, _IQ4_NL_TABLE)}
+                GGMLType.IQ4_NL: lambda raw, out: f16_kernels.decode_iq4_nl(raw, out, _IQ4_NL_TABLE),
+                GGMLType.IQ4_XS: lambda raw, out: f16_kernels.decode_iq4_xs(raw, out, _IQ4_NL_TABLE)}
     if ggml_type not in decoders:
         raise ValueError(f"no decoder for {GGMLType(ggml_type).name} blocks")
     return decoders[ggml_type]

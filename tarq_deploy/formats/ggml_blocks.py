@@ -3,7 +3,8 @@
 Type ids and sizes are gguf-py's (``GGMLQuantizationType``, ``GGML_QUANT_SIZES``); ``BLOCKS`` holds, for every type
 this package reads or writes, its block size, bytes per block and name. Each quantized type holds exactly one
 lattice (quant/ggml_types.py, where the per-type codecs live): Q4_0 / Q5_0 / Q8_0 the symmetric 4-, 5- and 8-bit
-lattices, Q4_1 / Q5_1 the affine ones, Q2_K ... Q6_K the two-level K-quant lattices, IQ4_NL a non-uniform one.
+lattices, Q4_1 / Q5_1 the affine ones, Q2_K ... Q6_K the two-level K-quant lattices, IQ4_NL a non-uniform one and IQ4_XS
+the same table under K-quant scales.
 ``pack_lattice`` copies a lattice weight into its type's blocks and refuses any other pairing rather than re-quantize.
 
 ``ggml_rtn_q4_0`` / ``ggml_rtn_q8_0`` are ggml's *own* rounding of float weights (what whisper.cpp's quantize tool
@@ -20,7 +21,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as GGMLType
 
-from tarq_deploy.quant.ggml_types import (LATTICE_TYPES, QK, LatticeNotRepresentable, pack, pack_one_level,
+from tarq_deploy.quant.ggml_types import (K_TYPES, LATTICE_TYPES, QK, LatticeNotRepresentable, pack, pack_one_level,
                                           spec_for_type, type_for_spec)
 from tarq_deploy.quant.lattice import QuantizedWeight
 
@@ -41,7 +42,7 @@ QUANTIZED_TYPES = tuple(t for t, layout in BLOCKS.items() if layout.block_size >
 # lower-case names, as the command line and whisper.cpp's quantize tool spell them
 TYPE_BY_NAME: dict[str, GGMLType] = {t.name.lower(): t for t in KNOWN_TYPES}
 
-__all__ = ["LATTICE_TYPES", "LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec"]
+__all__ = ["K_TYPES", "LATTICE_TYPES", "LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec"]
 
 
 # ------------------------------------------------------------------------------------------------------- sizes

@@ -3,7 +3,7 @@ model file against a lattice checkpoint.
 
 Targets (``target`` = the ggml type of the weight matrices):
 
-* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q2_k`` ... ``q6_k``, ``iq4_nl`` -- a lattice checkpoint of that
+* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q2_k`` ... ``q6_k``, ``iq4_nl``, ``iq4_xs`` -- a lattice checkpoint of that
   type, every weight matrix and the tied token embedding stored exactly (the lattice's codes and group parameters
   become the type's blocks; see quant/ggml_types.py). whisper.cpp holds one type for all weight matrices, so a
   checkpoint whose matrices are on different lattices is refused; the K-quants need d_model a multiple of 256.
@@ -36,7 +36,7 @@ from tarq_deploy.fileio import atomic_file, write_buffers
 from tarq_deploy.vocabulary import NotByteLevel, TokenTable, table_of_tokens, token_strings
 
 from .f16_rounding import F16Rounding, F16Values, MadeAhead
-from .ggml_blocks import (GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn,
+from .ggml_blocks import (GGML_TYPE_NAMES, K_TYPES, QUANTIZED_TYPES, GGMLType, LatticeNotRepresentable, ggml_rtn,
                           type_for_spec)
 from .ggml_file import FILE_MAGIC, N_FFT_BINS, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
 from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyError, as_checkpoint, compare_tensors,
@@ -48,8 +48,7 @@ log = logging.getLogger(__name__)
 TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1,
                 "q5_0": GGMLType.Q5_0, "q5_1": GGMLType.Q5_1, "q4_k": GGMLType.Q4_K, "q5_k": GGMLType.Q5_K,
                 "q6_k": GGMLType.Q6_K, "q3_k": GGMLType.Q3_K, "q2_k": GGMLType.Q2_K,
-                "iq4_nl": GGMLType.IQ4_NL}
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K)
+                "iq4_nl": GGMLType.IQ4_NL, "iq4_xs": GGMLType.IQ4_XS}
 K_SUPER_BLOCK = 256
 BASELINES = ("rtn",)
 EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file

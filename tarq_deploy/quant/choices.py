@@ -21,7 +21,8 @@ DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "g
 GGML_TYPES = {"q4_0": ("symmetric", 4, 32), "q4_1": ("affine", 4, 32), "q5_0": ("symmetric", 5, 32),
               "q5_1": ("affine", 5, 32), "q8_0": ("symmetric", 8, 32), "q4_k": ("k-affine", 4, 32),
               "q5_k": ("k-affine", 5, 32), "q6_k": ("k-symmetric", 6, 16), "q3_k": ("k-symmetric", 3, 16),
-              "q2_k": ("k-affine", 2, 16), "iq4_nl": ("nonlinear", 4, 32)}
+              "q2_k": ("k-affine", 2, 16), "iq4_nl": ("nonlinear", 4, 32),
+              "iq4_xs": ("k-nonlinear", 4, 32)}
 K_QUANT_ROW = 256
 GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr")  # these files hold a per-tensor mix of types
 GGML_TARGETS = ("whisper.cpp", *GGUF_TARGETS)

@@ -26,6 +26,9 @@ Layouts (ggml-common.h; u = code - qmin, the unsigned code):
   subtracts 4.)
 * Q2_K (84 bytes per 256): 16 bytes, one per group of 16: scale code | min code << 4 (4-bit each); 64 bytes qs with
   the 2-bit codes as Q3_K's qs; fp16 d, fp16 dmin at the end.
+* IQ4_XS (136 bytes per 256): fp16 d, uint16 scales_h, 4 bytes scales_l, 128 bytes qs. Group g's scale sc in
+  -32..31 is kept as e = sc + 32: its low nibble in scales_l[g // 2] (low nibble for even g), its top 2 bits at bit
+  pair g of scales_h (little-endian). Each group of 32 has 16 bytes of table indices laid out as IQ4_NL's.
 """
 from __future__ import annotations
 
@@ -46,11 +49,11 @@ LATTICE_OF_TYPE: dict[GGMLType, tuple[str, int, int]] = {
     GGMLType.Q4_1: ("affine", 4, 32), GGMLType.Q5_1: ("affine", 5, 32),
     GGMLType.Q4_K: ("k-affine", 4, 32), GGMLType.Q5_K: ("k-affine", 5, 32), GGMLType.Q6_K: ("k-symmetric", 6, 16),
     GGMLType.Q3_K: ("k-symmetric", 3, 16), GGMLType.Q2_K: ("k-affine", 2, 16),
-    GGMLType.IQ4_NL: ("nonlinear", 4, 32),
+    GGMLType.IQ4_NL: ("nonlinear", 4, 32), GGMLType.IQ4_XS: ("k-nonlinear", 4, 32),
 }
 LATTICE_TYPES = tuple(LATTICE_OF_TYPE)
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K)
-Q3_K_SCALE_BIAS = 32  # Q3_K keeps its signed 6-bit group scales as sc + 32
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K, GGMLType.IQ4_XS)
+Q3_K_SCALE_BIAS = 32  # Q3_K and IQ4_XS keep their signed 6-bit group scales as sc + 32
 K_SCALES_BYTES = 12
 
 
@@ -97,7 +100,9 @@ def pack(q: QuantizedWeight, ggml_type: GGMLType) -> np.ndarray:
         raise LatticeNotRepresentable(str(e)) from None
     codes = _numpy(q.codes)
     if ggml_type in K_TYPES:
-        return _pack_k(codes - q.spec.qmin, {k: _numpy(v) for k, v in q.params().items()}, ggml_type)
+        u = codes - q.spec.qmin if q.spec.codebook is None else _INDEX_OF_CODE[(q.spec.scheme, q.spec.bits)][
+            codes.astype(np.int16) + 128]  # a table's codes are stored as their indices
+        return _pack_k(u, {k: _numpy(v) for k, v in q.params().items()}, ggml_type)
     return pack_one_level(codes, _numpy(q.scales), ggml_type, None if q.mins is None else _numpy(q.mins))
 
 
@@ -188,6 +193,14 @@ def _pack_k(u: np.ndarray, params: dict[str, np.ndarray], ggml_type: GGMLType) -
     supers = n // K_SUPER_BLOCK
     u = u.astype(np.uint8).reshape(m, supers, K_SUPER_BLOCK)
     d = _fp16_bytes(params["scales"])
+    if ggml_type == GGMLType.IQ4_XS:
+        e = (params["sub_scales"].astype(np.int16) + Q3_K_SCALE_BIAS).astype(np.uint8).reshape(m, supers, 8)
+        scales_l = (e[..., 0::2] & np.uint8(0x0F)) | ((e[..., 1::2] & np.uint8(0x0F)) << np.uint8(4))
+        top = (e >> np.uint8(4)).astype(np.uint16) << (2 * np.arange(8, dtype=np.uint16))
+        scales_h = np.ascontiguousarray(np.bitwise_or.reduce(top, axis=2).astype("<u2")).view(np.uint8)
+        halves = u.reshape(m, supers, 8, 2, 16)
+        qs = (halves[:, :, :, 0] | (halves[:, :, :, 1] << np.uint8(4))).reshape(m, supers, 128)
+        return np.concatenate([d, scales_h.reshape(m, supers, 2), scales_l, qs], axis=2).reshape(m, -1)
     if ggml_type in (GGMLType.Q3_K, GGMLType.Q2_K):
         qs = _two_bit_planes(u & np.uint8(3))
         if ggml_type == GGMLType.Q2_K:
@@ -285,6 +298,17 @@ def _unpack_one_level(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray,
 
 def _unpack_k(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     m, supers, _ = raw.shape
+    if ggml_type == GGMLType.IQ4_XS:
+        scales_h = np.ascontiguousarray(raw[:, :, 2:4]).view("<u2").astype(np.uint16)  # [m, S, 1]
+        top = ((scales_h >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)).astype(np.uint8)  # [m, S, 8]
+        scales_l = raw[:, :, 4:8]
+        low = np.stack([scales_l & np.uint8(0x0F), scales_l >> np.uint8(4)], axis=3).reshape(m, supers, 8)
+        e = low | (top << np.uint8(4))
+        qs = raw[:, :, 8:136].reshape(m, supers, 8, 16)
+        u = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=3)
+        params = {"scales": _fp16_of(raw[:, :, 0:2]),
+                  "sub_scales": (e.astype(np.int8) - np.int8(Q3_K_SCALE_BIAS)).reshape(m, -1)}
+        return u.reshape(m, -1), params
     if ggml_type == GGMLType.Q2_K:
         sc = raw[:, :, :16]
         u = _from_two_bit_planes(raw[:, :, 16:80])
@@ -364,7 +388,7 @@ def _from_bit_plane(b: np.ndarray) -> np.ndarray:
 FP16_FIELDS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q8_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2),
     GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.Q3_K: (108,),
-    GGMLType.Q2_K: (80, 82), GGMLType.IQ4_NL: (0,),
+    GGMLType.Q2_K: (80, 82), GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
 }
 FP16_EXPONENT = 0x7C00  # all exponent bits set: inf or nan
 

@@ -38,6 +38,9 @@ per-group scale s and offset o, computed in float32 in the order gguf-py's dequa
 * ``"nonlinear"`` (IQ4_NL): groups of 32, an fp16 d per group and 4-bit indices into a fixed non-uniform table
   of 16 int8 values (ggml's kvalues_iq4nl, -127..113); the codes held are the table's values themselves, so the value
   is d * q exactly as for the symmetric scheme, but only the 16 table values are codes (``LatticeSpec.codebook``).
+* ``"k-nonlinear"`` (IQ4_XS): IQ4_NL's table under K-quant scales: super-blocks of 256 = 8 groups of 32, an fp16 d
+  per super-block and a signed 6-bit scale code sc (-32..31) per group; s = d * sc, the value s * q with q a table
+  value. 4.25 bits per weight against IQ4_NL's 4.5.
 
 ``LatticeSpec.sub_code_range`` gives each K-quant's range of sc (and mn).
 
@@ -59,22 +62,23 @@ SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric", "nonlinear")
+SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric", "nonlinear", "k-nonlinear")
 SCALE_GRIDS = ("float16", "bfloat16")  # the values a stored (fp16) scale may take; see "Scale grid" above
 K_SUPER_BLOCK = 256  # values per K-quant super-block (ggml's QK_K)
 # (bits, group size) each non-symmetric scheme allows: the ggml types it stores
 SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((2, 16), (4, 32), (5, 32)),
-                 "k-symmetric": ((3, 16), (6, 16)), "nonlinear": ((4, 32),)}
+                 "k-symmetric": ((3, 16), (6, 16)), "nonlinear": ((4, 32),), "k-nonlinear": ((4, 32),)}
 # the codes of a non-uniform lattice, ascending: ggml's kvalues_iq4nl (ggml-common.h), IQ4_NL's 16 levels
-CODEBOOKS = {("nonlinear", 4): (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)}
+IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+CODEBOOKS = {("nonlinear", 4): IQ4NL_VALUES, ("k-nonlinear", 4): IQ4NL_VALUES}  # IQ4_XS: the same table
 # make_qx_quants-like grid of a codebook's divisors: the lowest code + k, k = -7..7 (ggml's quantize_iq4_nl, ntry 7)
 CODEBOOK_SEARCH_STEPS = tuple(float(k) for k in range(-7, 8))
 K_SUB_CODE_MAX = 63  # Q4_K / Q5_K sub-block scale and min codes are 6-bit
 # the range of a K-quant's per-group scale (and min) codes under its super-block d (and dmin), by (scheme, bits):
-# Q2_K 4-bit, Q4_K / Q5_K 6-bit unsigned; Q3_K 6-bit signed (stored + 32), Q6_K int8
+# Q2_K 4-bit, Q4_K / Q5_K 6-bit unsigned; Q3_K and IQ4_XS 6-bit signed (stored + 32), Q6_K int8
 K_SUB_CODE_RANGE = {("k-affine", 2): (0, 15), ("k-affine", 4): (0, K_SUB_CODE_MAX),
                     ("k-affine", 5): (0, K_SUB_CODE_MAX), ("k-symmetric", 3): (-32, 31),
-                    ("k-symmetric", 6): (-128, 127)}
+                    ("k-symmetric", 6): (-128, 127), ("k-nonlinear", 4): (-32, 31)}
 PARAM_FIELDS = ("scales", "mins", "sub_scales", "sub_mins")
 FP16_MAX = 65504.0
 BF16_FP16_MAX = 65280.0  # the largest value exact in both bfloat16 and float16
@@ -173,7 +177,7 @@ class QuantizedWeight:
 
     ``scales`` are fp16: one per group, or for the K-quants the super-block d. ``mins`` (fp16) are the affine
     offsets m per group, or the K-quant super-block dmin. ``sub_scales`` / ``sub_mins`` are the K-quants' per-group
-    codes (uint8 0..63 for Q4_K / Q5_K, 0..15 for Q2_K; ``sub_scales`` int8 for Q6_K, -32..31 for Q3_K)."""
+    codes (uint8 0..63 for Q4_K / Q5_K, 0..15 for Q2_K; ``sub_scales`` int8 for Q6_K, -32..31 for Q3_K and IQ4_XS)."""
 
     codes: torch.Tensor  # int8 [m, n]
     scales: torch.Tensor  # float16 [m, n_groups] or [m, n / 256]

@@ -10,10 +10,11 @@ against exactly the values the runtime decodes. The rules:
   or a search in the manner of ggml's make_qkx2_quants: 21 candidate inverse scales (2^b - 1 + 0.1 k, k = -10..10)
   over the group's range, each giving codes whose importance-weighted least-squares (s, m) is the candidate, the
   smallest weighted error winning. K-quant offsets are -dmin * mn with mn >= 0, so their m is kept <= 0.
-* K-quant super-blocks: the 8 (Q4_K / Q5_K) or 16 (Q2_K, Q3_K, Q6_K) group scales become codes under one fp16
-  super-block scale d = (largest group scale) / (top code: 63, Q2_K 15), likewise the mins under dmin; the signed
-  ones (Q3_K, Q6_K) take d = (signed largest) / (lowest code: -32, -128), so the largest takes the lowest code as in
-  ggml's quantize_row_q3_K / q6_K. The code ranges are ``LatticeSpec.sub_code_range``.
+* K-quant super-blocks: the 8 (Q4_K / Q5_K, IQ4_XS) or 16 (Q2_K, Q3_K, Q6_K) group scales become codes under one
+  fp16 super-block scale d = (largest group scale) / (top code: 63, Q2_K 15), likewise the mins under dmin; the
+  signed ones (Q3_K, Q6_K, IQ4_XS) take d = (signed largest) / (lowest code: -32, -128), so the largest takes the
+  lowest code as in ggml's quantize_row_q3_K / q6_K / iq4_xs. IQ4_XS's group scales are IQ4_NL's (its table's
+  search), then coded so. The code ranges are ``LatticeSpec.sub_code_range``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def fit_params(w: torch.Tensor, spec: LatticeSpec, rule: str,
     if spec.scheme in ("symmetric", "nonlinear"):
         return {"scales": choose_scales(w, spec, rule, importance)}
     h = (importance if importance is not None else torch.ones(w.shape[1])).float().to(w.device).expand(w.shape)
-    if spec.scheme == "k-symmetric":
+    if spec.scheme in ("k-symmetric", "k-nonlinear"):
         scale = max_rule_scales(w, spec) if rule == "max" else searched_scales(w, spec, h)
         return _k_symmetric_codes(scale, spec)
     scale, offset = _affine_fit(_grouped(w, spec), _grouped(h, spec), spec.qmax, rule, spec.two_level)
@@ -175,8 +176,9 @@ def _k_affine_codes(scale: torch.Tensor, neg_offset: torch.Tensor, spec: Lattice
 
 
 def _k_symmetric_codes(scale: torch.Tensor, spec: LatticeSpec) -> dict[str, torch.Tensor]:
-    """Q3_K / Q6_K: the 16 group scales of a super-block as signed codes lo..hi (Q3_K -32..31, Q6_K -128..127)
-    under d = (signed largest) / lo, so the largest takes code lo as ggml's quantize_row_q3_K / q6_K do."""
+    """Q3_K / Q6_K / IQ4_XS: the 16 (IQ4_XS 8) group scales of a super-block as signed codes lo..hi (Q3_K and
+    IQ4_XS -32..31, Q6_K -128..127) under d = (signed largest) / lo, so the largest takes code lo as ggml's
+    quantize_row_q3_K / q6_K / iq4_xs do."""
     m, groups = scale.shape
     lo, hi = spec.sub_code_range
     sc = scale.reshape(m, groups // (K_SUPER_BLOCK // spec.group_size), K_SUPER_BLOCK // spec.group_size)
