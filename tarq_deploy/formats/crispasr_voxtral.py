@@ -49,8 +49,8 @@ from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, P
                            compare_tensors, max_abs_diff)
 from .gguf_file import KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf, write_gguf
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
-from .qwen3_asr_gguf import (check_nothing_left_over, default_target, front_end_and_llm_keys, pack_tensors,
-                             weight_type_of)
+from .qwen3_asr_gguf import (TextDecoderHParams, check_nothing_left_over, default_target, front_end_and_llm_keys,
+                             pack_tensors, text_decoder_fields, weight_type_of)
 
 ARCH = "voxtral"
 TARGET = "crispasr"
@@ -82,23 +82,13 @@ SIZE_KEYS = (f"{ARCH}.audio.n_layers", f"{ARCH}.audio.d_model", f"{ARCH}.llm.n_l
 
 # ---------------------------------------------------------------------------------------------------- hparams
 @dataclass(frozen=True)
-class VoxtralHParams:
+class VoxtralHParams(TextDecoderHParams):
     n_mels: int
     audio_layers: int
     audio_d_model: int
     audio_heads: int
     audio_ffn: int
     audio_positions: int
-    text_layers: int
-    text_hidden: int
-    text_heads: int
-    text_kv_heads: int
-    head_dim: int
-    text_ffn: int
-    vocab_size: int
-    text_positions: int
-    rope_theta: float
-    rms_norm_eps: float
     audio_token_id: int
     tied: bool
 
@@ -106,18 +96,11 @@ class VoxtralHParams:
     def from_config(cls, config: dict, origin: str) -> "VoxtralHParams":
         try:
             audio, text = config["audio_config"], config["text_config"]
-            rope = text.get("rope_parameters") or {}
             return cls(
                 n_mels=audio.get("num_mel_bins", 128), audio_layers=audio["num_hidden_layers"],
                 audio_d_model=audio["hidden_size"], audio_heads=audio["num_attention_heads"],
                 audio_ffn=audio["intermediate_size"], audio_positions=audio.get("max_source_positions", 1500),
-                text_layers=text["num_hidden_layers"], text_hidden=text["hidden_size"],
-                text_heads=text["num_attention_heads"], text_kv_heads=text["num_key_value_heads"],
-                head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
-                text_ffn=text["intermediate_size"], vocab_size=text["vocab_size"],
-                text_positions=text.get("max_position_embeddings", 131072),
-                rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 1e8))),
-                rms_norm_eps=float(text.get("rms_norm_eps", 1e-5)),
+                **text_decoder_fields(text, positions=131072, rope_theta=1e8, rms_norm_eps=1e-5),
                 audio_token_id=int(config.get("audio_token_id", 24)),
                 tied=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))))
         except (KeyError, TypeError) as e:

@@ -68,16 +68,9 @@ TEXT_LAYER_PARTS = {
 
 # ---------------------------------------------------------------------------------------------------- hparams
 @dataclass(frozen=True)
-class Qwen3ASRHParams:
-    """The dimensions both runtimes need, read from a transformers Qwen3-ASR config."""
+class TextDecoderHParams:
+    """The LLM decoder's dimensions, as a speech-LLM config's text_config gives them (Qwen3-ASR, Voxtral)."""
 
-    n_mels: int
-    audio_layers: int
-    audio_d_model: int
-    audio_heads: int
-    audio_ffn: int
-    conv_channels: int
-    n_window_infer: int
     text_layers: int
     text_hidden: int
     text_heads: int
@@ -89,23 +82,41 @@ class Qwen3ASRHParams:
     rope_theta: float
     rms_norm_eps: float
 
+
+def text_decoder_fields(text: dict, positions: int, rope_theta: float, rms_norm_eps: float) -> dict:
+    """TextDecoderHParams' fields from a text_config, with the architecture's defaults for what it may leave out;
+    KeyError / TypeError for a config that is not one."""
+    rope = text.get("rope_parameters") or {}
+    return dict(text_layers=text["num_hidden_layers"], text_hidden=text["hidden_size"],
+                text_heads=text["num_attention_heads"], text_kv_heads=text["num_key_value_heads"],
+                head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
+                text_ffn=text["intermediate_size"], vocab_size=text["vocab_size"],
+                text_positions=text.get("max_position_embeddings", positions),
+                rope_theta=float(rope.get("rope_theta", text.get("rope_theta", rope_theta))),
+                rms_norm_eps=float(text.get("rms_norm_eps", rms_norm_eps)))
+
+
+@dataclass(frozen=True)
+class Qwen3ASRHParams(TextDecoderHParams):
+    """The dimensions both runtimes need, read from a transformers Qwen3-ASR config."""
+
+    n_mels: int
+    audio_layers: int
+    audio_d_model: int
+    audio_heads: int
+    audio_ffn: int
+    conv_channels: int
+    n_window_infer: int
+
     @classmethod
     def from_config(cls, config: dict, origin: str) -> "Qwen3ASRHParams":
         try:
             audio, text = config["audio_config"], config["text_config"]
-            rope = text.get("rope_parameters") or {}
             return cls(
                 n_mels=audio["num_mel_bins"], audio_layers=audio["encoder_layers"], audio_d_model=audio["d_model"],
                 audio_heads=audio["encoder_attention_heads"], audio_ffn=audio["encoder_ffn_dim"],
                 conv_channels=audio["downsample_hidden_size"], n_window_infer=audio.get("n_window_infer", 800),
-                text_layers=text["num_hidden_layers"],
-                text_hidden=text["hidden_size"], text_heads=text["num_attention_heads"],
-                text_kv_heads=text["num_key_value_heads"],
-                head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
-                text_ffn=text["intermediate_size"], vocab_size=text["vocab_size"],
-                text_positions=text.get("max_position_embeddings", 65536),
-                rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 1e6))),
-                rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)))
+                **text_decoder_fields(text, positions=65536, rope_theta=1e6, rms_norm_eps=1e-6))
         except (KeyError, TypeError) as e:
             raise GGUFExportError(f"{origin}: config.json is not a Qwen3-ASR config (model_type 'qwen3_asr' with "
                                   f"audio_config and text_config): missing {e}") from None
