@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+import test_sweep
+
 pytestmark = pytest.mark.slow
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -43,30 +45,9 @@ START_TIMEOUT_S = 90
 SWEEP_TIMEOUT_S = 900
 KILL_WAIT_S = 600
 
-SWEEP = """
-[sweep]
-target = "whisper.cpp"
-methods = ["rtn", "gptq"]
-types = ["q4_0"]
-baseline = "gptq"
-steps = ["quantize", "export", "verify", "eval"]
-
-[models]
-"tiny.en" = "packaged:tiny.en"
-
-[calibration]
-clips = { manifest = "calib.jsonl", n = 2 }
-
-[evaluation]
-dev = "eval.jsonl"
-
-[quantize]
-device = "cpu"
-
-[eval]
-limit = 2
-resamples = 200
-"""
+# test_sweep.py's grid without its corrupt corpus, calibrating on the CPU the sweep names, two utterances evaluated
+SWEEP = (test_sweep.SWEEP.replace('broken = "broken.jsonl"\n', "")
+         .replace("[eval]\n", '[quantize]\ndevice = "cpu"\n\n[eval]\nlimit = 2\n'))
 
 
 def _free_port() -> int:
