@@ -299,6 +299,14 @@ def _study_cells(label: str) -> tuple[str, str]:
                                             "results/rarewords/round3/test600/report.json")])
 def test_study_sweep_files_plan_the_cells_of_their_committed_tables(tmp_path, study, report):
     """Each study's sweep file plans exactly the models of the table it stands for (and evaluates as many utterances)."""
+    sweep, cells = _planned(tmp_path, study)
+    committed = json.loads((REPO / report).read_text())["datasets"][0]
+    assert {(c.method, c.type) for c in cells} == {_study_cells(m["label"]) for m in committed["models"]}
+    assert sweep.eval_options.get("limit", committed["utterances"]) == committed["utterances"]
+
+
+def _planned(tmp_path: Path, study: str):
+    """(sweep, cells) of a committed sweep file, its corpora stubbed."""
     from tarq_deploy.sweep.plan import plan_cells
 
     copy = tmp_path / study
@@ -312,6 +320,16 @@ def test_study_sweep_files_plan_the_cells_of_their_committed_tables(tmp_path, st
     sweep = load_sweep(copy)
     hashes = {p: "h" for p in [*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()]}
     cells, _ = plan_cells(sweep, {m: "h" for m in sweep.models}, hashes, "code")
-    committed = json.loads((REPO / report).read_text())["datasets"][0]
-    assert {(c.method, c.type) for c in cells} == {_study_cells(m["label"]) for m in committed["models"]}
-    assert sweep.eval_options.get("limit", committed["utterances"]) == committed["utterances"]
+    return sweep, cells
+
+
+@pytest.mark.parametrize("study, report", [("results/frontier/sweep.toml", "results/frontier/report.json")])
+def test_sweep_made_tables_hold_the_cells_their_files_plan(tmp_path, study, report):
+    """A table the sweep itself made lists exactly the cells its sweep file plans, evaluated on as many utterances."""
+    sweep, cells = _planned(tmp_path, study)
+    committed = json.loads((REPO / report).read_text())
+    assert sorted(c["cell"] for c in committed["cells"]) == sorted(c.name for c in cells)
+    for model in committed["models"]:
+        for dataset in model["evaluation"]["datasets"]:
+            assert dataset["name"] in sweep.evaluation
+            assert sweep.eval_options.get("limit", dataset["utterances"]) >= dataset["utterances"]
