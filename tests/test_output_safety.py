@@ -324,7 +324,8 @@ def _planned(tmp_path: Path, study: str):
 
 
 @pytest.mark.parametrize("study, report", [("results/frontier/sweep.toml", "results/frontier/report.json"),
-                                           ("results/eval/sweep.toml", "results/eval/report.json")])
+                                           ("results/eval/sweep.toml", "results/eval/report.json"),
+                                           ("results/frontier/iq4_xs.toml", "results/frontier/iq4_xs/report.json")])
 def test_sweep_made_tables_hold_the_cells_their_files_plan(tmp_path, study, report):
     """A table the sweep itself made lists exactly the cells its sweep file plans, evaluated on as many utterances."""
     sweep, cells = _planned(tmp_path, study)
