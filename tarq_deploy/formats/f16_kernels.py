@@ -9,8 +9,8 @@ Each ``decode_*`` kernel takes one type's blocks ``raw`` uint8 [blocks, type siz
 decode_k_affine: of the types their flags name) and fills ``out`` uint16
 [blocks * block size] with the fp16 bits of exactly what ``ggml_types.unpack(...).dequantize()`` gives: the unsigned
 code u, the code q = u + qmin, then q * s (and + o) as two float32 roundings, with s = d * sc and o = -(dmin * mn)
-for the K-quants (Q3_K: sc = e - 32 of its 6-bit e, and q = u - 4; IQ4_NL: q = table[u]; IQ4_XS both). Every operand is made
-float32 before it meets another, so numba computes in float32 as the reference does. The byte layouts are those of
+for the K-quants (Q3_K: sc = e - 32 of its 6-bit e, and q = u - 4; IQ4_NL: q = table[u]; IQ4_XS both). Every
+operand is made float32 before it meets another, so numba computes in float32 as the reference does. The byte layouts are those of
 ggml_types.py's docstring.
 
 numpy and torch do the same decoding as a dozen passes over whole-matrix temporaries; a kernel reads each block once

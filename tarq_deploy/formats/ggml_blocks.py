@@ -3,8 +3,8 @@
 Type ids and sizes are gguf-py's (``GGMLQuantizationType``, ``GGML_QUANT_SIZES``); ``BLOCKS`` holds, for every type
 this package reads or writes, its block size, bytes per block and name. Each quantized type holds exactly one
 lattice (quant/ggml_types.py, where the per-type codecs live): Q4_0 / Q5_0 / Q8_0 the symmetric 4-, 5- and 8-bit
-lattices, Q4_1 / Q5_1 the affine ones, Q2_K ... Q6_K the two-level K-quant lattices, IQ4_NL a non-uniform one and IQ4_XS
-the same table under K-quant scales.
+lattices, Q4_1 / Q5_1 the affine ones, Q2_K ... Q6_K the two-level K-quant lattices, IQ4_NL a non-uniform one and
+IQ4_XS the same table under K-quant scales.
 ``pack_lattice`` copies a lattice weight into its type's blocks and refuses any other pairing rather than re-quantize.
 
 ``ggml_rtn_q4_0`` / ``ggml_rtn_q8_0`` are ggml's *own* rounding of float weights (what whisper.cpp's quantize tool

@@ -3,10 +3,11 @@ model file against a lattice checkpoint.
 
 Targets (``target`` = the ggml type of the weight matrices):
 
-* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q2_k`` ... ``q6_k``, ``iq4_nl``, ``iq4_xs`` -- a lattice checkpoint of that
-  type, every weight matrix and the tied token embedding stored exactly (the lattice's codes and group parameters
-  become the type's blocks; see quant/ggml_types.py). whisper.cpp holds one type for all weight matrices, so a
-  checkpoint whose matrices are on different lattices is refused; the K-quants need d_model a multiple of 256.
+* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q2_k`` ... ``q6_k``, ``iq4_nl``, ``iq4_xs`` -- a lattice
+  checkpoint of that type, every weight matrix and the tied token embedding stored exactly (the lattice's codes
+  and group parameters become the type's blocks; see quant/ggml_types.py). whisper.cpp holds one type for all
+  weight matrices, so a checkpoint whose matrices are on different lattices is refused; the K-quants need d_model a
+  multiple of 256.
 * ``f16``  -- a float model, or a checkpoint's dequantized values s * q rounded to fp16 (fp16 cannot hold every
   s * q: a warning says how many values were rounded; verify shows it).
 * ``baseline="rtn"`` with any quantized type -- ggml's own rounding of a float model, byte for byte what

@@ -100,8 +100,7 @@ def pack(q: QuantizedWeight, ggml_type: GGMLType) -> np.ndarray:
         raise LatticeNotRepresentable(str(e)) from None
     codes = _numpy(q.codes)
     if ggml_type in K_TYPES:
-        u = codes - q.spec.qmin if q.spec.codebook is None else _INDEX_OF_CODE[(q.spec.scheme, q.spec.bits)][
-            codes.astype(np.int16) + 128]  # a table's codes are stored as their indices
+        u = codes - q.spec.qmin if q.spec.codebook is None else _table_indices(codes, (q.spec.scheme, q.spec.bits))
         return _pack_k(u, {k: _numpy(v) for k, v in q.params().items()}, ggml_type)
     return pack_one_level(codes, _numpy(q.scales), ggml_type, None if q.mins is None else _numpy(q.mins))
 
@@ -113,8 +112,8 @@ def pack_one_level(codes: Any, scales: Any, ggml_type: GGMLType, mins: Any = Non
     q, d = _block_codes_and_scales(_numpy(codes), _numpy(scales), ggml_type)
     m, n_blocks = d.shape
     lo = -(2 ** (bits - 1)) if scheme == "symmetric" else 0
-    if (scheme, bits) in CODEBOOKS:  # the table index of each code (codes were checked to be table values)
-        q = _INDEX_OF_CODE[(scheme, bits)][q.astype(np.int16) + 128]
+    if (scheme, bits) in CODEBOOKS:
+        q = _table_indices(q, (scheme, bits))
     codes8 = q.astype(np.int8, copy=False).view(np.uint8).reshape(m, n_blocks, QK)  # two's complement bytes
     out = np.empty((m, n_blocks, GGML_QUANT_SIZES[ggml_type][1]), dtype=np.uint8)  # filled field by field
     out[:, :, 0:2] = _fp16_bytes(d)
@@ -186,6 +185,12 @@ def _index_of_code(table: tuple[int, ...]) -> np.ndarray:
 
 
 _INDEX_OF_CODE = {key: _index_of_code(table) for key, table in CODEBOOKS.items()}
+
+
+def _table_indices(codes: np.ndarray, key: tuple[str, int]) -> np.ndarray:
+    """The table index of each code of a codebook lattice (the codes were checked to be table values): what its
+    blocks store."""
+    return _INDEX_OF_CODE[key][codes.astype(np.int16) + 128]
 
 
 def _pack_k(u: np.ndarray, params: dict[str, np.ndarray], ggml_type: GGMLType) -> np.ndarray:

@@ -80,17 +80,26 @@ class LatticeType:
     name: str
     bits: int
     group_size: int
-    ggml_type: str = ""
-    group_option: int | None = None
 
-    def __post_init__(self) -> None:
-        if not self.ggml_type:
-            object.__setattr__(self, "ggml_type", self.name)
+    @property
+    def ggml_type(self) -> str:
+        return ggml_type_of(self.name)
+
+    @property
+    def group_option(self) -> int | None:
+        return None if self.name == self.ggml_type else self.group_size
 
 
 # The ggml types a lattice is made for (quant/choices.py; each written bit-exactly, quant/ggml_types.py).
 TYPES: dict[str, LatticeType] = {name: LatticeType(name, bits, group) for name, (_, bits, group) in GGML_TYPES.items()}
 GROUP_SUFFIX = "-g"
+
+
+def ggml_type_of(type_name: str) -> str:
+    """The ggml type a grid type's file holds: q4_0 for q4_0 and for q4_0-g128."""
+    return type_name.partition(GROUP_SUFFIX)[0]
+
+
 # methods that run ggml's own quantizer, which writes each type at its own grouping only
 NATIVE_GROUP_METHODS = frozenset({"ggml", "imatrix"})
 # target -> (runtime that evaluates its files, file suffix)
@@ -199,8 +208,8 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     if grouped and any(k.replace("-", "_") == "group_size" for k in _table(doc, "quantize", source)):
         raise UserError(f"{source}: [quantize] group_size and [sweep] types {', '.join(grouped)} both set a group "
                         f"size; keep one")
+    native_only = sorted(NATIVE_GROUP_METHODS & set(methods))
     for lattice in types:
-        native_only = sorted(NATIVE_GROUP_METHODS & set(methods))
         if lattice.group_option is not None and native_only:
             raise UserError(f"{source}: [sweep] types: {lattice.name}: {', '.join(native_only)} run ggml's own "
                             f"quantizer, which writes {lattice.ggml_type} in groups of "
@@ -395,7 +404,7 @@ def _lattice_type(name: str, source: Path) -> LatticeType:
         symmetric = [t for t, (scheme, _, _) in GGML_TYPES.items() if scheme == "symmetric"]
         raise UserError(f"{source}: [sweep] types: {name!r}: a group size is for the symmetric types "
                         f"({', '.join(symmetric)}), as TYPE-gN with N one of {', '.join(map(str, sizes))}")
-    return LatticeType(name, TYPES[base].bits, int(group), base, int(group))
+    return LatticeType(name, TYPES[base].bits, int(group))
 
 
 def _path(value: Any, base: Path) -> Path:

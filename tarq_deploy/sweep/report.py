@@ -20,7 +20,7 @@ from ..evaluate.teacher_forced import UtteranceFigures
 from ..evaluate.wer import score_utterance
 from ..fileio import write_bytes_atomic, write_text_atomic
 from .driver import SweepRun, describe
-from .plan import GROUP_SUFFIX, REFERENCE_METHOD, Cell, Sweep
+from .plan import REFERENCE_METHOD, Cell, Sweep, ggml_type_of
 
 MIB = 1024 * 1024
 TIMING_FIELDS = ("decode_seconds", "real_time_factor")
@@ -169,8 +169,7 @@ def type_bits_per_weight(type_name: str) -> float:
     """Bits per weight of a ggml type's blocks (f16: 16), from gguf-py's block sizes."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    ggml_type = type_name.partition(GROUP_SUFFIX)[0]  # a q4_0-g128 file holds q4_0 blocks
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type.upper()]]
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type_of(type_name).upper()]]
     return size * 8 / block
 
 
