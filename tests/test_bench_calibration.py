@@ -2,11 +2,13 @@
 recorded rather than waited for, and TARQ/GPTQ ratios pair rows of the same dims and n only."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
+import torch
 
-from tarq_deploy.bench.calibration import DIMS, main, tarq_over_gptq
+from tarq_deploy.bench.calibration import DIMS, _progress, beyond_a_stopped_cell, cell_figures, main, tarq_over_gptq
 
 
 def test_the_five_whisper_sizes_have_their_real_dimensions():
@@ -24,13 +26,45 @@ def test_ratios_pair_the_same_dims_and_n():
     assert tarq_over_gptq(rows) == [{"dims": "tiny", "n": 32, "ratio": pytest.approx(1.2)}]
 
 
-def test_a_calibration_over_the_limit_is_a_stopped_row(tmp_path):
+def test_a_calibration_over_the_limit_is_a_stopped_row_and_larger_cells_are_skipped(tmp_path):
     out = tmp_path / "cal.json"
-    assert main(["--dims", "tiny", "--n", "2,1", "--methods", "gptq", "--max-seconds", "0.01", "--type", "q4_0",
+    assert main(["--dims", "tiny,base", "--n", "2,1", "--methods", "gptq", "--max-seconds", "0.01", "--type", "q4_0",
                  "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert [(r["n"], r["stopped_after_s"]) for r in result["rows"]] == [(1, 0.01), (2, 0.01)]  # smallest first
-    assert result["ratios_tarq_over_gptq"] == []
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["dims"], r["n"]) for r in rows] == [("tiny", 1), ("tiny", 2), ("base", 1), ("base", 2)]  # smallest first
+    assert rows[0]["stopped_after_s"] == 0.01 and rows[0]["reached"] == "start"  # stopped before its model was built
+    assert all(r["skipped"] == "tiny at 1 was already over the limit" for r in rows[1:])
+    assert json.loads(out.read_text())["ratios_tarq_over_gptq"] == []
+
+
+def test_only_a_cell_no_larger_in_model_and_data_of_the_same_method_skips_one():
+    stopped = [{"method": "tarq", "dims": "base", "n": 128, "stopped_after_s": 60.0},
+               {"method": "gptq", "dims": "tiny", "n": 512, "failed": "exit -9 (killed: out of memory?)"}]
+    assert beyond_a_stopped_cell(stopped, "tarq", "small", 128) is stopped[0]
+    assert beyond_a_stopped_cell(stopped, "tarq", "base", 512) is stopped[0]
+    assert beyond_a_stopped_cell(stopped, "tarq", "small", 32) is None  # less data: it may finish
+    assert beyond_a_stopped_cell(stopped, "tarq", "tiny", 512) is None  # a smaller model
+    assert beyond_a_stopped_cell(stopped, "gptq", "base", 128) is None  # the other method's row
+    assert beyond_a_stopped_cell(stopped, "gptq", "large-v3", 512) is stopped[1]
+
+
+def test_a_stopped_child_reports_its_last_stage():
+    stdout = ('noise\nSTAGE {"stage": "model", "at_s": 4.0, "peak_rss_mb": 800}\n'
+              'STAGE {"stage": "block 3/9", "at_s": 41.5, "peak_rss_mb": 990}\n')
+    assert _progress(stdout) == {"reached": "block 3/9", "reached_at_s": 41.5}
+    assert _progress("") == {"reached": "start"}
+
+
+def test_a_finished_cell_splits_its_time_by_stage():
+    stages = {"model": {"at_s": 5.0, "peak_rss_mb": 800.0}, "windows": {"at_s": 11.0, "peak_rss_mb": 990.0},
+              **{f"block {i}/2": {"at_s": 11.0 + 30 * i, "peak_rss_mb": 1100.0} for i in (1, 2)},
+              "done": {"at_s": 72.0, "peak_rss_mb": 1150.0}}
+    timing = {"seconds": 60.0, "layers": [{"name": "a", "seconds": 40.0}, {"name": "b", "seconds": 15.0}]}
+    args = argparse.Namespace(method="gptq", dims="tiny", model="packaged:base", n=32, type="q3_k", device="cpu")
+    row = cell_figures(args, stages, timing, torch.nn.Linear(3, 2))
+    assert row["stage_s"] == {"model": 5.0, "windows": 6.0, "propagate": 5.0, "solve": 55.0}
+    assert row["wall_s"] == 72.0 and row["blocks"] == 2 and row["parameters"] == 8
+    assert row["peak_rss_mb_after"] == {"model": 800.0, "windows": 990.0, "done": 1150.0}
 
 
 @pytest.mark.parametrize("args, message", [(["--dims", "huge"], "--dims: unknown huge"),

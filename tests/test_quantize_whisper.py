@@ -46,14 +46,23 @@ def clips() -> dict[str, list]:
 @pytest.fixture(scope="module")
 def checkpoints(clips: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("ckpts")
-    paths = {}
+    paths: dict = {"milestones": {}}
     for method in METHODS:
         model, processor, gc = load_whisper("packaged:tiny.en")
         backbone = WhisperBackbone(model, processor, gc)
+        heard = paths["milestones"][method] = []
         ckpt, _ = quantize_backbone(backbone, clips["calib"], QuantizeOptions(method=method), "packaged:tiny.en",
-                                   log=lambda _: None)
+                                   log=lambda _: None, milestone=heard.append)
         paths[method] = save_checkpoint(ckpt, out / method)
     return paths
+
+
+def test_the_stages_are_announced_in_order(checkpoints: dict) -> None:
+    """bench.calibration clocks its stages by these: windows once built, then every block of the model (4 encoder
+    blocks, 4 decoder blocks, the head); rtn builds no windows and calibrates no block."""
+    blocks = [f"block {i}/9" for i in range(1, 10)]
+    assert checkpoints["milestones"] == {method: ([] if method == "rtn" else ["windows", *blocks])
+                                         for method in METHODS}
 
 
 @pytest.mark.parametrize("method", METHODS)

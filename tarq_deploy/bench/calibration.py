@@ -5,8 +5,11 @@
     python -m tarq_deploy.bench.calibration --dims tiny,base,small --n 32,128 --type q3_k --out FILE.json   # a grid
 
 With several --dims or --n values every combination is measured (each method in its own child), smallest first, and
-the rows say how time and memory grow with the model and the calibration set; a cell over --max-seconds is stopped
-and recorded as such, so the grid always finishes.
+the rows say how time and memory grow with the model and the calibration set: each row has the time of every stage
+(model, windows, propagate, solve) and the RSS high-water mark as each ends. A cell over --max-seconds is stopped and
+recorded with how far it got (the last block finished, the RSS so far); the cells of that method at least as large in
+both model and data are then recorded as skipped, so the grid always finishes and never spends the limit twice on
+what is certain to exceed it.
 
 Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
@@ -80,7 +83,9 @@ def random_whisper(dims: str, device: str, processor_source: str = "packaged:tin
 
 
 def child(args: argparse.Namespace) -> None:
-    """One calibration in this process; prints a JSON line with its figures."""
+    """One calibration in this process. Prints a STAGE line as each stage ends (its time from the start and this
+    process's RSS high-water mark then), so a parent that stops it knows how far it got, and a RESULT line with the
+    figures at the end."""
     import torch
 
     if args.threads:
@@ -91,9 +96,17 @@ def child(args: argparse.Namespace) -> None:
     from tarq_deploy.quant.choices import GGML_TYPES
     from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
+    start = time.perf_counter()
+    stages: dict[str, dict] = {}
+
+    def milestone(name: str) -> None:
+        stages[name] = {"at_s": time.perf_counter() - start, "peak_rss_mb": _peak_rss_mb()}
+        print("STAGE " + json.dumps({"stage": name, **stages[name]}), flush=True)
+
     model, processor, gc = (random_whisper(args.dims, args.device, args.processor) if args.dims
                             else load_whisper(args.model))
     backbone = WhisperBackbone(model, processor, gc, args.device)
+    milestone("model")
     scheme, bits, native_group = GGML_TYPES[args.type] if args.type else ("symmetric", 4, args.group_size)
     group = args.group_size if scheme == "symmetric" else native_group
     options = QuantizeOptions(method=args.method, n_calib=args.n, device=args.device, group_size=group, bits=bits,
@@ -101,42 +114,85 @@ def child(args: argparse.Namespace) -> None:
     utterances = load_corpus(args.manifest)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    _, timing = quantize_backbone(backbone, utterances, options, args.model, log=lambda _: None)
-    wall = time.perf_counter() - start
+    _, timing = quantize_backbone(backbone, utterances, options, args.model, log=lambda _: None, milestone=milestone)
+    milestone("done")
+    print("RESULT " + json.dumps(cell_figures(args, stages, timing, model)), flush=True)
+
+
+def cell_figures(args: argparse.Namespace, stages: dict[str, dict], timing: dict, model) -> dict:
+    """A finished cell's row: the time of each stage and the RSS high-water mark at its end (the peak so far, so a
+    stage's own peak is the figure where it first rises). Stages: model (build or load), windows (audio decoding,
+    features, rare-word tags and alignment of the calibration set), propagate (running the blocks over the windows,
+    capturing inputs and accumulating Hessians) and solve (the per-Linear solvers, summed from the layer log)."""
+    import torch
+
+    solve = sum(layer["seconds"] or 0.0 for layer in timing["layers"])
     figures = {"method": args.method, "dims": args.dims or args.model, "n": args.n, "type": args.type or "",
-               "wall_s": wall, "calibration_s": timing["seconds"],
-               "windows_s": wall - timing["seconds"],  # audio decoding, features, rare tags and alignment
-               "peak_rss_mb": _peak_rss_mb(), "parameters": sum(p.numel() for p in model.parameters())}
+               "wall_s": stages["done"]["at_s"], "calibration_s": timing["seconds"],
+               "stage_s": {"model": stages["model"]["at_s"],
+                           "windows": stages["windows"]["at_s"] - stages["model"]["at_s"],
+                           "propagate": timing["seconds"] - solve, "solve": solve},
+               "peak_rss_mb_after": {stage: stages[stage]["peak_rss_mb"] for stage in ("model", "windows", "done")},
+               "peak_rss_mb": stages["done"]["peak_rss_mb"], "parameters": sum(p.numel() for p in model.parameters()),
+               "blocks": sum(1 for name in stages if name.startswith("block "))}
     if args.device == "cuda":
         figures["peak_vram_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    print("RESULT " + json.dumps(figures), flush=True)
+    return figures
 
 
-def _peak_rss_mb() -> float:
-    """This process's own high-water mark (VmHWM): ru_maxrss would include the parent's pre-exec peak."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+def _peak_rss_mb(status: Path = Path("/proc/self/status")) -> float:
+    """A process's own high-water mark (VmHWM): ru_maxrss would include the parent's pre-exec peak."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:  # the process is gone
+        pass
     return float("nan")
 
 
 def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str | None, n: int) -> dict:
+    """One cell in a fresh child. A child over --max-seconds is stopped and its row says how far it got (last stage,
+    RSS high-water mark read just before the stop); one that dies (out of memory, most likely) is a failed row."""
     cmd = [sys.executable, "-m", "tarq_deploy.bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
            "--model", args.model, "--n", str(n), "--device", args.device, "--group-size", str(args.group_size),
            "--threads", str(args.threads or 0), *(["--type", args.type] if args.type else [])]
     if dims:
         cmd += ["--dims", dims, "--processor", args.processor]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.max_seconds)
-    except subprocess.TimeoutExpired:
-        return {"method": method, "dims": dims or args.model, "n": n, "type": args.type or "",
-                "stopped_after_s": args.max_seconds}
-    if done.returncode != 0:
-        raise RuntimeError(f"{method} calibration failed:\n{done.stderr[-3000:]}")
-    line = next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))
+    cell = {"method": method, "dims": dims or args.model, "n": n, "type": args.type or ""}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=args.max_seconds)
+        except subprocess.TimeoutExpired:
+            peak = _peak_rss_mb(Path(f"/proc/{proc.pid}/status"))
+            proc.kill()
+            stdout, _ = proc.communicate()
+            return {**cell, "stopped_after_s": args.max_seconds, **_progress(stdout), "peak_rss_mb_so_far": peak}
+    if proc.returncode != 0:
+        killed = " (killed: out of memory?)" if proc.returncode < 0 else ""
+        return {**cell, "failed": f"exit {proc.returncode}{killed}", **_progress(stdout), "stderr_tail": stderr[-2000:]}
+    line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
+
+
+def _progress(stdout: str) -> dict:
+    """How far a child got: its last STAGE line (stage name and time from its start)."""
+    stages = [json.loads(l[len("STAGE "):]) for l in stdout.splitlines() if l.startswith("STAGE ")]
+    return {"reached": stages[-1]["stage"], "reached_at_s": stages[-1]["at_s"]} if stages else {"reached": "start"}
+
+
+def beyond_a_stopped_cell(rows: list[dict], method: str, dims: str | None, n: int) -> dict | None:
+    """The row of a stopped or failed cell of ``method`` no larger in both model and calibration set than (dims, n),
+    if there is one: this cell costs at least as much, so the grid records it as skipped rather than spend the limit
+    again on it."""
+    size = list(DIMS).index(dims) if dims in DIMS else 0
+    for row in rows:
+        over = "stopped_after_s" in row or "failed" in row
+        row_size = list(DIMS).index(row["dims"]) if row["dims"] in DIMS else 0
+        if over and row["method"] == method and row_size <= size and row["n"] <= n:
+            return row
+    return None
 
 
 def tarq_over_gptq(rows: list[dict]) -> list[dict]:
@@ -189,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         for dims in grid_dims:
             for n in grid_n:
                 for method in args.methods.split(","):
-                    rows.append(run_child(args, method, manifest, dims, n))
+                    blocker = beyond_a_stopped_cell(rows, method, dims, n)
+                    rows.append({"method": method, "dims": dims or args.model, "n": n, "type": args.type or "",
+                                 "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"}
+                                if blocker else run_child(args, method, manifest, dims, n))
                     print(json.dumps(rows[-1]), flush=True)
     by_method = {r["method"]: r for r in rows if "wall_s" in r}
     result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,

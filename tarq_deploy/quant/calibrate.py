@@ -264,13 +264,15 @@ class SequentialCalibrator:
     """Runs the sweep over the stages of a backbone for a list of windows."""
 
     def __init__(self, stages: list[Stage], windows: list[Window], config: CalibrationConfig,
-                 work_dir: WorkDir | None = None, log: Callable[[str], None] = print) -> None:
+                 work_dir: WorkDir | None = None, log: Callable[[str], None] = print,
+                 milestone: Callable[[str], None] | None = None) -> None:
         self.stages = stages
         self.windows = windows
         self.config = config
         self.device = torch.device(config.device)
         self.work_dir = work_dir
         self.log = log
+        self.milestone = milestone or (lambda _: None)  # "block i/N" after each block: a cost benchmark's clock
         self.generator = torch.Generator().manual_seed(config.seed)
         self.masks = [self._reweighting_masks(w) for w in windows]
         self.paired = config.solver.uses_residual
@@ -333,6 +335,7 @@ class SequentialCalibrator:
                         self.work_dir.save_block(block_index, block_lattice, records)
                     progress.update(1)
                 block_index += 1
+                self.milestone(f"block {block_index}/{blocks_total}")
             for kind in streams:
                 for w, s, hidden in zip(self.windows, streams[kind], h[kind]):
                     stage.leave(hidden, w, s)

@@ -105,8 +105,12 @@ def decode_utterances(utterances: list[Utterance]) -> list[TextAudio]:
 
 def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
                       source_id: str, work_path: Path | None = None,
-                      log: Callable[[str], None] = print) -> tuple[LatticeCheckpoint, dict]:
-    """Calibrate (or round, for rtn) every Linear of the backbone; returns the checkpoint and a timing log."""
+                      log: Callable[[str], None] = print,
+                      milestone: Callable[[str], None] | None = None) -> tuple[LatticeCheckpoint, dict]:
+    """Calibrate (or round, for rtn) every Linear of the backbone; returns the checkpoint and a timing log.
+
+    ``milestone`` hears where the work is, for a caller that clocks its stages (bench.calibration): "windows" once
+    the calibration windows are built, then "block i/N" after each calibrated block."""
     torch.manual_seed(options.seed)
     source_sha = state_sha256(backbone.model)
     spec = options.spec()
@@ -120,12 +124,14 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         stats = corpus_statistics(chosen, options.zipf_threshold)
         windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
                                          options.encoder_tagging)
+        if milestone:
+            milestone("windows")
         calibration = _calibration_summary(chosen, stats, windows, options)
         key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         work_dir = WorkDir(work_path, key) if work_path else None
         config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe())
         with full_float32():
-            result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log).run()
+            result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
     metadata = {
         "method": {"name": options.method, **options.result_knobs()},
         "layers": [_without_timing(r) for r in result.records],
