@@ -7,9 +7,9 @@
 With several --dims or --n values every combination is measured (each method in its own child), smallest first, and
 the rows say how time and memory grow with the model and the calibration set: each row has the time of every stage
 (model, windows, propagate, solve) and the RSS high-water mark as each ends. A cell over --max-seconds is stopped and
-recorded with how far it got (the last block finished, the RSS so far); the cells of that method at least as large in
-both model and data are then recorded as skipped, so the grid always finishes and never spends the limit twice on
-what is certain to exceed it.
+recorded with how far it got (the last block finished, the RSS so far); the larger calibration sets of that method at
+least as large a model are then recorded as skipped, so the grid always finishes and never spends the limit twice on
+what is certain to exceed it. Every model is still tried at the smallest set.
 
 Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
@@ -245,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         for dims in grid_dims:
             for n in grid_n:
                 for method in args.methods.split(","):
-                    blocker = beyond_a_stopped_cell(rows, method, dims, n)
+                    # Every model is tried at the smallest set even after a smaller model stopped: how far it gets
+                    # and its memory then are what tell a user this machine is not enough.
+                    blocker = beyond_a_stopped_cell(rows, method, dims, n) if n > grid_n[0] else None
                     rows.append({"method": method, "dims": dims or args.model, "n": n, "type": args.type or "",
                                  "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"}
                                 if blocker else run_child(args, method, manifest, dims, n))
