@@ -44,7 +44,8 @@ def clips() -> dict[str, list]:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(clips: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def checkpoints(clips: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each method's checkpoint path, and under "milestones" what each quantize_backbone announced."""
     out = tmp_path_factory.mktemp("ckpts")
     paths: dict = {"milestones": {}}
     for method in METHODS:

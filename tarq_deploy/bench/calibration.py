@@ -160,7 +160,7 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
     if dims:
         cmd += ["--dims", dims, "--processor", args.processor]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    cell = {"method": method, "dims": dims or args.model, "n": n, "type": args.type or ""}
+    cell = cell_name(args, method, dims, n)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=args.max_seconds)
@@ -176,6 +176,11 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
     return json.loads(line[len("RESULT "):])
 
 
+def cell_name(args: argparse.Namespace, method: str, dims: str | None, n: int) -> dict:
+    """The fields that name a grid cell, first in each of its rows whatever became of it."""
+    return {"method": method, "dims": dims or args.model, "n": n, "type": args.type or ""}
+
+
 def _progress(stdout: str) -> dict:
     """How far a child got: its last STAGE line (stage name and time from its start)."""
     stages = [json.loads(l[len("STAGE "):]) for l in stdout.splitlines() if l.startswith("STAGE ")]
@@ -186,13 +191,16 @@ def beyond_a_stopped_cell(rows: list[dict], method: str, dims: str | None, n: in
     """The row of a stopped or failed cell of ``method`` no larger in both model and calibration set than (dims, n),
     if there is one: this cell costs at least as much, so the grid records it as skipped rather than spend the limit
     again on it."""
-    size = list(DIMS).index(dims) if dims in DIMS else 0
     for row in rows:
         over = "stopped_after_s" in row or "failed" in row
-        row_size = list(DIMS).index(row["dims"]) if row["dims"] in DIMS else 0
-        if over and row["method"] == method and row_size <= size and row["n"] <= n:
+        if over and row["method"] == method and _model_rank(row["dims"]) <= _model_rank(dims) and row["n"] <= n:
             return row
     return None
+
+
+def _model_rank(dims: str | None) -> int:
+    """Place of a model in DIMS, smallest first; a --model checkpoint (the grid's only model then) ranks 0."""
+    return list(DIMS).index(dims) if dims in DIMS else 0
 
 
 def tarq_over_gptq(rows: list[dict]) -> list[dict]:
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                     # Every model is tried at the smallest set even after a smaller model stopped: how far it gets
                     # and its memory then are what tell a user this machine is not enough.
                     blocker = beyond_a_stopped_cell(rows, method, dims, n) if n > grid_n[0] else None
-                    rows.append({"method": method, "dims": dims or args.model, "n": n, "type": args.type or "",
+                    rows.append({**cell_name(args, method, dims, n),
                                  "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"}
                                 if blocker else run_child(args, method, manifest, dims, n))
                     print(json.dumps(rows[-1]), flush=True)
