@@ -11,10 +11,12 @@ import torch
 from tarq_deploy.bench.calibration import DIMS, _progress, beyond_a_stopped_cell, cell_figures, main, tarq_over_gptq
 
 
-def test_the_five_whisper_sizes_have_their_real_dimensions():
-    assert list(DIMS) == ["tiny", "base", "small", "medium", "large-v3"]
-    assert [DIMS[d]["d_model"] for d in DIMS] == [384, 512, 768, 1024, 1280]
-    assert [DIMS[d]["encoder_layers"] for d in DIMS] == [4, 6, 12, 24, 32]
+def test_the_six_whisper_sizes_have_their_real_dimensions():
+    assert list(DIMS) == ["tiny", "base", "small", "medium", "large-v3-turbo", "large-v3"]
+    assert [DIMS[d]["d_model"] for d in DIMS] == [384, 512, 768, 1024, 1280, 1280]
+    assert [DIMS[d]["decoder_layers"] for d in DIMS] == [4, 6, 12, 24, 4, 32]
+    assert [DIMS[d]["encoder_layers"] for d in DIMS] == [4, 6, 12, 24, 32, 32]
+    assert [DIMS[d]["num_mel_bins"] for d in DIMS] == [80, 80, 80, 80, 128, 128]
 
 
 def test_ratios_pair_the_same_dims_and_n():

@@ -30,18 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-DIMS = {  # real Whisper dimensions, random weights (no such checkpoints offline)
-    "tiny": dict(d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
-                 decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536, num_mel_bins=80),
-    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, num_mel_bins=80),
-    "small": dict(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,
-                  decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, num_mel_bins=80),
-    "medium": dict(d_model=1024, encoder_layers=24, decoder_layers=24, encoder_attention_heads=16,
-                   decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, num_mel_bins=80),
-    "large-v3": dict(d_model=1280, encoder_layers=32, decoder_layers=32, encoder_attention_heads=20,
-                     decoder_attention_heads=20, encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128),
-}
+from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
+
+DIMS = WHISPER_DIMS  # real Whisper dimensions, random weights (no such checkpoints offline)
 
 
 def cycled_corpus(n: int, directory: Path) -> Path:
@@ -66,20 +57,14 @@ def cycled_corpus(n: int, directory: Path) -> Path:
 
 def random_whisper(dims: str, device: str, processor_source: str = "packaged:tiny.en"):
     """A real-dimension Whisper with random weights and the tokenizer of ``processor_source`` (tiny.en's: vocabulary
-    51864)."""
-    import torch
-    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperProcessor
-
+    51864); 128 mel bins take large-v3's vocabulary (51866, made from base's multilingual tokenizer)."""
     from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.models.whisper_shapes import random_whisper as random_shape
 
-    _, processor, generation_config = load_whisper(processor_source)
-    torch.manual_seed(0)
-    config = WhisperConfig(vocab_size=51864, **DIMS[dims])
-    model = WhisperForConditionalGeneration(config)
-    features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
-    processor = WhisperProcessor(feature_extractor=features, tokenizer=processor.tokenizer)
-    generation_config.alignment_heads = [[config.decoder_layers - 1, 0]]
-    return model, processor, generation_config
+    source = "packaged:base" if DIMS[dims]["num_mel_bins"] == 128 else processor_source
+    _, processor, generation_config = load_whisper(source)
+    model, processor, generation_config = random_shape(dims, processor, generation_config)
+    return model.to(device), processor, generation_config
 
 
 def child(args: argparse.Namespace) -> None:

@@ -3,6 +3,8 @@ transformers directory whose config says ``voxtral``)."""
 
 from __future__ import annotations
 
+import sys
+
 from ..model_source import ModelSource, resolve_source
 from .loader import load_whisper
 
@@ -44,7 +46,11 @@ def load_backbone(source: str | ModelSource, device: str = "cpu", head_identity_
         return load_qwen3_asr_backbone(text, device, head_identity_weight)
     if kind != "whisper":
         raise ValueError(f"{text}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
-    from .whisper import WhisperBackbone
+    from .whisper import WhisperBackbone, round_conv_kernels_to_f16
 
     model, processor, generation_config = load_whisper(found)
+    rounded = round_conv_kernels_to_f16(model)
+    if rounded:
+        print(f"{text}: {rounded} convolution kernel values rounded to fp16, as every runtime file stores them",
+              file=sys.stderr)
     return WhisperBackbone(model, processor, generation_config, device, head_identity_weight)

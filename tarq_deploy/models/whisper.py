@@ -150,6 +150,21 @@ class WhisperBackbone:
         return self.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
 
 
+def round_conv_kernels_to_f16(model: nn.Module) -> int:
+    """Round the encoder's input convolution kernels to fp16 values, in place (the tensors keep their dtype); returns
+    how many values changed. Every runtime file stores these kernels in F16 (ggml's convolutions take F16 kernels),
+    so a float32 or bfloat16 source is calibrated, and checkpointed, with the kernels the files will hold: an export
+    then copies them exactly and ``verify`` finds no difference. A float16-born source changes nothing."""
+    changed = 0
+    encoder = model.model.encoder
+    with torch.no_grad():
+        for conv in (encoder.conv1, encoder.conv2):
+            rounded = conv.weight.to(torch.float16).to(conv.weight.dtype)
+            changed += int((rounded != conv.weight).sum())
+            conv.weight.copy_(rounded)
+    return changed
+
+
 def token_start_frames(matrix: np.ndarray) -> list[int]:
     """DTW path through -matrix [tokens, frames]; the frame where the path first reaches each token row."""
     text_idx, time_idx = dtw_path(-matrix.astype(np.float64))
