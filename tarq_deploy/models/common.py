@@ -128,14 +128,20 @@ class SplicedDecoderStage:
 
 
 def checkpoint_from_model(model: nn.Module, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict,
-                          model_files: dict[str, bytes]) -> LatticeCheckpoint:
-    """Lattice weights, every other tensor untouched (in its own dtype), and tensors that share storage (tied
-    embeddings) stored once: as an alias of the lattice when one of them is quantized, else of the first name."""
+                          model_files: dict[str, bytes], widen: bool = False) -> LatticeCheckpoint:
+    """Lattice weights, every other tensor untouched (in its own dtype, or float32 with ``widen``: exact for float16
+    and bfloat16), and tensors that share storage (tied embeddings) stored once: as an alias of the lattice when one
+    of them is quantized, else of the first name."""
     state = model.state_dict()
     aliases = shared_storage_aliases(state, lattice)
-    tensors = {n: t.detach().cpu().clone() for n, t in state.items() if n not in lattice and n not in aliases}
+    tensors = {n: _untouched(t, widen) for n, t in state.items() if n not in lattice and n not in aliases}
     return LatticeCheckpoint(spec, {k: q.to("cpu") for k, q in lattice.items()}, tensors, aliases, metadata,
                              model_files)
+
+
+def _untouched(tensor: torch.Tensor, widen: bool) -> torch.Tensor:
+    t = tensor.detach().cpu()
+    return t.float() if widen and t.dtype in (torch.float16, torch.bfloat16) else t.clone()
 
 
 def shared_storage_aliases(state: dict[str, torch.Tensor], lattice: dict[str, QuantizedWeight]) -> dict[str, str]:

@@ -564,12 +564,13 @@ def _check_whisper_spec(checkpoint: Ct2Checkpoint) -> None:
     _check_switches(checkpoint)
 
 
-def load_ct2_whisper(directory: str | os.PathLike[str], dtype: torch.dtype = torch.float32
+def load_ct2_whisper(directory: str | os.PathLike[str], dtype: torch.dtype | str = torch.float32
                      ) -> tuple[WhisperForConditionalGeneration, WhisperProcessor, GenerationConfig]:
     """Import a CTranslate2 / faster-whisper Whisper directory as (model, processor, generation config).
 
     Every transformers parameter is filled from ``model.bin`` and every stored variable is used, otherwise a
-    ``ValueError`` names the file and the offending names. fp16 weights widen to float32 exactly.
+    ``ValueError`` names the file and the offending names. fp16 weights widen to float32 exactly; ``dtype``
+    "stored" keeps them in float16 when every stored tensor is float16 (else float32).
     """
     directory = Path(directory)
     checkpoint = read_ct2_model_bin(directory / MODEL_BIN_NAME)
@@ -578,6 +579,9 @@ def load_ct2_whisper(directory: str | os.PathLike[str], dtype: torch.dtype = tor
     tokenizer_json = _read_json(directory / TOKENIZER_JSON_NAME)
     token_ids = _added_token_ids(tokenizer_json, directory / TOKENIZER_JSON_NAME)
     config = build_whisper_config(checkpoint, token_ids, ct2_config)
+    if dtype == "stored":
+        dtype = torch.float16 if all(a.dtype == np.float16 for a in checkpoint.variables.values() if a.ndim) \
+            else torch.float32
     model = _instantiate_model(config, ct2_to_hf_arrays(checkpoint), dtype, checkpoint.path)
     generation_config = build_generation_config(config, token_ids, {v: k for k, v in token_ids.items()}, ct2_config)
     model.generation_config = generation_config

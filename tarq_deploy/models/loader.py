@@ -29,13 +29,18 @@ def is_transformers_whisper(found: ModelSource) -> bool:
     return found.kind is SourceKind.TRANSFORMERS and found.model_type == WHISPER_MODEL_TYPE and found.has_weights
 
 
-def _load_transformers(name_or_path: str, dtype: torch.dtype) -> WhisperBundle:
+STORED = "stored"  # load_whisper's dtype for "as the source stores its weights"
+Dtype = torch.dtype | str
+
+
+def _load_transformers(name_or_path: str, dtype: Dtype) -> WhisperBundle:
+    dtype = "auto" if dtype == STORED else dtype  # transformers' name for the dtype the checkpoint stores
     model = WhisperForConditionalGeneration.from_pretrained(name_or_path, dtype=dtype).eval()
     processor = WhisperProcessor.from_pretrained(name_or_path)
     return model, processor, model.generation_config
 
 
-def _load_local(found: ModelSource, dtype: torch.dtype) -> WhisperBundle:
+def _load_local(found: ModelSource, dtype: Dtype) -> WhisperBundle:
     path = found.path
     if found.kind is SourceKind.MISSING:
         raise FileNotFoundError(f"{path}: no such file or directory")
@@ -50,8 +55,10 @@ def _load_local(found: ModelSource, dtype: torch.dtype) -> WhisperBundle:
         f"found: {listing or 'a plain file'}")
 
 
-def load_whisper(source: str | ModelSource, dtype: torch.dtype = torch.float32) -> WhisperBundle:
-    """Load (model, processor, generation config) from a packaged name, a local directory or a Hub id."""
+def load_whisper(source: str | ModelSource, dtype: Dtype = torch.float32) -> WhisperBundle:
+    """Load (model, processor, generation config) from a packaged name, a local directory or a Hub id; ``dtype``
+    "stored" keeps the weights in the precision the source stores them (float16 for the packaged checkpoints and
+    the hub's large models), which halves the memory of a float16 source against float32."""
     found = resolve_source(source)
     if found.kind is SourceKind.PACKAGED:
         return load_ct2_whisper(resolve_packaged(found.text), dtype=dtype)

@@ -46,9 +46,12 @@ def load_backbone(source: str | ModelSource, device: str = "cpu", head_identity_
         return load_qwen3_asr_backbone(text, device, head_identity_weight)
     if kind != "whisper":
         raise ValueError(f"{text}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
+    from .loader import STORED
     from .whisper import WhisperBackbone, round_conv_kernels_to_f16
 
-    model, processor, generation_config = load_whisper(found)
+    # Weights stay in the source's precision (a float16 large-v3 holds 3.1 GB, not 6.2); calibration widens one
+    # module at a time to float32 (quant/precision.py), so the arithmetic and the bytes are those of a float32 copy.
+    model, processor, generation_config = load_whisper(found, dtype=STORED)
     rounded = round_conv_kernels_to_f16(model)
     if rounded:
         print(f"{text}: {rounded} convolution kernel values rounded to fp16, as every runtime file stores them",

@@ -38,9 +38,10 @@ from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
 from ..hashing import json_fingerprint, sha256_hex
 from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
+from .precision import widened
 from .recipe import TypeRecipe
 from .stats import LayerStats
-from .tarq import TarqConfig, quantize_weight, reweighting_mask, rounding_losses
+from .tarq import MetricCache, TarqConfig, quantize_weight, reweighting_mask, rounding_losses
 
 
 @dataclass
@@ -136,7 +137,7 @@ class LayerRecord:
 
 def solve_layer(
     name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig,
-    identity_weight: float = 0.0,
+    identity_weight: float = 0.0, metrics: MetricCache | None = None,
 ) -> tuple[QuantizedWeight, LayerRecord]:
     """Quantize one Linear weight W [m, n] (tarq.quantize_weight) after checking its inputs, and write its log
     record: the solver's figures, the seconds it took and, with ``config.record_losses``, the group losses of plain
@@ -147,7 +148,7 @@ def solve_layer(
             raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
         stats.check_usable(name)  # positions reached it, and its statistics are finite
     start = time.perf_counter()
-    W_hat, info = quantize_weight(W, stats, spec, config, identity_weight)
+    W_hat, info = quantize_weight(W, stats, spec, config, identity_weight, metrics)
     seconds = time.perf_counter() - start
     losses = rounding_losses(W, W_hat, stats) if config.record_losses and stats is not None else {}
     record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method,  # type: ignore[arg-type]
@@ -345,6 +346,13 @@ class SequentialCalibrator:
     # -- one block -------------------------------------------------------------------------------------------------
     def _calibrate_block(self, stage: Stage, block: Block, h: dict[str, list[torch.Tensor]],
                          streams: dict[str, list[dict]]) -> tuple[dict[str, QuantizedWeight], list[dict], dict]:
+        # The block is held in float32 while its Linears take lattice values and the streams pass through it (its
+        # stored dtype may not hold s * q); afterwards nothing reads its weights again, so it is narrowed back.
+        with widened(block.module):
+            return self._calibrate_widened_block(stage, block, h, streams)
+
+    def _calibrate_widened_block(self, stage: Stage, block: Block, h: dict[str, list[torch.Tensor]],
+                                 streams: dict[str, list[dict]]) -> tuple[dict[str, QuantizedWeight], list[dict], dict]:
         x_fp, h_fp_next = None, None
         if self.paired:
             fp_module = copy.deepcopy(block.module)
@@ -355,8 +363,13 @@ class SequentialCalibrator:
         records: list[dict] = []
         for group in block.groups:
             stats = self._group_stats(stage, block, group, x_fp, h["q"], streams)
+            if x_fp is not None:  # folded into the statistics: the group's fp inputs are not needed again
+                for inputs in x_fp:
+                    for rel in group:
+                        inputs.pop(rel, None)
+            metrics: MetricCache = {}  # Linears of the group that share statistics share their prepared metric
             for rel in group:
-                q, record = self._solve(block, rel, stats[rel])
+                q, record = self._solve(block, rel, stats[rel], metrics)
                 lattice[f"{block.full_name(rel)}.weight"] = q
                 records.append(record.to_json())
         del x_fp
@@ -366,6 +379,11 @@ class SequentialCalibrator:
     def _replay_block(self, stage: Stage, block: Block, restored: dict[str, QuantizedWeight],
                       h: dict[str, list[torch.Tensor]], streams: dict[str, list[dict]]) -> dict:
         """Advance both streams through a block finished in an earlier run (fp first, then with its lattice)."""
+        with widened(block.module):
+            return self._replay_widened_block(stage, block, restored, h, streams)
+
+    def _replay_widened_block(self, stage: Stage, block: Block, restored: dict[str, QuantizedWeight],
+                              h: dict[str, list[torch.Tensor]], streams: dict[str, list[dict]]) -> dict:
         h_fp_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])] \
             if self.paired else None
         for name, q in restored.items():
@@ -444,12 +462,12 @@ class SequentialCalibrator:
                     return key, block.domain_of(rel)
         return None
 
-    def _solve(self, block: Block, rel: str, stats: LayerStats) -> tuple[QuantizedWeight, LayerRecord]:
+    def _solve(self, block: Block, rel: str, stats: LayerStats,
+               metrics: MetricCache | None = None) -> tuple[QuantizedWeight, LayerRecord]:
         linear = block.linear(rel)
         W = linear.weight.detach().to(self.device, torch.float32)
         q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec_for(f"{block.full_name(rel)}.weight"),
-                                self.config.solver,
-                                identity_weight=block.identity_weight)
+                                self.config.solver, identity_weight=block.identity_weight, metrics=metrics)
         if self.config.solver.sequential:
             _assign(linear, q)
         return q.to("cpu"), record

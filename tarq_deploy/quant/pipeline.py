@@ -27,6 +27,7 @@ from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrato
 from .ggml_quants import ggml_quantize
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
+from .precision import NARROW_DTYPES, float32_compute
 from .recipe import TypeRecipe
 from .tarq import TarqConfig
 
@@ -83,13 +84,15 @@ class QuantizeOptions:
 
 
 def state_sha256(model: torch.nn.Module) -> str:
-    """Hash of the model's tensors (names, dtypes, shapes, bytes): identifies the source whatever its file format."""
+    """Hash of the model's tensors (names, shapes, float32 values): identifies the source whatever its file format
+    and whatever precision it is held in (a float16 source held in float16 or widened to float32 hashes alike)."""
     return chunks_sha256(_tensor_chunks(model))
 
 
 def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes]:
     for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().cpu().contiguous()
+        t = tensor.detach().cpu()
+        t = (t.float() if t.dtype in NARROW_DTYPES else t).contiguous()
         yield f"{name}:{t.dtype}:{tuple(t.shape)}".encode()
         yield t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
@@ -122,15 +125,16 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     else:
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
-        windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
-                                         options.encoder_tagging)
+        with float32_compute(backbone.model):
+            windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
+                                             options.encoder_tagging)
         if milestone:
             milestone("windows")
         calibration = _calibration_summary(chosen, stats, windows, options)
         key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         work_dir = WorkDir(work_path, key) if work_path else None
         config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe())
-        with full_float32():
+        with full_float32(), float32_compute(backbone.model):
             result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
     metadata = {
         "method": {"name": options.method, **options.result_knobs()},

@@ -34,8 +34,14 @@ class LayerStats:
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
-        zeros = lambda: torch.zeros((self.n, self.n), dtype=torch.float64, device=self.device)  # noqa: E731
-        self.H_common, self.H_tail, self.H_delta, self.H_delta_tail = zeros(), zeros(), zeros(), zeros()
+        self.H_common, self.H_tail = self._zeros(), self._zeros()
+        # H_delta and H_delta_tail stay empty placeholders until a full-precision stream arrives: methods without
+        # the residual step never fill them (fc2 of large-v3: 2 x 210 MB in float64 not held).
+        self.H_delta = self.H_delta_tail = torch.zeros((1, 1), dtype=torch.float64,
+                                                       device=self.device).expand(self.n, self.n)
+
+    def _zeros(self) -> torch.Tensor:
+        return torch.zeros((self.n, self.n), dtype=torch.float64, device=self.device)
 
     def add(self, x_q: torch.Tensor, tail_mask: torch.Tensor, x_fp: torch.Tensor | None = None) -> None:
         """Fold in activations x_q [..., n] entering the partially quantized layer, their tail tags [...] and,
@@ -57,6 +63,8 @@ class LayerStats:
             if x_fp.shape != x_q.shape:
                 raise ValueError(f"x_fp has shape {tuple(x_fp.shape)}, x_q has {tuple(x_q.shape)}")
             delta = x_fp - x_q
+            if self.n_delta == 0:
+                self.H_delta, self.H_delta_tail = self._zeros(), self._zeros()
             self.H_delta += (delta.T @ x_q).to(torch.float64)
             self.H_delta_tail += (delta[mask].T @ x_tail).to(torch.float64)
             self.n_delta += int(x_q.shape[0])
@@ -84,16 +92,17 @@ class LayerStats:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         counts = torch.tensor([self.n_common, self.n_tail, self.n_delta], dtype=torch.int64)
-        return {"H_common": self.H_common.cpu(), "H_tail": self.H_tail.cpu(), "H_delta": self.H_delta.cpu(),
-                "H_delta_tail": self.H_delta_tail.cpu(), "counts": counts}
+        return {"H_common": self.H_common.cpu(), "H_tail": self.H_tail.cpu(),
+                "H_delta": self.H_delta.cpu().contiguous(), "H_delta_tail": self.H_delta_tail.cpu().contiguous(),
+                "counts": counts}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> "LayerStats":
         stats = cls(n=state["H_common"].shape[0], device=torch.device(device))
         stats.H_common.copy_(state["H_common"])
         stats.H_tail.copy_(state["H_tail"])
-        stats.H_delta.copy_(state["H_delta"])
-        if "H_delta_tail" in state:
-            stats.H_delta_tail.copy_(state["H_delta_tail"])
+        stats.H_delta = state["H_delta"].to(stats.device, torch.float64).clone()
+        stats.H_delta_tail = state["H_delta_tail"].to(stats.device, torch.float64).clone() if "H_delta_tail" in state \
+            else torch.zeros_like(stats.H_delta)
         stats.n_common, stats.n_tail, stats.n_delta = (int(v) for v in state["counts"])
         return stats

@@ -124,8 +124,12 @@ def optimal_alpha(E: torch.Tensor, D: torch.Tensor, DH: torch.Tensor) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
+MetricCache = dict  # (id of a LayerStats, mu) -> (prepared metric, lam, fallback); see tarq_solve
+
+
 def quantize_weight(
     W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig, identity_weight: float = 0.0,
+    metrics: MetricCache | None = None,
 ) -> tuple[QuantizedWeight, SolveInfo]:
     """Quantize one Linear weight W [m, n] with the configured method; ``stats`` may be None only for rtn. The
     inputs are taken as checked (finite weights, usable statistics): calibrate.solve_layer checks them.
@@ -141,29 +145,25 @@ def quantize_weight(
     if config.method == "imatrix":
         importance = torch.diag(stats.H) / max(stats.n_common + stats.n_tail, 1)
         return ggml_quantize(W.float(), importance, spec), SolveInfo()
-    return tarq_solve(W.float(), stats, spec, config, identity_weight)
+    return tarq_solve(W.float(), stats, spec, config, identity_weight, metrics)
 
 
 def tarq_solve(
     W: torch.Tensor, stats: LayerStats, spec: LatticeSpec, config: TarqConfig, identity_weight: float = 0.0,
+    metrics: MetricCache | None = None,
 ) -> tuple[QuantizedWeight, SolveInfo]:
-    """Algorithm 1, with the metric and the residual step switched by the method."""
-    H_common, H_tail = stats.H_common.to(W.device), stats.H_tail.to(W.device)
+    """Algorithm 1, with the metric and the residual step switched by the method. ``metrics``: prepared metrics of
+    statistics already solved with (q, k and v share one LayerStats, so their metric is damped, inverted and factored
+    once; the same arithmetic, so the same codes)."""
     info = SolveInfo(p=stats.tail_share, n_common=stats.n_common, n_tail=stats.n_tail,
-                     tr_common=float(torch.trace(H_common)), tr_tail=float(torch.trace(H_tail)))
-
-    lam: float | None = None
-    if config.uses_rarebal and stats.n_tail > 0 and info.tr_tail > 0:
-        H_rB, lam = rarebal_metric(H_common, H_tail, config.c)
-    else:
-        if config.uses_rarebal:
-            info.fallback = "no tail positions reached this layer: plain metric"
-        H_rB = H_common + H_tail
+                     tr_common=float(torch.trace(stats.H_common)), tr_tail=float(torch.trace(stats.H_tail)))
+    key = (id(stats), identity_weight)
+    cached = metrics.get(key) if metrics is not None else None
+    metric, lam, info.fallback = cached or rebalanced_metric(stats, config, identity_weight, info.tr_common,
+                                                             info.tr_tail, W.device)
+    if metrics is not None:
+        metrics[key] = (metric, lam, info.fallback)
     info.lam = lam
-    if identity_weight > 0:
-        H_rB = H_rB + identity_weight * info.tr_common / H_rB.shape[0] * torch.eye(
-            H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
-    metric = prepare_metric(H_rB, config.percdamp, config.act_order)  # holds G = (H_rB + delta I)^-1
 
     def GPTQ(target: torch.Tensor) -> QuantizedWeight:  # the in-lattice projection under H_rB
         return gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)
@@ -209,6 +209,26 @@ def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> 
     common = float(((dW @ stats.H_common.to(dW.device, torch.float32)) * dW).sum(dtype=torch.float64))
     tail = float(((dW @ stats.H_tail.to(dW.device, torch.float32)) * dW).sum(dtype=torch.float64))
     return common / max(stats.n_common, 1), tail / max(stats.n_tail, 1)
+
+
+def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: float, tr_common: float,
+                      tr_tail: float, device: torch.device) -> tuple[PreparedMetric, float | None, str | None]:
+    """(the prepared metric G = (H_rB + delta I)^-1, lam, why rareBAL fell back): the rareBAL metric H_rB when the
+    method re-weights and tail positions reached the layer, else the plain H; plus mu * tr(H_common)/n * I for the
+    tied head's lookup role (after lam, so it does not inflate lam)."""
+    H_common, H_tail = stats.H_common.to(device), stats.H_tail.to(device)
+    lam: float | None = None
+    fallback = None
+    if config.uses_rarebal and stats.n_tail > 0 and tr_tail > 0:
+        H_rB, lam = rarebal_metric(H_common, H_tail, config.c)
+    else:
+        if config.uses_rarebal:
+            fallback = "no tail positions reached this layer: plain metric"
+        H_rB = H_common + H_tail
+    if identity_weight > 0:
+        H_rB = H_rB + identity_weight * tr_common / H_rB.shape[0] * torch.eye(
+            H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
+    return prepare_metric(H_rB, config.percdamp, config.act_order), lam, fallback
 
 
 def reweighting_mask(rare_mask: torch.Tensor, source: str, generator: torch.Generator) -> torch.Tensor:

@@ -1,0 +1,82 @@
+"""Weights kept in their stored precision, arithmetic in float32.
+
+A model is held in the dtype its source stores (float16 for the packaged and hub Whisper checkpoints): large-v3 is
+3.1 GB so, not 6.2 GB. Calibration still computes in float32 throughout, with exactly the values a float32 copy would
+hold (float16 and bfloat16 widen to float32 exactly), so the same source gives the same lattice bytes as before:
+
+* ``float32_compute(model)``: every module with parameters of its own is widened to float32 just before it runs and
+  narrowed back just after (forward hooks), so a whole-model pass (the rare-word alignment, a stage's entry) holds
+  one module's float32 copy at a time;
+* ``widened(module)``: a module held in float32 for a stretch of work (the block being calibrated: its weights take
+  lattice values that its stored dtype may not hold, and must keep them until the streams have left the block).
+
+Both are nestable: a parameter already in float32 is left alone and not narrowed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+NARROW_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _widen(params: Iterator[torch.Tensor]) -> list[tuple[torch.Tensor, torch.dtype]]:
+    """Widen each narrow tensor to float32 in place (its object kept, so tied parameters follow); what was widened."""
+    widened = []
+    for tensor in params:
+        if tensor.dtype in NARROW_DTYPES:
+            widened.append((tensor, tensor.dtype))
+            tensor.data = tensor.data.to(torch.float32)
+    return widened
+
+
+def _narrow(widened: list[tuple[torch.Tensor, torch.dtype]]) -> None:
+    for tensor, dtype in widened:
+        tensor.data = tensor.data.to(dtype)
+
+
+def _tensors(module: nn.Module, recurse: bool) -> Iterator[torch.Tensor]:
+    seen: set[int] = set()
+    for tensor in [*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)]:
+        if id(tensor) not in seen and tensor.is_floating_point():
+            seen.add(id(tensor))
+            yield tensor
+
+
+@contextlib.contextmanager
+def widened(module: nn.Module) -> Iterator[nn.Module]:
+    """``module``'s narrow parameters and buffers in float32 for the duration, back in their dtype afterwards."""
+    done = _widen(_tensors(module, recurse=True))
+    try:
+        yield module
+    finally:
+        _narrow(done)
+
+
+@contextlib.contextmanager
+def float32_compute(model: nn.Module) -> Iterator[nn.Module]:
+    """Each module of ``model`` that owns parameters runs with them widened to float32 (one module at a time)."""
+    if not any(t.dtype in NARROW_DTYPES for t in _tensors(model, recurse=True)):
+        yield model  # a float32 model: nothing to do
+        return
+    handles, pending = [], {}
+
+    def before(module: nn.Module, _args: tuple) -> None:
+        pending.setdefault(id(module), []).append(_widen(_tensors(module, recurse=False)))
+
+    def after(module: nn.Module, _args: tuple, _output: object) -> None:
+        _narrow(pending[id(module)].pop())
+
+    for module in model.modules():
+        if any(True for _ in _tensors(module, recurse=False)):
+            handles.append(module.register_forward_pre_hook(before))
+            handles.append(module.register_forward_hook(after, always_call=True))
+    try:
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()

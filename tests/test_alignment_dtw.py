@@ -1,0 +1,47 @@
+"""The rare-word frame alignment's DTW (models/whisper.py): computed an anti-diagonal at a time, it must give the path
+of the cell-by-cell recurrence exactly — ties included, since the frame tags, and so the calibration bytes, follow it."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from tarq_deploy.models.whisper import dtw_path, token_start_frames
+
+
+def reference_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The textbook recurrence, one cell at a time (steps diagonal, down, right; the first of equal costs wins)."""
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    step = np.zeros((n + 1, m + 1), dtype=np.int8)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            choices = (acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1])
+            k = int(np.argmin(choices))
+            acc[i, j] = cost[i - 1, j - 1] + choices[k]
+            step[i, j] = k
+    i, j, path = n, m, []
+    while i > 0 and j > 0:
+        path.append((i - 1, j - 1))
+        k = step[i, j]
+        i, j = (i - 1, j - 1) if k == 0 else (i - 1, j) if k == 1 else (i, j - 1)
+    path.reverse()
+    return np.array([p[0] for p in path]), np.array([p[1] for p in path])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 40), st.integers(0, 2**32 - 1), st.sampled_from([None, 0, 1]))
+def test_the_vectorised_path_is_the_cell_by_cell_path(n, m, seed, decimals):
+    cost = np.random.default_rng(seed).standard_normal((n, m))
+    if decimals is not None:
+        cost = np.round(cost, decimals)  # many equal costs: the tie-breaking order decides
+    expected, got = reference_path(cost), dtw_path(cost)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got))
+
+
+def test_a_window_sized_alignment_matches_and_starts_are_monotonic():
+    cost = np.random.default_rng(7).standard_normal((60, 700))
+    expected, got = reference_path(cost), dtw_path(cost)
+    assert all(np.array_equal(a, b) for a, b in zip(expected, got))
+    starts = token_start_frames(-cost)
+    assert starts == sorted(starts) and starts[0] == 0
