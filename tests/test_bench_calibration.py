@@ -30,8 +30,8 @@ def test_ratios_pair_the_same_dims_and_n():
 
 def test_a_calibration_over_the_limit_is_a_stopped_row_and_larger_cells_are_skipped(tmp_path):
     out = tmp_path / "cal.json"
-    assert main(["--dims", "tiny,base", "--n", "2,1", "--methods", "gptq", "--max-seconds", "0.01", "--type", "q4_0",
-                 "--out", str(out)]) == 0
+    assert main(["--settle-seconds", "0", "--dims", "tiny,base", "--n", "2,1", "--methods", "gptq", "--max-seconds",
+                 "0.01", "--type", "q4_0", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["dims"], r["n"]) for r in rows] == [("tiny", 1), ("tiny", 2), ("base", 1), ("base", 2)]  # smallest first
     assert rows[0]["stopped_after_s"] == 0.01 and rows[0]["reached"] == "start"  # stopped before its model was built

@@ -55,15 +55,19 @@ def cycled_corpus(n: int, directory: Path) -> Path:
     return manifest
 
 
-def random_whisper(dims: str, device: str, processor_source: str = "packaged:tiny.en"):
-    """A real-dimension Whisper with random weights and the tokenizer of ``processor_source`` (tiny.en's: vocabulary
-    51864); 128 mel bins take large-v3's vocabulary (51866, made from base's multilingual tokenizer)."""
+def random_whisper(dims: str, device: str, processor_source: str = "packaged:tiny.en", dtype: str = "float16"):
+    """A real-dimension Whisper with random weights held in ``dtype`` (float16: how the hub and the packaged
+    checkpoints store them) and the tokenizer of ``processor_source`` (tiny.en's: vocabulary 51864); 128 mel bins
+    take large-v3's vocabulary (51866, made from base's multilingual tokenizer)."""
+    import torch
+
     from tarq_deploy.models.loader import load_whisper
     from tarq_deploy.models.whisper_shapes import random_whisper as random_shape
 
     source = "packaged:base" if DIMS[dims]["num_mel_bins"] == 128 else processor_source
     _, processor, generation_config = load_whisper(source)
-    model, processor, generation_config = random_shape(dims, processor, generation_config)
+    model, processor, generation_config = random_shape(dims, processor, generation_config,
+                                                       dtype=getattr(torch, dtype))
     return model.to(device), processor, generation_config
 
 
@@ -76,7 +80,7 @@ def child(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from tarq_deploy.data.corpus import load_corpus
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.models.loader import STORED, load_whisper
     from tarq_deploy.models.whisper import WhisperBackbone
     from tarq_deploy.quant.choices import GGML_TYPES
     from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
@@ -88,8 +92,8 @@ def child(args: argparse.Namespace) -> None:
         stages[name] = {"at_s": time.perf_counter() - start, "peak_rss_mb": _peak_rss_mb()}
         print("STAGE " + json.dumps({"stage": name, **stages[name]}), flush=True)
 
-    model, processor, gc = (random_whisper(args.dims, args.device, args.processor) if args.dims
-                            else load_whisper(args.model))
+    model, processor, gc = (random_whisper(args.dims, args.device, args.processor, args.source_dtype) if args.dims
+                            else load_whisper(args.model, dtype=STORED))
     backbone = WhisperBackbone(model, processor, gc, args.device)
     milestone("model")
     scheme, bits, native_group = GGML_TYPES[args.type] if args.type else ("symmetric", 4, args.group_size)
@@ -119,7 +123,10 @@ def cell_figures(args: argparse.Namespace, stages: dict[str, dict], timing: dict
                            "propagate": timing["seconds"] - solve, "solve": solve},
                "peak_rss_mb_after": {stage: stages[stage]["peak_rss_mb"] for stage in ("model", "windows", "done")},
                "peak_rss_mb": stages["done"]["peak_rss_mb"], "parameters": sum(p.numel() for p in model.parameters()),
-               "blocks": sum(1 for name in stages if name.startswith("block "))}
+               "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+               "blocks": sum(1 for name in stages if name.startswith("block ")),
+               # the high-water mark after each calibrated block: where in the sweep the memory peaks
+               "peak_rss_mb_after_block": [round(v["peak_rss_mb"]) for k, v in stages.items() if k.startswith("block ")]}
     if args.device == "cuda":
         figures["peak_vram_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return figures
@@ -143,9 +150,9 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
            "--model", args.model, "--n", str(n), "--device", args.device, "--group-size", str(args.group_size),
            "--threads", str(args.threads or 0), *(["--type", args.type] if args.type else [])]
     if dims:
-        cmd += ["--dims", dims, "--processor", args.processor]
+        cmd += ["--dims", dims, "--processor", args.processor, "--source-dtype", args.source_dtype]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    cell = cell_name(args, method, dims, n)
+    cell = {**cell_name(args, method, dims, n), **settled_load(args.settle_seconds)}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=args.max_seconds)
@@ -159,6 +166,20 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
         return {**cell, "failed": f"exit {proc.returncode}{killed}", **_progress(stdout), "stderr_tail": stderr[-2000:]}
     line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
+
+
+IDLE_LOAD = 0.5  # 1-minute load average below which the machine counts as idle (2 cores: a busy core reads ~1)
+
+
+def settled_load(max_wait_s: float, poll_s: float = 5.0) -> dict:
+    """Wait (up to ``max_wait_s``) for the 1-minute load average to fall below IDLE_LOAD, so a cell does not start
+    in the tail of the previous one's load; the row records the load it started at and whether that was idle. A
+    cell started on a loaded machine is measured all the same but never reported as idle."""
+    deadline = time.monotonic() + max_wait_s
+    while os.getloadavg()[0] >= IDLE_LOAD and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    load = os.getloadavg()
+    return {"load_average_at_start": [round(v, 2) for v in load], "idle_at_start": load[0] < IDLE_LOAD}
 
 
 def cell_name(args: argparse.Namespace, method: str, dims: str | None, n: int) -> dict:
@@ -210,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="gptq,tarq")
     parser.add_argument("--calib", help="a calibration manifest to use instead of the cycled real clips")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in the children (0: default)")
+    parser.add_argument("--source-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                        help="--dims: the precision the random weights are stored and held in (float16, as the hub's)")
+    parser.add_argument("--settle-seconds", type=float, default=120.0,
+                        help="before each cell, wait up to this long for the machine's load to settle below "
+                             f"{IDLE_LOAD} (the row records the load it started at)")
     parser.add_argument("--out", default="bench/results/calibration.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
