@@ -279,3 +279,30 @@ def test_alpha_one_targets_the_weighted_least_squares_solution() -> None:
     assert record.alpha == 1.0 and record.lam == pytest.approx(lam)
     with pytest.raises(ValueError, match="alpha rule"):
         TarqConfig(alpha_rule="half")
+
+
+@pytest.mark.parametrize("type_name", ["q4_0", "q4_1", "q8_0", "q3_k", "q4_k", "q6_k", "iq4_nl", "iq4_xs"])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_the_numpy_column_sweep_gives_the_torch_sweeps_codes_and_scales(type_name, act_order):
+    """The CPU sweep's per-column steps run on NumPy views (gptq._sweep_rows_numpy) for speed; the accelerator keeps
+    the torch steps. Both must give the same codes and group parameters bit for bit, for every scheme (uniform,
+    affine, K-quant two-level, codebook), with and without act order and a dead column."""
+    from tarq_deploy.quant import gptq
+    from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
+
+    spec = spec_for_type(type_by_name(type_name))
+    generator = torch.Generator().manual_seed(3)
+    m, n = 24, 512
+    W = torch.randn(m, n, generator=generator) * 0.05
+    X = torch.randn(600, n, generator=generator) * torch.linspace(0.1, 3.0, n)
+    H = (X.T @ X).double()
+    H[:, 7] = H[7, :] = 0.0
+    metric = gptq.prepare_metric(H, act_order=act_order)
+    width, fit_width = spec.group_width(n), spec.param_width(n)
+    blocksize = max(gptq.BLOCKSIZE, fit_width)
+    for rule in ("max", "search"):
+        a = gptq._sweep_rows_torch(W, metric, spec, blocksize, rule, width, fit_width)
+        b = gptq._sweep_rows_numpy(W, metric, spec, blocksize, rule, width, fit_width)
+        assert torch.equal(a.codes, b.codes), (rule, int((a.codes != b.codes).sum()))
+        assert a.params().keys() == b.params().keys()
+        assert all(torch.equal(v, b.params()[k]) for k, v in a.params().items()), rule

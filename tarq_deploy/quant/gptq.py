@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
@@ -111,19 +112,108 @@ def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, bloc
     blocksize = max(blocksize, fit_width) if spec.group_size != -1 else blocksize  # a super-block fits in one block
     if spec.group_size != -1 and blocksize % fit_width != 0:
         raise ValueError(f"blocksize {blocksize} must be a multiple of group size {fit_width}")
+    if W.device.type != "cpu":
+        return _sweep_rows_torch(W, metric, spec, blocksize, scale_rule, width, fit_width)
+    return _sweep_rows_numpy(W, metric, spec, blocksize, scale_rule, width, fit_width)
+
+
+def _sweep_setup(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, scale_rule: str, width: int):
+    """What both sweeps start from: the working W^T in sweep order, the sweep order's group of each column, and
+    the group parameters fixed up front (static groups) or None (fixed as the sweep enters each group)."""
+    m, n = W.shape
     importance = metric.importance.to(W.device)
     W = W.to(torch.float32).clone()
     W[:, metric.dead] = 0.0
     static = spec.group_size == -1 or metric.perm is not None
     order = metric.perm.to(W.device) if metric.perm is not None else torch.arange(n, device=W.device)
-    group_of = (order // width).tolist()
+    fitted = [fit_params(W, spec, scale_rule, importance)] if static else []
+    return W.T[order].contiguous(), order, (order // width).tolist(), importance, fitted
+
+
+def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
+                      scale_rule: str, width: int, fit_width: int) -> QuantizedWeight:
+    """The sweep on the CPU: the per-column steps on NumPy views of the same float32 buffers (a column step is a
+    few small vector operations, where NumPy's call overhead is a tenth of torch's), the lazy block update still a
+    torch matmul. The same IEEE float32 operations in the same order as the torch sweep, so the same codes."""
+    m, n = W.shape
+    Wt, order, group_of, importance, fitted = _sweep_setup(W, metric, spec, scale_rule, width)
+    static = bool(fitted)
+    n_groups = n // width
+    sT = np.zeros((n_groups, m), dtype=np.float32)  # scale (and offset) of each group, one row per group
+    oT = np.zeros((n_groups, m), dtype=np.float32) if spec.affine else None
     if static:
-        fitted = [fit_params(W, spec, scale_rule, importance)]
+        s_all, o_all = effective_scale_offset(spec, fitted[0])
+        sT[:] = s_all.T.numpy()
+        if oT is not None:
+            oT[:] = o_all.T.numpy()
+    U = metric.U.to("cpu")
+    U_np, Wt_np = U.numpy(), Wt.numpy()
+    codes_t = np.zeros((n, m), dtype=np.int8)
+    rounder = _numpy_rounder(spec)
+    for i1 in range(0, n, blocksize):
+        i2 = min(i1 + blocksize, n)
+        W_block = Wt_np[i1:i2].copy()
+        Err_block = np.zeros_like(W_block)
+        U_block = U_np[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            group = group_of[col]
+            if not static and col % fit_width == 0:  # entering a group: fix its parameters from its current columns
+                params = fit_params(torch.from_numpy(W_block[i : i + fit_width]).T, spec, scale_rule,
+                                    importance[col : col + fit_width])
+                fitted.append(params)
+                s_new, o_new = effective_scale_offset(spec, params)
+                sT[group : group + s_new.shape[1]] = s_new.T.numpy()
+                if oT is not None:
+                    oT[group : group + s_new.shape[1]] = o_new.T.numpy()
+            s = sT[group]
+            o = None if oT is None else oT[group]
+            w = W_block[i]
+            q = rounder(w if o is None else w - o, s)
+            codes_t[col] = q
+            value = q * s if o is None else q * s + o
+            err = (w - value) / U_block[i, i]
+            W_block[i:] -= U_block[i, i:, None] * err[None, :]
+            Err_block[i] = err
+        Wt[i2:] -= U[i1:i2, i2:].T @ torch.from_numpy(Err_block)
+    codes = torch.empty((n, m), dtype=CODE_DTYPE)
+    codes[order] = torch.from_numpy(codes_t).to(CODE_DTYPE)
+    params = {k: torch.cat([f[k] for f in fitted], dim=1) for k in fitted[0]}
+    return QuantizedWeight(codes.T.contiguous(), spec=spec, **params)
+
+
+def _numpy_rounder(spec: LatticeSpec):
+    """round_codes for one column (float32 NumPy): the code nearest x / s (round half to even, as torch.round),
+    clamped, or a codebook's nearest entry (ties to the lower one, as torch.bucketize); a zero scale gives code 0
+    (a codebook: its entry nearest 0)."""
+    if spec.codebook is None:
+        lo, hi, zero = np.float32(spec.qmin), np.float32(spec.qmax), np.float32(0.0)
+    else:
+        table = np.asarray(spec.codebook, dtype=np.float32)
+        bounds = (table[1:] + table[:-1]) / np.float32(2)
+        zero = np.float32(min(spec.codebook, key=abs))
+
+    def rounder(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+        dead = s == 0
+        y = x / np.where(dead, np.float32(1), s)
+        q = np.clip(np.rint(y), lo, hi) if spec.codebook is None else table[np.searchsorted(bounds, y, "left")]
+        q[dead] = zero
+        return q
+
+    return rounder
+
+
+def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
+                      scale_rule: str, width: int, fit_width: int) -> QuantizedWeight:
+    """The sweep on an accelerator: every step a torch operation on the device."""
+    m, n = W.shape
+    Wt, order, group_of, importance, fitted = _sweep_setup(W, metric, spec, scale_rule, width)
+    static = bool(fitted)
+    if static:
         s_all, o_all = effective_scale_offset(spec, fitted[0])
     else:
-        fitted, s_all = [], torch.zeros((m, n // width), device=W.device)
+        s_all = torch.zeros((m, n // width), device=W.device)
         o_all = torch.zeros_like(s_all) if spec.affine else None
-    Wt = W.T[order].contiguous()
     U = metric.U.to(W.device)
     codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
 
