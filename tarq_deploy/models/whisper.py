@@ -110,9 +110,14 @@ class WhisperBackbone:
     def _alignment_matrix(self, features: torch.Tensor, input_ids: torch.Tensor, speech_frames: int) -> np.ndarray:
         """[text tokens + 1, speech frames] alignment-head attention, standardised and median-filtered."""
         heads = self.generation_config.alignment_heads
+        inner = self.model.model
+        # Encoder and decoder run apart, as the whole model runs them, so that only the decoder's attention weights
+        # are kept: asked of the whole model, output_attentions also keeps every encoder layer's [heads, 1500, 1500]
+        # (large-v3: 32 x 180 MB per window). No logits are needed either.
         with torch.no_grad(), _eager_attention(self.model):
-            out = self.model(input_features=features.to(self.device), decoder_input_ids=input_ids[None, :-1].to(self.device),
-                             output_attentions=True, use_cache=False)
+            encoded = inner.encoder(features.to(self.device)).last_hidden_state
+            out = inner.decoder(input_ids=input_ids[None, :-1].to(self.device), encoder_hidden_states=encoded,
+                                output_attentions=True, use_cache=False)
         weights = torch.stack([out.cross_attentions[layer][0, head] for layer, head in heads]).float().cpu()
         weights = weights[:, :, :speech_frames]
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True)
