@@ -35,18 +35,20 @@ from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
 DIMS = WHISPER_DIMS  # real Whisper dimensions, random weights (no such checkpoints offline)
 
 
-def cycled_corpus(n: int, directory: Path) -> Path:
-    """A JSONL manifest of n utterances cycling the real clips (jfk excluded: it is the usual test clip)."""
+def cycled_corpus(n: int, directory: Path, clips_manifest: str | None = None) -> Path:
+    """A JSONL manifest of n utterances cycling the real clips (jfk excluded: it is the usual test clip), or the
+    utterances of ``clips_manifest`` (what --prepare-carry writes for a machine without the Debian clips)."""
     import numpy as np
 
-    from tarq_deploy.data.corpus import Utterance, encode_wav_float32, load_audio, write_manifest
+    from tarq_deploy.data.corpus import Utterance, encode_wav_float32, load_audio, load_corpus, write_manifest
     from tarq_deploy.data.real_clips import all_real_clips
 
-    clips = [c for c in all_real_clips() if c.id != "jfk"]
+    clips = load_corpus(clips_manifest) if clips_manifest else \
+        [Utterance(c.id, str(c.path), c.text) for c in all_real_clips() if c.id != "jfk"]
     rows = []
     for i in range(n):
         clip = clips[i % len(clips)]
-        audio = np.roll(load_audio(str(clip.path)), i * 592)  # 37 ms at 16 kHz
+        audio = np.roll(load_audio(clip), i * 592)  # 37 ms at 16 kHz
         path = directory / f"utt{i:04d}.wav"
         path.write_bytes(encode_wav_float32(audio, 16000))
         rows.append(Utterance(f"utt{i:04d}", str(path), clip.text))
@@ -64,11 +66,55 @@ def random_whisper(dims: str, device: str, processor_source: str = "packaged:tin
     from tarq_deploy.models.loader import load_whisper
     from tarq_deploy.models.whisper_shapes import random_whisper as random_shape
 
-    source = "packaged:base" if DIMS[dims]["num_mel_bins"] == 128 else processor_source
-    _, processor, generation_config = load_whisper(source)
+    if DIMS[dims]["num_mel_bins"] == 128 and processor_source == "packaged:tiny.en":
+        processor_source = "packaged:base"  # large-v3's vocabulary is made from a multilingual one
+    processor, generation_config = processor_only(processor_source) if Path(processor_source).is_dir() else \
+        load_whisper(processor_source)[1:]
     model, processor, generation_config = random_shape(dims, processor, generation_config,
                                                        dtype=getattr(torch, dtype))
     return model.to(device), processor, generation_config
+
+
+def processor_only(directory: str):
+    """(processor, generation config) from a folder holding only those files (--prepare-carry's processor/)."""
+    from transformers import GenerationConfig, WhisperProcessor
+
+    return WhisperProcessor.from_pretrained(directory), GenerationConfig.from_pretrained(directory)
+
+
+CARRY_PACKAGES = ("wordfreq", "ftfy", "langcodes", "language_data", "jiwer", "whisper_normalizer")
+
+
+def prepare_carry(directory: Path, processor_source: str = "packaged:base") -> None:
+    """What a machine without this project's offline data needs for a cell (a lent GPU: no registry, no Debian
+    clips, 64 MiB per call): the real clips and their manifest (clips.jsonl), a multilingual processor
+    (processor/: large-v3's vocabulary is made from it) and site/, the pure-Python packages rarity tagging needs
+    that such a machine lacks, with wordfreq's English tables only (its tables for other languages are 50 MB)."""
+    import importlib.util
+    import shutil
+
+    from tarq_deploy.data.corpus import Utterance, write_manifest
+    from tarq_deploy.data.real_clips import all_real_clips
+    from tarq_deploy.models.loader import load_whisper
+
+    (directory / "clips").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for clip in (c for c in all_real_clips() if c.id != "jfk"):
+        target = directory / "clips" / f"{clip.id}.wav"
+        shutil.copyfile(clip.path, target)
+        rows.append(Utterance(clip.id, str(target), clip.text))
+    write_manifest(rows, directory / "clips.jsonl")
+    _, processor, generation_config = load_whisper(processor_source)
+    processor.save_pretrained(directory / "processor")
+    generation_config.save_pretrained(directory / "processor")
+    for name in CARRY_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue  # not installed here: the device's own copy (or its absence) is reported by the env stage
+        source = Path(spec.origin).parent
+        keep_english = shutil.ignore_patterns("large_[!e]*", "large_e[!n]*", "small_[!e]*", "small_e[!n]*",
+                                              "jieba*", "_chinese*", "__pycache__")
+        shutil.copytree(source, directory / "site" / name, ignore=keep_english, dirs_exist_ok=True)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -152,7 +198,8 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
     if dims:
         cmd += ["--dims", dims, "--processor", args.processor, "--source-dtype", args.source_dtype]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    cell = {**cell_name(args, method, dims, n), **settled_load(args.settle_seconds)}
+    load = settled_load(args.settle_seconds)
+    cell = {**cell_name(args, method, dims, n), **load}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=args.max_seconds)
@@ -165,7 +212,7 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
         killed = " (killed: out of memory?)" if proc.returncode < 0 else ""
         return {**cell, "failed": f"exit {proc.returncode}{killed}", **_progress(stdout), "stderr_tail": stderr[-2000:]}
     line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return {**json.loads(line[len("RESULT "):]), **load}
 
 
 IDLE_LOAD = 0.5  # 1-minute load average below which the machine counts as idle (2 cores: a busy core reads ~1)
@@ -237,10 +284,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="before each cell, wait up to this long for the machine's load to settle below "
                              f"{IDLE_LOAD} (the row records the load it started at)")
     parser.add_argument("--out", default="bench/results/calibration.json")
+    parser.add_argument("--clips", help="a manifest of the clips to cycle (default: the offline real clips)")
+    parser.add_argument("--prepare-carry", metavar="DIR",
+                        help="write what a machine without the offline data needs (clips, processor, site/) and stop")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.prepare_carry:
+        prepare_carry(Path(args.prepare_carry))
+        print(f"wrote {args.prepare_carry}")
+        return 0
     if args.child:
         args.n = int(args.n)
         child(args)
@@ -259,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             print("CUDA is not available on this machine: nothing measured.")
             return 0
     with tempfile.TemporaryDirectory() as tmp:
-        manifest = Path(args.calib) if args.calib else cycled_corpus(max(grid_n), Path(tmp))
+        manifest = Path(args.calib) if args.calib else cycled_corpus(max(grid_n), Path(tmp), args.clips)
         rows = []
         for dims in grid_dims:
             for n in grid_n:
