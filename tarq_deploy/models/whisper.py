@@ -32,7 +32,7 @@ from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
-from ..quant.calibrate import Block, Window
+from ..quant.calibrate import Block, Window, input_of
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
 
@@ -249,6 +249,17 @@ class _EncoderStage:
     def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
         return module(h, None)
 
+    def steps(self, layer: nn.Module, h: torch.Tensor, window: Window, stream: dict):
+        """``call_block`` group by group (WhisperEncoderLayer.forward's operations in its order; the attention by
+        the module's own forward, up to out_proj), so a window runs through the block once."""
+        residual = h
+        x = layer.self_attn_layer_norm(h)
+        yield {"self_attn.q_proj": x, "self_attn.k_proj": x, "self_attn.v_proj": x}
+        context = input_of(layer.self_attn.out_proj, lambda: layer.self_attn(hidden_states=x, attention_mask=None))
+        yield {"self_attn.out_proj": context}
+        h = residual + layer.self_attn.out_proj(context)
+        return (yield from _mlp_steps(layer, h))
+
     def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
         with torch.no_grad():
             stream["encoder_out"] = self.backbone.model.model.encoder.layer_norm(h)
@@ -269,9 +280,43 @@ class _DecoderStage:
     def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
         return module(h, attention_mask=_causal_mask(h), encoder_hidden_states=stream["encoder_out"], use_cache=False)
 
+    def steps(self, layer: nn.Module, h: torch.Tensor, window: Window, stream: dict):
+        """``call_block`` group by group (WhisperDecoderLayer.forward's operations in its order)."""
+        encoder_out = stream["encoder_out"]
+        residual = h
+        x = layer.self_attn_layer_norm(h)
+        yield {"self_attn.q_proj": x, "self_attn.k_proj": x, "self_attn.v_proj": x}
+        mask = _causal_mask(h)
+        context = input_of(layer.self_attn.out_proj, lambda: layer.self_attn(x, cache=None, attention_mask=mask))
+        yield {"self_attn.out_proj": context}
+        h = residual + layer.self_attn.out_proj(context)
+        residual = h
+        x = layer.encoder_attn_layer_norm(h)
+        yield {"encoder_attn.q_proj": x, "encoder_attn.k_proj": encoder_out, "encoder_attn.v_proj": encoder_out}
+        context = input_of(layer.encoder_attn.out_proj, lambda: layer.encoder_attn(
+            x, key_value_states=encoder_out, attention_mask=None, cache=None))
+        yield {"encoder_attn.out_proj": context}
+        h = residual + layer.encoder_attn.out_proj(context)
+        return (yield from _mlp_steps(layer, h))
+
     def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
         with torch.no_grad():
             stream["decoder_out"] = self.backbone.model.model.decoder.layer_norm(h)
+
+
+def _mlp_steps(layer: nn.Module, h: torch.Tensor, clamp_float16: bool = False):
+    """The feed-forward half of a Whisper layer (its final_layer_norm, fc1, activation, fc2 and residual), yielding
+    before fc1 and before fc2; returns the layer's output (an encoder layer clamps it in float16)."""
+    residual = h
+    x = layer.final_layer_norm(h)
+    yield {"fc1": x}
+    hidden = layer.activation_fn(layer.fc1(x))
+    yield {"fc2": hidden}
+    h = residual + layer.fc2(hidden)
+    if clamp_float16 and h.dtype == torch.float16:
+        clamp = torch.finfo(h.dtype).max - 1000
+        h = torch.clamp(h, min=-clamp, max=clamp)
+    return h
 
 
 def _causal_mask(h: torch.Tensor) -> torch.Tensor:

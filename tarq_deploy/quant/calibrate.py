@@ -90,6 +90,11 @@ class Stage(Protocol):
     def leave(self, h: torch.Tensor, window: Window, stream: dict[str, torch.Tensor]) -> None:
         """Store the stage's output in ``stream`` for later stages."""
 
+    # Optional: ``steps(module, h, window, stream)``, a generator that runs one block as ``call_block`` does, but
+    # yields before each group of Linears ({name: input}, in the block's group order and, within a group, in the
+    # order the block calls them) and returns the block's output. The driver then runs each window through a block
+    # once, solving each group between the steps, instead of running the block again up to every group.
+
 
 @dataclass
 class CalibrationConfig:
@@ -361,8 +366,11 @@ class SequentialCalibrator:
             del fp_module
         lattice: dict[str, QuantizedWeight] = {}
         records: list[dict] = []
+        programs = [stage.steps(block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])] \
+            if hasattr(stage, "steps") else None
         for group in block.groups:
-            stats = self._group_stats(stage, block, group, x_fp, h["q"], streams)
+            feed = self._stepped(programs, group) if programs else self._hooked(stage, block, group, h["q"], streams)
+            stats = self._group_stats(block, group, x_fp, streams, feed)
             if x_fp is not None:  # folded into the statistics: the group's fp inputs are not needed again
                 for inputs in x_fp:
                     for rel in group:
@@ -373,8 +381,30 @@ class SequentialCalibrator:
                 lattice[f"{block.full_name(rel)}.weight"] = q
                 records.append(record.to_json())
         del x_fp
-        h_q_next = [self._forward(stage, block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])]
+        h_q_next = [_finish(program) for program in programs] if programs else \
+            [self._forward(stage, block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])]
         return lattice, records, {"fp": h_fp_next, "q": h_q_next} if self.paired else {"q": h_q_next}
+
+    def _hooked(self, stage: Stage, block: Block, group: list[str], h_q: list[torch.Tensor],
+                streams: dict[str, list[dict]]) -> Callable[[int, Callable], None]:
+        """Feeds a group's inputs by running the partly quantized block on a window with input hooks (stopped once
+        the group's inputs are in)."""
+        def feed(w_index: int, fold: Callable[[str, torch.Tensor], None]) -> None:
+            with _input_hooks(block.module, group, fold):
+                self._forward(stage, block.module, h_q[w_index], self.windows[w_index], streams["q"][w_index])
+        return feed
+
+    @staticmethod
+    def _stepped(programs: list, group: list[str]) -> Callable[[int, Callable], None]:
+        """Feeds a group's inputs by advancing a window's step program to the group (Stage.steps)."""
+        def feed(w_index: int, fold: Callable[[str, torch.Tensor], None]) -> None:
+            with torch.no_grad():
+                inputs = next(programs[w_index])
+            if list(inputs) != group:
+                raise RuntimeError(f"the block's steps yielded {list(inputs)}, its next group is {group}")
+            for rel, x in inputs.items():
+                fold(rel, x.detach().reshape(-1, x.shape[-1]))
+        return feed
 
     def _replay_block(self, stage: Stage, block: Block, restored: dict[str, QuantizedWeight],
                       h: dict[str, list[torch.Tensor]], streams: dict[str, list[dict]]) -> dict:
@@ -408,9 +438,10 @@ class SequentialCalibrator:
             captured.append(inputs)
         return captured, outputs
 
-    def _group_stats(self, stage: Stage, block: Block, group: list[str], x_fp: list[dict] | None,
-                     h_q: list[torch.Tensor], streams: dict[str, list[dict]]) -> dict[str, LayerStats]:
-        """Run the partly quantized block up to ``group`` on every window and fold the group's inputs into stats.
+    def _group_stats(self, block: Block, group: list[str], x_fp: list[dict] | None, streams: dict[str, list[dict]],
+                     feed: Callable[[int, Callable[[str, torch.Tensor], None]], None]) -> dict[str, LayerStats]:
+        """Have ``feed`` hand over the inputs of ``group`` on every window (the partly quantized block run up to the
+        group) and fold them into stats.
 
         Two shortcuts, both exact: Linears fed the very same tensor (q/k/v of an attention, k/v of cross-attention)
         share one LayerStats; and a Linear fed a stream tensor that is fixed for the whole stage (the decoder's
@@ -418,7 +449,7 @@ class SequentialCalibrator:
         stats = {rel: LayerStats(block.linear(rel).in_features, device=self.device) for rel in group}
         shares: dict[str, str] = {}  # rel -> the rel whose statistics it shares, fixed on the first window
         sources: dict[str, tuple | None] = {}  # rel -> (stream key, domain) when its input is a stage constant
-        for w_index, (hidden, window, stream) in enumerate(zip(h_q, self.windows, streams["q"])):
+        for w_index in range(len(self.windows)):
             pending = set(group)
             seen: list[tuple[str, torch.Tensor]] = []  # held, so no address is reused within this forward
 
@@ -439,11 +470,10 @@ class SequentialCalibrator:
                 if not pending:
                     raise _StopForward
 
-            with _input_hooks(block.module, group, fold):
-                try:
-                    self._forward(stage, block.module, hidden, window, stream)
-                except _StopForward:
-                    pass
+            try:
+                feed(w_index, fold)
+            except _StopForward:
+                pass
         for rel, source in sources.items():
             if source is not None:
                 stats[rel] = self.constant_stats.setdefault(source, stats[rel])
@@ -471,6 +501,37 @@ class SequentialCalibrator:
         if self.config.solver.sequential:
             _assign(linear, q)
         return q.to("cpu"), record
+
+
+def _finish(program) -> torch.Tensor:
+    """Run a step program to its end; its return value is the block's output."""
+    with torch.no_grad():
+        try:
+            next(program)
+        except StopIteration as done:
+            return done.value
+    raise RuntimeError("a block's steps yielded more groups than the block has")
+
+
+def input_of(linear: nn.Module, run: Callable[[], object]) -> torch.Tensor:
+    """The input ``linear`` receives while ``run()`` runs, which stops there (the rest is not computed): for a step
+    program, the part of a module's forward up to one of its Linears, computed by the module's own code."""
+    captured: list[torch.Tensor] = []
+
+    def hook(_module: nn.Module, args: tuple) -> None:
+        captured.append(args[0])
+        raise _StopForward
+
+    handle = linear.register_forward_pre_hook(hook)
+    try:
+        run()
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+    if not captured:
+        raise RuntimeError(f"{type(linear).__name__} was not called")
+    return captured[0]
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -56,10 +56,15 @@ def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool 
     diag_mean = torch.diag(H).mean().item()
     damp = percdamp * diag_mean if diag_mean > 0 else 1.0
     H.diagonal().add_(damp)
-    H_inv = torch.cholesky_inverse(_cholesky(H))
+    L = _cholesky(H)
+    del H  # n x n float64 each (fc2 of large-v3: 210 MB): each is let go as soon as the next is made
+    H_inv = torch.cholesky_inverse(L)
+    del L
     perm = torch.argsort(importance, descending=True, stable=True) if act_order else None
-    swept = H_inv if perm is None else H_inv[perm][:, perm]
-    U = _cholesky(swept, upper=True).to(torch.float32)
+    swept = H_inv if perm is None else H_inv[perm.unsqueeze(1), perm]  # one gather: the same values
+    U = _cholesky(swept, upper=True)
+    del swept
+    U = U.to(torch.float32)
     return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm)
 
 
