@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from tarq_deploy.bench.calibration import DIMS, _progress, beyond_a_stopped_cell, cell_figures, main, tarq_over_gptq
+from tarq_deploy.bench.calibration import (DIMS, _progress, beyond_a_stopped_cell, cell_figures, main,
+                                         speedups_over_baseline, tarq_over_gptq)
 
 
 def test_the_six_whisper_sizes_have_their_real_dimensions():
@@ -76,3 +77,15 @@ def test_bad_grids_are_named(args, message, capsys):
     with pytest.raises(SystemExit) as stop:
         main(args)
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_speedups_pair_each_cell_with_its_baseline_run():
+    rows = [{"dims": "base", "n": 128, "method": "gptq", "wall_s": 50.0, "calibration_s": 40.0, "peak_rss_mb": 1000.0},
+            {"dims": "base", "n": 128, "method": "gptq", "code": "baseline", "wall_s": 100.0, "calibration_s": 90.0,
+             "peak_rss_mb": 1500.0},
+            {"dims": "base", "n": 128, "method": "tarq", "wall_s": 60.0, "calibration_s": 50.0, "peak_rss_mb": 1.0},
+            {"dims": "base", "n": 128, "method": "tarq", "code": "baseline", "stopped_after_s": 5.0}]
+    assert speedups_over_baseline(rows) == [{"dims": "base", "n": 128, "method": "gptq", "wall": 2.0,
+                                             "calibration": 2.25, "peak_rss": 1.5}]
+    assert tarq_over_gptq([r for r in rows if r.get("code") != "baseline"]) == [
+        {"dims": "base", "n": 128, "ratio": pytest.approx(1.2)}]

@@ -189,17 +189,21 @@ def _peak_rss_mb(status: Path = Path("/proc/self/status")) -> float:
     return float("nan")
 
 
-def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str | None, n: int) -> dict:
+def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str | None, n: int,
+              baseline: bool = False) -> dict:
     """One cell in a fresh child. A child over --max-seconds is stopped and its row says how far it got (last stage,
-    RSS high-water mark read just before the stop); one that dies (out of memory, most likely) is a failed row."""
+    RSS high-water mark read just before the stop); one that dies (out of memory, most likely) is a failed row.
+    ``baseline``: the child imports the package from --baseline-code (an older checkout) instead."""
     cmd = [sys.executable, "-m", "tarq_deploy.bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
            "--model", args.model, "--n", str(n), "--device", args.device, "--group-size", str(args.group_size),
            "--threads", str(args.threads or 0), *(["--type", args.type] if args.type else [])]
     if dims:
-        cmd += ["--dims", dims, "--processor", args.processor, "--source-dtype", args.source_dtype]
+        cmd += ["--dims", dims, "--processor", args.processor, *([] if baseline else ["--source-dtype", args.source_dtype])]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    if baseline:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(args.baseline_code).resolve()), env.get("PYTHONPATH", "")])
     load = settled_load(args.settle_seconds)
-    cell = {**cell_name(args, method, dims, n), **load}
+    cell = {**cell_name(args, method, dims, n), **load, **({"code": "baseline"} if baseline else {})}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=args.max_seconds)
@@ -212,7 +216,7 @@ def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str |
         killed = " (killed: out of memory?)" if proc.returncode < 0 else ""
         return {**cell, "failed": f"exit {proc.returncode}{killed}", **_progress(stdout), "stderr_tail": stderr[-2000:]}
     line = next(l for l in stdout.splitlines() if l.startswith("RESULT "))
-    return {**json.loads(line[len("RESULT "):]), **load}
+    return {**json.loads(line[len("RESULT "):]), **load, **({"code": "baseline"} if baseline else {})}
 
 
 IDLE_LOAD = 0.5  # 1-minute load average below which the machine counts as idle (2 cores: a busy core reads ~1)
@@ -263,6 +267,17 @@ def tarq_over_gptq(rows: list[dict]) -> list[dict]:
             for (dims, n, method), wall in done.items() if method == "gptq" and (dims, n, "tarq") in done]
 
 
+def speedups_over_baseline(rows: list[dict]) -> list[dict]:
+    """The baseline code's wall time (and peak RSS) over the current code's, for every cell both finished."""
+    done = {(r["dims"], r["n"], r["method"], r.get("code", "current")): r for r in rows if "wall_s" in r}
+    return [{"dims": dims, "n": n, "method": method,
+             "wall": done[(dims, n, method, "baseline")]["wall_s"] / row["wall_s"],
+             "calibration": done[(dims, n, method, "baseline")]["calibration_s"] / row["calibration_s"],
+             "peak_rss": done[(dims, n, method, "baseline")]["peak_rss_mb"] / row["peak_rss_mb"]}
+            for (dims, n, method, code), row in done.items()
+            if code == "current" and (dims, n, method, "baseline") in done]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="packaged:base")
@@ -284,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="before each cell, wait up to this long for the machine's load to settle below "
                              f"{IDLE_LOAD} (the row records the load it started at)")
     parser.add_argument("--out", default="bench/results/calibration.json")
+    parser.add_argument("--baseline-code", metavar="DIR",
+                        help="also run every cell with the package of an older checkout (e.g. a git worktree of the "
+                             "commit to compare with), right after the current code's, and report the speedups")
     parser.add_argument("--clips", help="a manifest of the clips to cycle (default: the offline real clips)")
     parser.add_argument("--prepare-carry", metavar="DIR",
                         help="write what a machine without the offline data needs (clips, processor, site/) and stop")
@@ -325,15 +343,22 @@ def main(argv: list[str] | None = None) -> int:
                                  "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"}
                                 if blocker else run_child(args, method, manifest, dims, n))
                     print(json.dumps(rows[-1]), flush=True)
-    by_method = {r["method"]: r for r in rows if "wall_s" in r}
+                    if args.baseline_code and not blocker:  # the same cell by the older code, right after
+                        rows.append(run_child(args, method, manifest, dims, n, baseline=True))
+                        print(json.dumps(rows[-1]), flush=True)
+    current = [r for r in rows if r.get("code") != "baseline"]
+    by_method = {r["method"]: r for r in current if "wall_s" in r}
     result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,
               "type": args.type or "symmetric 4-bit",
               "corpus": args.calib or "cycled real clips", "threads": args.threads or "default",
               "group_size": args.group_size, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                                           "load_average": os.getloadavg()},
               "rows": rows}
-    result["ratios_tarq_over_gptq"] = tarq_over_gptq(rows)
-    if {"gptq", "tarq"} <= by_method.keys() and len(rows) == 2:
+    result["ratios_tarq_over_gptq"] = tarq_over_gptq(current)
+    if args.baseline_code:
+        result["baseline_code"] = args.baseline_code
+        result["speedups_over_baseline"] = speedups_over_baseline(rows)
+    if {"gptq", "tarq"} <= by_method.keys() and len(current) == 2:
         result["ratio_tarq_over_gptq"] = by_method["tarq"]["wall_s"] / by_method["gptq"]["wall_s"]
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
     from tarq_deploy.fileio import write_json_atomic
