@@ -252,13 +252,16 @@ class _EncoderStage:
     def steps(self, layer: nn.Module, h: torch.Tensor, window: Window, stream: dict):
         """``call_block`` group by group (WhisperEncoderLayer.forward's operations in its order; the attention by
         the module's own forward, up to out_proj), so a window runs through the block once."""
-        residual = h
+        # Every window's program is suspended at once between the steps, holding its locals: each tensor is let go
+        # as soon as it is used (x, context); the block's input is held by the caller anyway.
         x = layer.self_attn_layer_norm(h)
         yield {"self_attn.q_proj": x, "self_attn.k_proj": x, "self_attn.v_proj": x}
         context = input_of(layer.self_attn.out_proj, lambda: layer.self_attn(hidden_states=x, attention_mask=None))
+        del x
         yield {"self_attn.out_proj": context}
-        h = residual + layer.self_attn.out_proj(context)
-        return (yield from _mlp_steps(layer, h))
+        h = h + layer.self_attn.out_proj(context)
+        del context
+        return (yield from _mlp_steps(layer, h, clamp_float16=True))
 
     def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
         with torch.no_grad():
@@ -283,20 +286,21 @@ class _DecoderStage:
     def steps(self, layer: nn.Module, h: torch.Tensor, window: Window, stream: dict):
         """``call_block`` group by group (WhisperDecoderLayer.forward's operations in its order)."""
         encoder_out = stream["encoder_out"]
-        residual = h
         x = layer.self_attn_layer_norm(h)
         yield {"self_attn.q_proj": x, "self_attn.k_proj": x, "self_attn.v_proj": x}
         mask = _causal_mask(h)
         context = input_of(layer.self_attn.out_proj, lambda: layer.self_attn(x, cache=None, attention_mask=mask))
+        del x, mask
         yield {"self_attn.out_proj": context}
-        h = residual + layer.self_attn.out_proj(context)
-        residual = h
+        h = h + layer.self_attn.out_proj(context)
         x = layer.encoder_attn_layer_norm(h)
         yield {"encoder_attn.q_proj": x, "encoder_attn.k_proj": encoder_out, "encoder_attn.v_proj": encoder_out}
         context = input_of(layer.encoder_attn.out_proj, lambda: layer.encoder_attn(
             x, key_value_states=encoder_out, attention_mask=None, cache=None))
+        del x
         yield {"encoder_attn.out_proj": context}
-        h = residual + layer.encoder_attn.out_proj(context)
+        h = h + layer.encoder_attn.out_proj(context)
+        del context
         return (yield from _mlp_steps(layer, h))
 
     def leave(self, h: torch.Tensor, window: Window, stream: dict) -> None:
@@ -307,12 +311,12 @@ class _DecoderStage:
 def _mlp_steps(layer: nn.Module, h: torch.Tensor, clamp_float16: bool = False):
     """The feed-forward half of a Whisper layer (its final_layer_norm, fc1, activation, fc2 and residual), yielding
     before fc1 and before fc2; returns the layer's output (an encoder layer clamps it in float16)."""
-    residual = h
     x = layer.final_layer_norm(h)
     yield {"fc1": x}
     hidden = layer.activation_fn(layer.fc1(x))
+    del x
     yield {"fc2": hidden}
-    h = residual + layer.fc2(hidden)
+    h = h + layer.fc2(hidden)
     if clamp_float16 and h.dtype == torch.float16:
         clamp = torch.finfo(h.dtype).max - 1000
         h = torch.clamp(h, min=-clamp, max=clamp)

@@ -27,7 +27,7 @@ from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrato
 from .ggml_quants import ggml_quantize
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
-from .precision import NARROW_DTYPES, float32_compute
+from .precision import NARROW_DTYPES, float32_compute, return_freed_memory
 from .recipe import TypeRecipe
 from .tarq import TarqConfig
 
@@ -115,6 +115,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     ``milestone`` hears where the work is, for a caller that clocks its stages (bench.calibration): "windows" once
     the calibration windows are built, then "block i/N" after each calibrated block."""
     torch.manual_seed(options.seed)
+    return_freed_memory()
     source_sha = state_sha256(backbone.model)
     spec = options.spec()
     calibration: dict = {}
