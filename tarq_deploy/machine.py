@@ -94,3 +94,15 @@ def package_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def peak_rss_mb() -> float | None:
+    """This process's resident-memory high-water mark (VmHWM) in MiB; None where /proc does not tell. A progress
+    figure for logs, never part of the output bytes."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

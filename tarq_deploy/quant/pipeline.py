@@ -20,7 +20,7 @@ from ..data.corpus import Utterance, corpus_statistics, load_audio, select_pool
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import require_finite
 from ..hashing import chunks_sha256
-from ..machine import machine_record
+from ..machine import machine_record, peak_rss_mb
 from ..models.common import TextAudio
 from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
 from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
@@ -116,6 +116,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     the calibration windows are built, then "block i/N" after each calibrated block."""
     torch.manual_seed(options.seed)
     return_freed_memory()
+    peak_rss = {"model": peak_rss_mb()}  # the high-water mark as each stage ends, for the timing log
     source_sha = state_sha256(backbone.model)
     spec = options.spec()
     calibration: dict = {}
@@ -129,6 +130,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
                                              options.encoder_tagging)
+        peak_rss["windows"] = peak_rss_mb()
         if milestone:
             milestone("windows")
         calibration = _calibration_summary(chosen, stats, windows, options)
@@ -146,7 +148,9 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         "machine": machine_record(),  # the scope of the same-bytes promise (machine.py)
     }
     checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
-    timing = {"seconds": result.seconds, "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
+    peak_rss["calibration"] = peak_rss_mb()
+    timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss,
+              "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
 
 
