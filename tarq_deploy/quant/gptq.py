@@ -181,10 +181,7 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             W_block[i:] -= U_block[i, i:, None] * err[None, :]
             Err_block[i] = err
         Wt[i2:] -= U[i1:i2, i2:].T @ torch.from_numpy(Err_block)
-    codes = torch.empty((n, m), dtype=CODE_DTYPE)
-    codes[order] = torch.from_numpy(codes_t).to(CODE_DTYPE)
-    params = {k: torch.cat([f[k] for f in fitted], dim=1) for k in fitted[0]}
-    return QuantizedWeight(codes.T.contiguous(), spec=spec, **params)
+    return _assembled(torch.from_numpy(codes_t).to(CODE_DTYPE), order, fitted, spec)
 
 
 def _numpy_rounder(spec: LatticeSpec):
@@ -247,8 +244,13 @@ def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             W_block[i:] -= U_block[i, i:].unsqueeze(1) * err.unsqueeze(0)
             Err_block[i] = err
         Wt[i2:] -= U[i1:i2, i2:].T @ Err_block
+    return _assembled(codes_t, order, fitted, spec)
+
+
+def _assembled(codes_t: torch.Tensor, order: torch.Tensor, fitted: list[dict], spec: LatticeSpec) -> QuantizedWeight:
+    """The sweep's codes (one row per column, in sweep order) back in column order, with the group parameters."""
     codes = torch.empty_like(codes_t)
-    codes[order] = codes_t
+    codes[order.to(codes_t.device)] = codes_t
     params = {k: torch.cat([f[k] for f in fitted], dim=1) for k in fitted[0]}
     return QuantizedWeight(codes.T.contiguous(), spec=spec, **params)
 
