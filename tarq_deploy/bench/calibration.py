@@ -82,7 +82,11 @@ def processor_only(directory: str):
     return WhisperProcessor.from_pretrained(directory), GenerationConfig.from_pretrained(directory)
 
 
-CARRY_PACKAGES = ("wordfreq", "ftfy", "langcodes", "language_data", "jiwer", "whisper_normalizer")
+# What the lent GPU's image lacks among this project's imports (its package list: the device README's KINDS.md).
+# gguf: the ggml block codecs; wcwidth: ftfy's; locate: wordfreq's. Checked by tests/test_gpu_calibration_dryrun.py,
+# which hides every installed package that the image does not hold.
+CARRY_PACKAGES = ("wordfreq", "ftfy", "wcwidth", "locate", "langcodes", "language_data", "jiwer", "whisper_normalizer",
+                  "gguf")
 
 
 def prepare_carry(directory: Path, processor_source: str = "packaged:base") -> None:
