@@ -153,8 +153,11 @@ def child(args: argparse.Namespace) -> None:
     utterances = load_corpus(args.manifest)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    _, timing = quantize_backbone(backbone, utterances, options, args.model, log=lambda _: None, milestone=milestone)
-    milestone("done")
+    # A work directory as `tarq-deploy quantize` has one: finished blocks live there, not in memory
+    with tempfile.TemporaryDirectory(prefix="tarq-calibration-") as work:
+        _, timing = quantize_backbone(backbone, utterances, options, args.model, Path(work) / "partial",
+                                      log=lambda _: None, milestone=milestone)
+        milestone("done")
     print("RESULT " + json.dumps(cell_figures(args, stages, timing, model)), flush=True)
 
 

@@ -287,35 +287,48 @@ class SequentialCalibrator:
         return {domain: reweighting_mask(mask, self.config.solver.source, self.generator)
                 for domain, mask in window.masks.items()}
 
-    def _restore(self) -> tuple[int, list[dict], list[dict[str, QuantizedWeight]]]:
-        """Blocks finished by an earlier run that read back intact (their lattices) and their records. The first
-        block that does not is named in a warning and recomputed, with every block after it."""
+    def _restore(self) -> tuple[int, list[dict]]:
+        """The number of blocks finished by an earlier run that read back intact, and their records. The first
+        block that does not is named in a warning and recomputed, with every block after it. Each is read here to
+        check it and again when it is replayed, so that no more than one block's lattice is held at a time."""
         if self.work_dir is None:
-            return 0, [], []
+            return 0, []
         try:
             finished, records = self.work_dir.load()
         except WorkDirError as e:
             self.log(f"warning: {e}; discarding the earlier progress and starting afresh")
-            return 0, [], []
-        blocks = [block for stage in self.stages for block in stage.blocks]
-        restored: list[dict[str, QuantizedWeight]] = []
+            return 0, []
+        blocks = self._blocks()
+        intact = 0
         for index in range(min(finished, len(blocks))):
             try:
-                restored.append(self.work_dir.load_block(index, self.config.spec_for, blocks[index]))
+                self.work_dir.load_block(index, self.config.spec_for, blocks[index])
             except WorkDirError as e:
                 self.log(f"warning: {e}; discarding it and recomputing from block {index} ({blocks[index].name})")
                 break
-        n_records = sum(len(group) for block in blocks[:len(restored)] for group in block.groups)
+            intact += 1
+        n_records = sum(len(group) for block in blocks[:intact] for group in block.groups)
         if len(records) < n_records:
             self.log(f"warning: {self.work_dir.progress_file}: holds {len(records)} layer records, the finished "
                      f"blocks have {n_records}; discarding the earlier progress and starting afresh")
-            return 0, [], []
-        return len(restored), records[:n_records], restored
+            return 0, []
+        return intact, records[:n_records]
+
+    def _blocks(self) -> list[Block]:
+        return [block for stage in self.stages for block in stage.blocks]
+
+    def _read_back(self) -> dict[str, QuantizedWeight]:
+        """Every block's lattice from the work directory, once the streams and statistics are gone: a finished
+        block's codes are not held through the sweep (large-v3's are 1.5 GB of int8)."""
+        lattice: dict[str, QuantizedWeight] = {}
+        for index, block in enumerate(self._blocks()):
+            lattice.update(self.work_dir.load_block(index, self.config.spec_for, block))
+        return lattice
 
     def run(self) -> CalibrationResult:
         start = time.perf_counter()
-        finished, records, restored_blocks = self._restore()
-        lattice: dict[str, QuantizedWeight] = {}
+        finished, records = self._restore()
+        lattice: dict[str, QuantizedWeight] = {}  # without a work directory: every block's, held to the end
         # The full-precision stream only feeds H_delta: methods without the residual step run the quantized stream
         # alone, as GPTQ itself does.
         kinds = ("fp", "q") if self.paired else ("q",)
@@ -330,15 +343,15 @@ class SequentialCalibrator:
             h = {kind: [stage.enter(w, s) for w, s in zip(self.windows, streams[kind])] for kind in streams}
             for block in stage.blocks:
                 if block_index < finished:
-                    restored = restored_blocks[block_index]
+                    restored = self.work_dir.load_block(block_index, self.config.spec_for, block)
                     h = self._replay_block(stage, block, restored, h, streams)
-                    lattice.update(restored)
                 else:
                     block_lattice, block_records, h = self._calibrate_block(stage, block, h, streams)
-                    lattice.update(block_lattice)
                     records.extend(block_records)
                     if self.work_dir:
                         self.work_dir.save_block(block_index, block_lattice, records)
+                    else:
+                        lattice.update(block_lattice)
                     progress.update(1)
                 block_index += 1
                 self.milestone(f"block {block_index}/{blocks_total}")
@@ -346,6 +359,9 @@ class SequentialCalibrator:
                 for w, s, hidden in zip(self.windows, streams[kind], h[kind]):
                     stage.leave(hidden, w, s)
         progress.close()
+        del streams, h
+        if self.work_dir:
+            lattice = self._read_back()
         return CalibrationResult(lattice, records, time.perf_counter() - start)
 
     # -- one block -------------------------------------------------------------------------------------------------
