@@ -12,12 +12,18 @@ import errno
 import importlib
 import re
 import sys
+import tempfile
+import time
 import traceback
+from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 from . import __version__
+from .commands.options import EXIT_BUG, EXIT_INTERRUPTED, EXIT_USER_ERROR, merge_spellings
 
-# subcommand -> module under tarq_deploy.commands; each module has HELP, add_arguments(parser) and run(args).
+# subcommand -> module under tarq_deploy.commands; each module has HELP, EXAMPLE (shown at the end of its --help),
+# add_arguments(parser) and run(args).
 # Building the parser imports every one of them: their top level and add_arguments import nothing heavy (no torch,
 # no transformers), so that `tarq-deploy --help` answers at once; run() imports what the command needs.
 COMMANDS: dict[str, str] = {
@@ -31,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "publish": "publish",
     "demo": "demo",
     "sweep": "sweep",
+    "types": "types",
 }
 
 # Exceptions that describe bad input, by class (module.qualname, matched through the MRO so that the modules defining
@@ -56,13 +63,16 @@ USER_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, 
                          errno.ENOTDIR, errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.EFBIG, errno.ENAMETOOLONG,
                          errno.ELOOP, errno.EIO})
 OUR_PACKAGES = ("tarq_deploy",)
-EXIT_USER_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 2, 1, 130
 REPORT_BUG = ("this is a bug in tarq-deploy, not in your input: please report it with the command line and the "
-              "traceback above")
+              "traceback in {path}")
+EXIT_STATUSES = """exit status: 0 done; 1 a check failed (verify mismatch, a failed bench row or sweep cell);
+  2 bad input (one line naming the file or option; nothing written); 3 an internal error (its traceback's file
+  is named)"""
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, unless its help already says it or there is none to show (None, a flag)."""
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, unless its help already says it or there is none to show (None, a flag); the
+    example epilogue keeps its lines as written."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -76,12 +86,19 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 _STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:|;\s*default\b|%\(default\)", re.IGNORECASE)
 
 
+class Parser(argparse.ArgumentParser):
+    """A bad option is one line naming it, exit 2 (argparse's own error prints its usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _command_module(name: str) -> ModuleType:
     return importlib.import_module(f"tarq_deploy.commands.{COMMANDS[name]}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tarq-deploy",
         description="Tail-aware 4-bit quantization (TARQ) of speech recognisers, exported bit-exactly to the runtimes "
                     "people deploy.",
@@ -90,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = _command_module(name)
-        command = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter,
+                                 epilog=f"example:\n{module.EXAMPLE.rstrip()}\n\n{EXIT_STATUSES}")
         module.add_arguments(command)
         _show_defaults(command)
     return parser
@@ -112,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        merge_spellings(args)
         return _command_module(args.command).run(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -120,10 +139,21 @@ def main(argv: list[str] | None = None) -> int:
         message = user_error_message(e)
         if message is None:
             traceback.print_exc()
-            print(f"tarq-deploy {args.command}: {REPORT_BUG}", file=sys.stderr)
+            path = save_traceback(args.command)
+            print(f"tarq-deploy {args.command}: {REPORT_BUG.format(path=path)}", file=sys.stderr)
             return EXIT_BUG
         print(f"tarq-deploy {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+def save_traceback(command: str) -> Path:
+    """The traceback being handled, with the command line, in a file of the temporary folder (its path goes into
+    the bug message: a report can attach it whole, not what a terminal kept)."""
+    text = f"tarq-deploy {__version__}: {' '.join(sys.argv)}\n{traceback.format_exc()}"
+    with tempfile.NamedTemporaryFile("w", prefix=f"tarq-deploy-{command}-{time.strftime('%Y%m%dT%H%M%S')}-",
+                                     suffix=".txt", delete=False) as handle:
+        handle.write(text)
+    return Path(handle.name)
 
 
 def user_error_message(e: BaseException) -> str | None:

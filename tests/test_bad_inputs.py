@@ -607,9 +607,12 @@ def test_our_own_bugs_get_a_traceback_and_a_request_to_report(capsys, monkeypatc
         raise KeyError("an internal table lost its key")
 
     monkeypatch.setattr(inspect_command, "run", bug)
-    assert cli.main(["inspect", "anything"]) == 1
+    assert cli.main(["inspect", "anything"]) == 3  # 3: ours, not the input's (2) nor a failed check (1)
     err = capsys.readouterr().err
     assert "Traceback" in err and "please report it" in err
+    saved = Path(err.strip().rsplit("traceback in ", 1)[1])  # the file the message names holds the whole traceback
+    assert "KeyError: 'an internal table lost its key'" in saved.read_text()
+    saved.unlink()
 
 
 def test_missing_optional_package_is_a_user_error(capsys, monkeypatch):

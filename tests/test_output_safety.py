@@ -105,14 +105,14 @@ def test_publish_staging_over_a_published_file_is_refused(tmp_path, capsys):
     model.write_bytes(b"lmgg" + bytes(64))
     before = snapshot(staged)
     status, err = run_cli(capsys, "publish", staged, "--repo-id", "me/m", "--file", model, "--dry-run")
-    assert_user_error(status, err, f"OUT_DIR {staged}: would replace the folder holding the input --file {model}")
+    assert_user_error(status, err, f"-o/--out {staged}: would replace the folder holding the input --file {model}")
     assert snapshot(staged) == before
 
 
 def test_publish_staging_over_its_checkpoint_is_refused(ckpt, capsys):
     before = snapshot(ckpt)
     status, err = run_cli(capsys, "publish", ckpt, "--repo-id", "me/m", "--checkpoint", ckpt, "--dry-run")
-    assert_user_error(status, err, f"OUT_DIR {ckpt}: is the input --checkpoint {ckpt}")
+    assert_user_error(status, err, f"-o/--out {ckpt}: is the input --checkpoint {ckpt}")
     assert snapshot(ckpt) == before
 
 

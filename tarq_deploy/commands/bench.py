@@ -3,9 +3,9 @@
     tarq-deploy bench --model a-f16.bin --model a-q4_0.bin --audio jfk.wav --threads 4,8,16
     tarq-deploy bench --model a-q4_0.bin --threads 1,2 --warmup 0 --runs 1 --out /tmp/quick
     tarq-deploy bench --gpu --model packaged:tiny.en --checkpoint CKPT_DIR --audio jfk.wav
-    tarq-deploy bench --report-only results/bench/bench-cpu.json      # re-render table, CSV and plot
+    tarq-deploy bench --report-only runs/bench/bench-cpu.json      # re-render table, CSV and plot
 
-Writes STEM.json / .csv / .md / .png under --out (default results/bench, STEM bench-cpu or bench-gpu) and prints the
+Writes STEM.json / .csv / .md / .png under --out (default runs/bench, STEM bench-cpu or bench-gpu) and prints the
 markdown table; a run that measured nothing writes nothing, so earlier results there are never replaced by an empty
 report. Exit status: 0 when every row was measured (or the GPU bench found no CUDA and measured nothing), 1 when some
 rows are errors (an invalid model file, a crashed or timed-out run: the other rows are still measured and reported),
@@ -25,8 +25,11 @@ from tarq_deploy.bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAUL
 
 from ..checks import Output, check_outputs_apart
 from ..errors import UserError
+from .options import add_checkpoint, add_out, thread_list
 
 HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
+EXAMPLE = """  tarq-deploy bench --model base-f16.bin --model base-q4_0.bin --audio jfk.wav --threads 1,2 -o runs/bench"""
+DEFAULT_OUT = "runs/bench"  # never into the committed results/
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_ERROR = 0, 1, 2
 INHERIT = "inherit"
 
@@ -55,29 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "all runs of one cell in a row")
     parser.add_argument("--decode", action="append", default=[], metavar="KEY=VALUE",
                         help="override a runtime decode setting (value parsed as JSON, e.g. no_timestamps=true)")
-    parser.add_argument("--out", default="results/bench", help="output directory (default results/bench)")
+    add_out(parser, f"output directory (default {DEFAULT_OUT})", default=DEFAULT_OUT)
     parser.add_argument("--name", help="output file stem (default bench-cpu / bench-gpu)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--report-only", metavar="RESULT.json", help="re-render the reports of a saved result")
     gpu = parser.add_argument_group("GPU (FP16 transformers vs the INT4 lattice)")
     gpu.add_argument("--gpu", action="store_true", help="run the GPU bench instead (exits 0, measuring nothing, "
                                                         "when no CUDA device is present)")
-    gpu.add_argument("--checkpoint", metavar="DIR", help="lattice checkpoint for the INT4 rows")
+    add_checkpoint(gpu, "lattice checkpoint for the INT4 rows")
     gpu.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k],
                      default=["tinygemm", "triton", "marlin"],
                      help="INT4 kernels: tinygemm (torch _weight_int4pack_mm), triton (our W4A16 Triton kernel, "
                           "needs triton), marlin (needs vLLM or GPTQModel)")
     gpu.add_argument("--max-new-tokens", type=int, default=128, help="decoder token limit for the GPU runs")
-
-
-def thread_list(text: str) -> list[int]:
-    try:
-        threads = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not threads or min(threads) < 1:
-        raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {text!r}")
-    return threads
 
 
 def decode_overrides(pairs: list[str]) -> dict[str, Any]:

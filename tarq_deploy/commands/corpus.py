@@ -18,8 +18,11 @@ from ..data.corpus import Utterance, corpus_statistics, write_manifest
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
 from ..fileio import atomic_path, write_text_atomic
+from .options import add_out
 
 HELP = "write a corpus manifest: the real clips (real) or an offline TTS rare-word corpus (synth)"
+EXAMPLE = """  tarq-deploy corpus real -o clips
+  tarq-deploy corpus synth -o rare --n 24 --n-calib 32"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,9 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     sub = p.add_subparsers(dest="kind", metavar="KIND", required=True)
     real = sub.add_parser("real", help="the real English clips with transcripts (12 clips)")
-    real.add_argument("--out", required=True, help="directory for eval.jsonl, audio/ and README.md")
+    add_out(real, "directory for eval.jsonl, audio/ and README.md", required=True)
     synth = sub.add_parser("synth", help="offline TTS corpus of rare-word-dense sentences")
-    synth.add_argument("--out", required=True, help="directory for eval.jsonl, calib.jsonl, audio/ and README.md")
+    add_out(synth, "directory for eval.jsonl, calib.jsonl, audio/ and README.md", required=True)
     synth.add_argument("--n", type=int, default=DEFAULT_N_EVAL, help="evaluation utterances")
     synth.add_argument("--n-calib", type=int, default=DEFAULT_N_CALIB, help="calibration utterances (disjoint)")
     synth.add_argument("--voices", default=",".join(DEFAULT_VOICES),

@@ -22,17 +22,19 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from .options import add_out, thread_list
 
 HELP = "run the whole product on the packaged Whisper tiny.en: quantize, export, verify, eval, bench, publish (dry run)"
+EXAMPLE = """  tarq-deploy demo -o demo-out"""
 MODEL = "packaged:tiny.en"
 METHODS = ("rtn", "imatrix", "gptq", "tarq")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="demo-out", help="directory for every artifact (default ./demo-out)")
+    add_out(parser, "directory for every artifact (default ./demo-out)", default="demo-out")
     parser.add_argument("--n-eval", type=int, default=24, help="synthetic evaluation utterances")
     parser.add_argument("--n-calib", type=int, default=32, help="synthetic calibration utterances")
-    parser.add_argument("--threads", default="1,2", help="bench thread ladder")
+    parser.add_argument("--threads", type=thread_list, default=[1, 2], metavar="N,N,...", help="bench thread ladder")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
               "--reference", "f16", "--teacher-forced", "--compare", "tarq:gptq", "--compare", "tarq:imatrix",
               "--out", str(out / "eval"), "--quiet")
     steps.cli("bench", "--model", str(files["f16"]), "--model", str(files["tarq"]), "--audio", _jfk(),
-              "--threads", args.threads, "--warmup", "1", "--runs", "3", "--out", str(out / "bench"), "--name", "bench")
+              "--threads", ",".join(map(str, args.threads)), "--warmup", "1", "--runs", "3", "--out", str(out / "bench"), "--name", "bench")
     steps.cli("publish", str(out / "publish"), "--repo-id", "your-name/whisper-tiny.en-tarq-q4_0",
               "--checkpoint", str(out / "ckpt-tarq"), "--file", str(files["tarq"]),
               "--eval", str(out / "eval" / "report.json"), "--eval-model", "tarq",

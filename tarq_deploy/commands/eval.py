@@ -39,8 +39,10 @@ from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utte
 from ..fileio import write_text_atomic
 from ..machine import machine_record
 from ..model_source import ModelSource, SourceKind, resolve_source
+from .options import add_out, thread_count
 
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
+EXAMPLE = """  tarq-deploy eval --data clips/eval.jsonl --model f16=base-f16.bin --model tarq=base-q4_0.bin -o runs/eval"""
 GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
 
 
@@ -55,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", metavar="SOURCE",
                    help="torch backend on a whisper.cpp file: model whose tokenizer and config to use (default: the "
                         "first non-whisper.cpp model given)")
-    p.add_argument("--out", required=True, help="directory for report.md, report.json, utterances.jsonl")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads per backend (fixed, for comparable runs)")
+    add_out(p, "directory for report.md, report.json, utterances.jsonl", required=True)
+    p.add_argument("--threads", type=thread_count, default=1, metavar="N", help="CPU threads per backend (fixed, for comparable runs)")
     p.add_argument("--jobs", type=int, default=1,
                    help="models transcribed at the same time (e.g. 2 on two cores: a whisper.cpp worker beside a "
                         "PyTorch model); texts do not depend on it, decode times do")

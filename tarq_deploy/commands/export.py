@@ -15,6 +15,9 @@ from . import export_whispercpp
 
 HELP = ("export a lattice checkpoint (or a float model) to whisper.cpp, qwen3-asr.cpp, CrispASR, GPTQ, "
         "compressed-tensors or Marlin, bit-exactly")
+EXAMPLE = """  tarq-deploy export --checkpoint base-q4_0 --target whisper.cpp -o base-q4_0.bin
+  tarq-deploy export --model packaged:base --target whisper.cpp -o base-f16.bin
+  tarq-deploy export --model packaged:base --baseline ggml --type q4_0 -o base-ggml-q4_0.bin"""
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
 CRISPASR = "crispasr"
 GGUF_TARGETS = ("qwen3-asr.cpp", CRISPASR)

@@ -1,8 +1,8 @@
 """`tarq-deploy export --target whisper.cpp` (`tarq-deploy verify` checks the file: commands/verify.py).
 
-    tarq-deploy export --target whisper.cpp CHECKPOINT_DIR -o model-q5_1.bin [--type q5_1|...|f16]
+    tarq-deploy export --target whisper.cpp --checkpoint CHECKPOINT_DIR -o model-q5_1.bin [--type q5_1|...|f16]
     tarq-deploy export --target whisper.cpp --model SOURCE -o model-f16.bin [--type f16]
-    tarq-deploy export --target whisper.cpp --model SOURCE --baseline rtn -o model-rtn-q4_0.bin [--type q4_0|...]
+    tarq-deploy export --target whisper.cpp --model SOURCE --baseline ggml -o model-ggml-q4_0.bin [--type q4_0|...]
 
 Errors name the file and the problem, exit with status 2 and leave no output file behind.
 """
@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Sequence
 
+from .options import add_checkpoint, add_out
+
 TARGETS = ("whisper.cpp",)
 EXIT_OK, EXIT_ERROR = 0, 2
 # The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names
@@ -20,6 +22,9 @@ EXIT_OK, EXIT_ERROR = 0, 2
 WEIGHT_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl",
                 "iq4_xs")
 BASELINES = ("rtn",)
+# --baseline on the command line: "ggml" (ggml's own quantizer, as `quantize --method ggml`); "rtn", its first
+# spelling, is kept as an alias for one release (`quantize --method rtn` means our lattice's nearest codes).
+BASELINE_CHOICES = {"ggml": "rtn", "rtn": "rtn"}
 
 
 def input_errors() -> tuple[type[BaseException], ...]:
@@ -35,9 +40,10 @@ def input_errors() -> tuple[type[BaseException], ...]:
 # ------------------------------------------------------------------------------------------------------- export
 def add_export_arguments(parser: argparse.ArgumentParser, targets: Sequence[str] = TARGETS) -> None:
     """The export options; ``targets`` are the --target choices (the export command adds its other runtimes)."""
-    parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT_DIR", help="lattice checkpoint directory")
+    add_checkpoint(parser, "lattice checkpoint directory", positional=True)
     parser.add_argument("--target", choices=targets, default="whisper.cpp", help="runtime file format")
-    parser.add_argument("-o", "--output", required=True, help="model file to write (replaced atomically)")
+    add_out(parser, "model file to write (replaced atomically; GPU targets: a directory)", required=True,
+            aliases=("--output",), dest="output")
     parser.add_argument("--type", choices=WEIGHT_TYPES, dest="weight_type",
                         help="ggml type of the weight matrices (default: the checkpoint's lattice's type, e.g. q5_1; "
                              "f16 for --model; q4_0 for --baseline); a checkpoint exports only to its own type or "
@@ -45,9 +51,15 @@ def add_export_arguments(parser: argparse.ArgumentParser, targets: Sequence[str]
     parser.add_argument("--model", metavar="SOURCE",
                         help="export a float model instead of a checkpoint (packaged:NAME, a CTranslate2 or "
                              "transformers directory; see tarq_deploy.models.loader)")
-    parser.add_argument("--baseline", choices=BASELINES,
-                        help="rtn: ggml's own rounding of the float --model (what whisper.cpp's quantize tool makes)")
+    parser.add_argument("--baseline", choices=tuple(BASELINE_CHOICES), type=_baseline,
+                        help="ggml: ggml's own rounding of the float --model (what whisper.cpp's quantize tool "
+                             "makes); rtn: the same, its older spelling")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _baseline(text: str) -> str:
+    """Both spellings of ggml's rounding; the formats layer knows it as "rtn"."""
+    return BASELINE_CHOICES.get(text, text)
 
 
 def run_export(args: argparse.Namespace, crispasr: bool = False) -> int:
@@ -87,7 +99,7 @@ def _check_export_arguments(args: argparse.Namespace) -> None:
     if args.baseline and args.model is None:
         raise WhisperExportError(f"--baseline {args.baseline} rounds a float model: give it with --model SOURCE")
     if args.model and not args.baseline and args.weight_type not in (None, "f16"):
-        raise WhisperExportError(f"--type {args.weight_type} from a float model needs --baseline rtn (ggml's own "
+        raise WhisperExportError(f"--type {args.weight_type} from a float model needs --baseline ggml (ggml's own "
                                  f"rounding); a lattice is exported from its checkpoint directory")
 
 

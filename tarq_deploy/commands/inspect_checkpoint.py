@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
+from .options import add_checkpoint, add_out, require
+
 HELP = ("validate a lattice checkpoint (sha256 and xxh3 digests, code ranges, scales) and print its lattice, method "
         "and per-layer figures")
+EXAMPLE = """  tarq-deploy inspect --checkpoint base-q4_0
+  tarq-deploy inspect --checkpoint base-q4_0 --json -o base-q4_0.summary.json"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="lattice checkpoint directory")
+    add_checkpoint(parser, "lattice checkpoint directory", positional=True)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_out(parser, "also write the summary as JSON to this file")
 
 
 def summarise(checkpoint_dir: str) -> dict:
@@ -38,7 +43,11 @@ def summarise(checkpoint_dir: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = summarise(args.checkpoint)
+    from ..fileio import write_json_atomic
+
+    summary = summarise(require(args, "checkpoint", "--checkpoint (or CHECKPOINT_DIR)"))
+    if args.out:
+        write_json_atomic(args.out, summary)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

@@ -33,15 +33,19 @@ from pathlib import Path
 from .. import hub
 from ..checks import Output, check_outputs_apart
 from ..errors import UserError
+from .options import add_out, add_positional_out, require
 
 HELP = "stage runtime files and a model card with the measured numbers, and upload them to the Hugging Face Hub"
 EXIT_OK, EXIT_UPLOAD_FAILED = 0, 1
 DEFAULT_MESSAGE = "Publish with tarq-deploy"
+EXAMPLE = """  tarq-deploy publish -o runs/stage --repo-id you/whisper-base-tarq-q4_0 --checkpoint base-q4_0 \\
+      --file base-q4_0.bin --eval runs/eval/report.json --bench runs/bench/bench-cpu.json --dry-run"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out_dir", metavar="OUT_DIR", help="staging folder: exactly what is uploaded (replaced "
-                                                           "atomically; only an empty or previously staged folder)")
+    staging = "staging folder: exactly what is uploaded (replaced atomically; only an empty or previously staged folder)"
+    add_positional_out(parser, "OUT_DIR", staging)
+    add_out(parser, staging)
     parser.add_argument("--repo-id", required=True, help="target model repo, namespace/name")
     parser.add_argument("--checkpoint", metavar="DIR", help="lattice checkpoint: the recipe and source model for the "
                                                             "card; its files are published under lattice/")
@@ -67,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # OUT_DIR is built beside itself and renamed over itself: a published file inside it would go with it.
-    check_outputs_apart([Output("OUT_DIR", args.out_dir)],
+    out_dir = require(args, "out", "-o/--out (or OUT_DIR)")
+    check_outputs_apart([Output("-o/--out", out_dir)],
                         [("--checkpoint", args.checkpoint), *(("--file", f) for f in args.file),
                          *(("--eval", e) for e in args.eval), *(("--bench", b) for b in args.bench)])
     inputs = hub.collect_inputs(hub.PublishSources(
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         eval_model=args.eval_model, base_model=args.base_model, license=args.license, languages=args.language))
     card = hub.build_card(inputs)
     check = hub.check_card(card)
-    staged = hub.stage(Path(args.out_dir), card, inputs.files)
+    staged = hub.stage(Path(out_dir), card, inputs.files)
     _report_staged(staged, check, inputs)
     if args.dry_run:
         print("dry run: staged and validated offline; nothing uploaded")

@@ -11,8 +11,11 @@ from ..errors import UserError
 from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
 from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
                              GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
+from .options import add_out, thread_count
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
+EXAMPLE = """  tarq-deploy corpus real -o clips
+  tarq-deploy quantize --model packaged:base --calib clips/eval.jsonl --method tarq --type q4_0 -o base-q4_0"""
 SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
 
 
@@ -74,8 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
-    p.add_argument("--out", required=True, help="checkpoint directory to write (a new path, or an earlier checkpoint "
-                                                "to replace); OUT.partial/ holds resumable work, OUT.log.json the log")
+    p.add_argument("--threads", type=thread_count, metavar="N",
+                   help="CPU threads of the calibration (default: torch's, one per core); the same inputs, seed, "
+                        "processor kind and threads give the same bytes")
+    add_out(p, "checkpoint directory to write (a new path, or an earlier checkpoint to replace); OUT.partial/ holds "
+               "resumable work, OUT.log.json the log", required=True)
 
 
 def options_from(args: argparse.Namespace):
@@ -199,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
     # Everything the user gave is checked before the model is loaded or any calibration starts.
     options = checked_options(args)
     out, work, log_path = checked_outputs(args.out, model_inputs(args))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # before any torch work: the machine record below reports it
     # One run at a time into OUT: a second one would share OUT.partial's blocks and replace OUT under the first.
     with exclusive_writer(lock_path(work), "--out", out):
         source = check_model_source(args.model)
@@ -303,6 +313,10 @@ def check_model_source(source: str) -> ModelSource:
         return found
     if found.kind is SourceKind.MISSING:
         raise UserError(f"--model {source}: no such file or directory")
+    if found.kind is SourceKind.WHISPER_CPP:  # a quantized or damaged .bin is refused before the corpus is read
+        from ..formats.whisper_cpp_model import read_float_whisper_cpp
+
+        read_float_whisper_cpp(found.path)
     if found.on_disk:
         from ..models.registry import model_type
 

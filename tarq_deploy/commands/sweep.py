@@ -15,14 +15,17 @@ import argparse
 import json
 from pathlib import Path
 
+from .options import add_out
+
 HELP = "run a grid of models × corpora × methods × types (quantize, export, verify, eval, bench) on Ray"
+EXAMPLE = """  tarq-deploy sweep results/types/sweep.toml --plan -o runs/types
+  tarq-deploy sweep results/types/sweep.toml -o runs/types"""
 EXIT_OK, EXIT_CELLS_FAILED = 0, 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep_file", metavar="SWEEP.toml", help="the sweep (see tarq_deploy/sweep/plan.py)")
-    p.add_argument("--out", required=True, help="output folder (shared by every node on a cluster); re-use it to "
-                                                "resume")
+    add_out(p, "output folder (shared by every node on a cluster); re-use it to resume", required=True)
     p.add_argument("--address", help="an existing Ray cluster ('auto', or ray://HOST:10001); default: start an "
                                      "embedded single-node Ray")
     p.add_argument("--cpus", type=int, help="embedded Ray: CPUs it may use (default: all)")

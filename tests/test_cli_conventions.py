@@ -1,0 +1,138 @@
+"""One CLI convention for every subcommand: -o/--out, --checkpoint, an example at the end of --help, `types`, and the
+exit statuses (0 done, 1 a failed check, 2 bad input, 3 our bug with its traceback's file named). The 1s are pinned
+where the checks live: verify's mismatch (test_whisper_cpp_export.py), bench's failed rows (test_bench.py) and the
+sweep's failed cells (test_sweep.py)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from tarq_deploy import cli
+from tarq_deploy.commands.options import EXIT_BUG, EXIT_USER_ERROR, merge_spellings
+from tarq_deploy.quant.choices import GGML_TYPES
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    found = {flag for action in parser._actions for flag in action.option_strings}
+    for action in parser._actions:  # corpus real / corpus synth
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found |= option_strings(child)
+    return found
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_every_command_takes_o_and_ends_its_help_with_an_example(command, capsys):
+    parser = subparsers()[command]
+    assert {"-o", "--out"} <= option_strings(parser), command
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    example = text.split("\nexample:\n", 1)[1]
+    assert f"tarq-deploy {command}" in example.split("\n\n")[0], example
+    assert "exit status: 0 done; 1 a check failed" in text
+
+
+def test_the_older_spellings_still_parse_to_the_same_options(tmp_path):
+    parse = cli.build_parser().parse_args
+    new = parse(["export", "--checkpoint", "ck", "-o", "a.bin"])
+    old = parse(["export", "ck", "--output", "a.bin"])
+    for args in (new, old):
+        merge_spellings(args)
+        assert (args.checkpoint, args.output) == ("ck", "a.bin")
+    verify = parse(["verify", "m.bin", "--against", "ck"])
+    assert verify.checkpoint == "ck"
+    publish = parse(["publish", "stage", "--repo-id", "a/b"])
+    merge_spellings(publish)
+    assert publish.out == "stage"
+    assert parse(["export", "--model", "m", "--baseline", "ggml", "-o", "x"]).baseline == \
+        parse(["export", "--model", "m", "--baseline", "rtn", "-o", "x"]).baseline  # one meaning, two spellings
+
+
+def test_a_checkpoint_given_two_different_ways_is_refused_by_name(capsys):
+    assert cli.main(["inspect", "one", "--checkpoint", "two"]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--checkpoint" in err and "'one'" in err and "'two'" in err
+
+
+def test_types_lists_every_type_with_its_bits_per_weight(tmp_path, capsys):
+    out = tmp_path / "types.json"
+    assert cli.main(["types", "--json", "-o", str(out)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text())["types"] == rows
+    by_name = {row["type"]: row for row in rows}
+    assert set(by_name) == {"f16", *GGML_TYPES}
+    for name, row in by_name.items():
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
+        assert row["bits_per_weight"] == pytest.approx(8 * size / block)
+        assert "whisper.cpp" in row["targets"]
+    assert by_name["q4_k"]["bits_per_weight"] == 4.5 and by_name["q3_k"]["bits_per_weight"] == pytest.approx(3.4375)
+    assert "gptq" in by_name["q4_0"]["targets"] and "gptq" not in by_name["q4_k"]["targets"]
+    assert [r["bits_per_weight"] for r in rows] == sorted(r["bits_per_weight"] for r in rows)
+
+
+# One bad input per command: the file or option it names, exit 2, one line.
+BAD_INPUTS = {
+    "quantize": (["--model", "{missing}", "--calib", "{missing}", "-o", "{tmp}/q"], "{missing}"),
+    "export": (["--checkpoint", "{missing}", "-o", "{tmp}/x.bin"], "{missing}"),
+    "verify": (["{missing}", "--checkpoint", "{missing}"], "{missing}"),
+    "bench": (["--model", "{missing}", "--audio", "{missing}", "-o", "{tmp}/b"], "{missing}"),
+    "eval": (["--data", "{missing}", "--model", "packaged:tiny.en", "-o", "{tmp}/e"], "{missing}"),
+    "corpus": (["synth", "--n", "0", "-o", "{tmp}/c"], "--n"),
+    "inspect": (["--checkpoint", "{missing}"], "{missing}"),
+    "publish": (["-o", "{tmp}/s", "--repo-id", "a/b", "--file", "{missing}", "--dry-run"], "{missing}"),
+    "demo": (["-o", "{file}"], "{file}"),  # a file where its folder should go
+    "sweep": (["{missing}", "-o", "{tmp}/w"], "{missing}"),
+    "types": (["-o", "{tmp}"], "{tmp}"),  # a folder where the JSON file should go
+}
+
+
+def inputs(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "a-file").write_text("not a folder")
+    return {"missing": str(tmp_path / "no-such-file"), "tmp": str(tmp_path), "file": str(tmp_path / "a-file")}
+
+
+def test_a_bad_option_value_is_one_line_naming_it(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["demo", "--threads", "zero"])
+    assert stop.value.code == EXIT_USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--threads" in err and "'zero'" in err, err
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_bad_input_exits_2_with_one_line_naming_it(command, tmp_path, capsys):
+    argv, named = BAD_INPUTS[command]
+    fill = inputs(tmp_path)
+    status = cli.main([command, *(a.format(**fill) for a in argv)])
+    err = capsys.readouterr().err.strip()
+    assert status == EXIT_USER_ERROR, err
+    assert len(err.splitlines()) == 1 and named.format(**fill) in err, err
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_our_bug_exits_3_and_names_the_file_holding_its_traceback(command, tmp_path, capsys, monkeypatch):
+    module = importlib.import_module(f"tarq_deploy.commands.{cli.COMMANDS[command]}")
+
+    def bug(args: argparse.Namespace) -> int:
+        return {}["a key no table has"]
+
+    monkeypatch.setattr(module, "run", bug)
+    argv, _ = BAD_INPUTS[command]
+    fill = inputs(tmp_path)
+    assert cli.main([command, *(a.format(**fill) for a in argv)]) == EXIT_BUG
+    err = capsys.readouterr().err
+    saved = Path(err.strip().rsplit("traceback in ", 1)[1])
+    assert "KeyError: 'a key no table has'" in saved.read_text() and command in saved.name
+    saved.unlink()
