@@ -1,6 +1,6 @@
 """tarq_deploy/bench/gpu_decode.py on the CPU: its own static-cache Llama decode loop (what the CUDA graph captures)
 must compute transformers' logits, with float Linears and with the INT4 lattice swapped in; without CUDA the
-benchmark measures nothing and exits 0. The graph capture and the timings themselves need CUDA (bench/gpu_issue29.sh).
+benchmark measures nothing and exits 0. The graph capture and the timings themselves need CUDA (bench/gpu_decode_suite.sh).
 """
 from __future__ import annotations
 

@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-seconds", type=float, default=120.0,
                         help="before each cell, wait up to this long for the machine's load to settle below "
                              f"{IDLE_LOAD} (the row records the load it started at)")
-    parser.add_argument("--out", default="bench/results/calibration.json")
+    parser.add_argument("-o", "--out", default="runs/bench/calibration.json")
     parser.add_argument("--baseline-code", metavar="DIR",
                         help="also run every cell with the package of an older checkout (e.g. a git worktree of the "
                              "commit to compare with), right after the current code's, and report the speedups")

@@ -216,7 +216,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny.en,base,small")
     parser.add_argument("--types", default=",".join(GGML_TYPES), help="lattice types to export (comma-separated)")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--out", default="bench/results/export.json")
+    parser.add_argument("-o", "--out", default="runs/bench/export.json")
     args = parser.parse_args()
     types = args.types.split(",")
     unknown = [t for t in types if t not in GGML_TYPES]

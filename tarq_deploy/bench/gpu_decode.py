@@ -633,7 +633,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--glue", choices=("eager", "compiled"), default="eager",
                         help="the element-wise work between the Linears: eager, or torch.compile'd (fused kernels)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench/results/gpu_decode.json")
+    parser.add_argument("-o", "--out", default="runs/bench/gpu_decode.json")
     args = parser.parse_args(argv)
     unknown = [k for k in args.kernels if k not in VARIANTS[1:]]
     if unknown:

@@ -249,7 +249,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="bench/results/gpu_voxtral.json")
+    parser.add_argument("-o", "--out", default="runs/bench/gpu_voxtral.json")
     return parser.parse_args(argv)
 
 

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--threads", type=int, help="torch CPU threads (1 gives steady figures on a shared machine: "
                                                      "barrier-heavy factorizations stall when a worker is descheduled)")
-    parser.add_argument("--out", default="bench/results/solvers.json")
+    parser.add_argument("-o", "--out", default="runs/bench/solvers.json")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -2,8 +2,8 @@
 # Issue 29 on one lent GPU (an H100): everything in one call, at most BUDGET_S (400 s) + ~15 s wall, each stage
 # under `timeout`, a stage failing never stops the next, JSON written as it goes (a cut run keeps what it measured).
 #
-#   device:  bash bench/gpu_issue29.sh                     (run in the repo root; $OUT comes back)
-#   here:    PYTHON=.venv/bin/python bash bench/gpu_issue29.sh --dry   (no GPU: every stage takes its no-CUDA path,
+#   device:  bash bench/gpu_decode_suite.sh                     (run in the repo root; $OUT comes back)
+#   here:    PYTHON=.venv/bin/python bash bench/gpu_decode_suite.sh --dry   (no GPU: every stage takes its no-CUDA path,
 #            proving that the script parses and that its modules import with the device's packages only)
 #
 # Stages (limits in seconds; a stage gets at most what is left of BUDGET_S, and is skipped under 20 s):
@@ -11,12 +11,12 @@
 #   decode  python -m tarq_deploy.bench.gpu_decode: Voxtral-Mini-3B LM, 30 layers, CUDA graphs,
 #           FP16 / INT4 tinygemm / INT4 triton, per-Linear kernels      -> gpu_decode.json/.md  (~90-150 s; 230)
 #   tests   pytest tests/test_triton_w4a16.py (the kernel vs the lattice at Voxtral shapes)   (~40-60 s; 120)
-#   whisper bench/gpu_issue29_whisper.py: large-v3 dims, max_new_tokens held, triton in
+#   whisper bench/gpu_whisper_decode_cap.py: large-v3 dims, max_new_tokens held, triton in
 #           transformers' Whisper                                       -> whisper_check.json   (~40-70 s; 100)
 set -u
 DRY=0
 [ "${1:-}" = "--dry" ] && DRY=1
-OUT=${OUT:-/tmp/gpu_issue29_out}
+OUT=${OUT:-/tmp/gpu_decode_suite_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -78,7 +78,7 @@ class Absent(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Absent())
 sys.path[:0] = ["tests", "bench"]
 for name in ("tarq_deploy.bench.gpu_decode", "tarq_deploy.bench.gpu", "tarq_deploy.runtimes.triton_w4a16",
-             "tarq_deploy.runtimes.int4_linear", "conftest", "test_triton_w4a16", "gpu_issue29_whisper"):
+             "tarq_deploy.runtimes.int4_linear", "conftest", "test_triton_w4a16", "gpu_whisper_decode_cap"):
     __import__(name)
 print("imports ok without", sorted(ABSENT))
 EOF
@@ -93,7 +93,7 @@ stage env 60 bash -c env_check 2>&1 | tee "$OUT/env.txt"
 stage decode 230 "$PY" -m tarq_deploy.bench.gpu_decode --layers "$LAYERS" --context 383 --new-tokens 64 \
     --repeats 5 --kernels tinygemm,triton --out "$OUT/gpu_decode.json"
 stage tests 120 "$PY" -m pytest tests/test_triton_w4a16.py -q -rs -p no:cacheprovider
-stage whisper 100 "$PY" bench/gpu_issue29_whisper.py --layers "$([ $DRY -eq 1 ] && echo 1 || echo 32)" \
+stage whisper 100 "$PY" bench/gpu_whisper_decode_cap.py --layers "$([ $DRY -eq 1 ] && echo 1 || echo 32)" \
     --max-new-tokens 64 --runs 2 --out "$OUT/whisper_check.json"
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv 2>/dev/null
 echo "== done after $(($(date +%s) - START))s; files in $OUT:"

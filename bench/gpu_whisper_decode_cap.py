@@ -1,4 +1,4 @@
-"""Device check for issue 29 (stage C of bench/gpu_issue29.sh): the GPU bench's Whisper decode on CUDA at large-v3
+"""Device check for issue 29 (stage C of bench/gpu_decode_suite.sh): the GPU bench's Whisper decode on CUDA at large-v3
 dimensions (random seeded fp16 weights), FP16 (cuBLAS) / INT4 tinygemm / INT4 triton, through the same calls as
 ``tarq-deploy bench --gpu`` (``tarq_deploy.bench.gpu._greedy`` + ``greedy_generate``):
 
@@ -12,7 +12,7 @@ dimensions (random seeded fp16 weights), FP16 (cuBLAS) / INT4 tinygemm / INT4 tr
 Lattice: every Linear but proj_out, symmetric int4 g128 with bf16-exact scales (tinygemm's constraint), the FP16
 model holding the same values. No tokenizer or checkpoint on disk is needed (the device has neither).
 
-    PYTHONPATH=. python bench/gpu_issue29_whisper.py --out $OUT/whisper_check.json [--layers 32] [--max-new-tokens 64]
+    PYTHONPATH=. python bench/gpu_whisper_decode_cap.py --out $OUT/whisper_check.json [--layers 32] [--max-new-tokens 64]
 """
 from __future__ import annotations
 
