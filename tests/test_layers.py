@@ -21,7 +21,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
              "tarq_deploy.checkpoint", "tarq_deploy.safetensors_view", "tarq_deploy.vocabulary", "tarq_deploy.quant",
              "tarq_deploy.model_source", "tarq_deploy.hashing",
              "tarq_deploy.models", "tarq_deploy.data"),
-    "formats": ("tarq_deploy.formats",),
+    # load_whisper takes whisper.cpp files too (formats/whisper_cpp_model.py), so the loader and the backbone picker
+    # above it read file formats: they sit in this layer, the other model adapters in core
+    "formats": ("tarq_deploy.formats", "tarq_deploy.models.loader", "tarq_deploy.models.registry"),
     "runtimes": ("tarq_deploy.runtimes",),
     "apps": ("tarq_deploy.cli", "tarq_deploy.commands", "tarq_deploy.evaluate", "tarq_deploy.bench",
              "tarq_deploy.hub", "tarq_deploy.sweep"),

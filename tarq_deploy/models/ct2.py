@@ -432,12 +432,19 @@ def build_tokenizer(directory: Path, vocab_size: int) -> WhisperTokenizer:
     tokenizer_path = directory / TOKENIZER_JSON_NAME
     tokenizer_json = json.loads(tokenizer_path.read_text(encoding="utf-8"))
     backend = Tokenizer.from_file(str(tokenizer_path))
+    return whisper_tokenizer(backend, _special_tokens_in_id_order(tokenizer_json), vocab_size, tokenizer_path)
+
+
+def whisper_tokenizer(backend: Tokenizer, special_tokens: list[str], vocab_size: int,
+                      origin: str | os.PathLike[str]) -> WhisperTokenizer:
+    """WhisperTokenizer of a byte-level BPE ``backend`` whose control tokens are ``special_tokens`` (in id order),
+    completed with the 1501 timestamp tokens; every Whisper source builds its tokenizer here, so they all agree."""
     missing = [token for token in timestamp_tokens() if backend.token_to_id(token) is None]
     backend.add_tokens([AddedToken(token, special=False, normalized=False) for token in missing])
-    _check_timestamp_ids(backend, tokenizer_path, vocab_size)
+    _check_timestamp_ids(backend, origin, vocab_size)
     return WhisperTokenizer(
         tokenizer_object=backend,
-        extra_special_tokens=_special_tokens_in_id_order(tokenizer_json),
+        extra_special_tokens=special_tokens,
         unk_token=END_OF_TEXT,
         bos_token=END_OF_TEXT,
         eos_token=END_OF_TEXT,
@@ -445,7 +452,7 @@ def build_tokenizer(directory: Path, vocab_size: int) -> WhisperTokenizer:
     )
 
 
-def _check_timestamp_ids(backend: Tokenizer, tokenizer_path: Path, vocab_size: int) -> None:
+def _check_timestamp_ids(backend: Tokenizer, tokenizer_path: str | os.PathLike[str], vocab_size: int) -> None:
     first_timestamp = backend.token_to_id(timestamp_tokens()[0])
     if first_timestamp != backend.token_to_id(NO_TIMESTAMPS) + 1:
         raise ValueError(f"{tokenizer_path}: <|0.00|> got id {first_timestamp}, expected right after "
@@ -516,8 +523,8 @@ def _check_parameters_match(model: torch.nn.Module, arrays: dict[str, np.ndarray
         raise ValueError(f"{path}: parameter shapes disagree with the derived config: {wrong_shapes}")
 
 
-def _instantiate_model(config: WhisperConfig, arrays: dict[str, np.ndarray], dtype: torch.dtype,
-                       path: Path) -> WhisperForConditionalGeneration:
+def instantiate_model(config: WhisperConfig, arrays: dict[str, np.ndarray], dtype: torch.dtype,
+                      path: Path) -> WhisperForConditionalGeneration:
     # Build on the meta device so no random initialisation runs; every parameter is then assigned from the file.
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(config)
@@ -582,7 +589,7 @@ def load_ct2_whisper(directory: str | os.PathLike[str], dtype: torch.dtype | str
     if dtype == "stored":
         dtype = torch.float16 if all(a.dtype == np.float16 for a in checkpoint.variables.values() if a.ndim) \
             else torch.float32
-    model = _instantiate_model(config, ct2_to_hf_arrays(checkpoint), dtype, checkpoint.path)
+    model = instantiate_model(config, ct2_to_hf_arrays(checkpoint), dtype, checkpoint.path)
     generation_config = build_generation_config(config, token_ids, {v: k for k, v in token_ids.items()}, ct2_config)
     model.generation_config = generation_config
     processor = build_processor(build_tokenizer(directory, config.vocab_size), config.num_mel_bins)

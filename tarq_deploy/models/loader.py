@@ -5,9 +5,13 @@
 * ``packaged:NAME`` -- real weights shipped in pip packages (see :mod:`tarq_deploy.models.packaged`);
 * a local CTranslate2 / faster-whisper directory (``model.bin`` + ``config.json`` + ``tokenizer.json``);
 * a local transformers directory (``config.json`` of a Whisper model + safetensors / PyTorch weights);
+* a float whisper.cpp model file (``ggml-base.bin``: F16 or F32 matrices), tokenizer and all from the file
+  (:mod:`tarq_deploy.formats.whisper_cpp_model`; a quantized one is refused);
 * anything else: a Hugging Face Hub id, loaded with ``from_pretrained``.
 
-Which of these a source is, tarq_deploy.model_source decides.
+Which of these a source is, tarq_deploy.model_source decides. Since it reads file formats too, this module (and
+models/registry.py above it) sits in the formats layer, not in core with the other model adapters
+(tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig, WhisperForConditionalGeneration, WhisperProcessor
 
+from tarq_deploy.formats.whisper_cpp_model import load_whisper_cpp
 from tarq_deploy.model_source import ModelSource, SourceKind, resolve_source
 from tarq_deploy.models.ct2 import load_ct2_whisper
 from tarq_deploy.models.packaged import resolve_packaged
@@ -46,6 +51,8 @@ def _load_local(found: ModelSource, dtype: Dtype) -> WhisperBundle:
         raise FileNotFoundError(f"{path}: no such file or directory")
     if found.kind is SourceKind.CT2:
         return load_ct2_whisper(path, dtype=dtype)
+    if found.kind is SourceKind.WHISPER_CPP:
+        return load_whisper_cpp(path, dtype=dtype)
     if is_transformers_whisper(found):
         return _load_transformers(str(path), dtype)
     listing = sorted(child.name for child in path.iterdir())[:20] if path.is_dir() else []
@@ -56,9 +63,10 @@ def _load_local(found: ModelSource, dtype: Dtype) -> WhisperBundle:
 
 
 def load_whisper(source: str | ModelSource, dtype: Dtype = torch.float32) -> WhisperBundle:
-    """Load (model, processor, generation config) from a packaged name, a local directory or a Hub id; ``dtype``
-    "stored" keeps the weights in the precision the source stores them (float16 for the packaged checkpoints and
-    the hub's large models), which halves the memory of a float16 source against float32."""
+    """Load (model, processor, generation config) from a packaged name, a local directory or file, or a Hub id;
+    ``dtype`` "stored" keeps the weights in the precision the source stores them (float16 for the packaged
+    checkpoints, the hub's large models and F16 whisper.cpp files), which halves the memory of a float16 source
+    against float32."""
     found = resolve_source(source)
     if found.kind is SourceKind.PACKAGED:
         return load_ct2_whisper(resolve_packaged(found.text), dtype=dtype)
