@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from ..checks import Output, check_outputs_apart
-from ..data.corpus import load_audio, load_corpus
+from ..data.corpus import load_audio, load_corpus, refuse_longer_than
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
 from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
@@ -196,6 +196,20 @@ def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
     return datasets
 
 
+def refuse_long_audio_for_pytorch(specs: list[ModelSpec], datasets: list[Dataset], teacher_forced: bool) -> None:
+    """PyTorch Whisper reads one 30 s window (its feature extractor drops the rest); whisper.cpp and CrispASR
+    decode long audio window after window. So a longer utterance is refused by name before any model runs, when a
+    PyTorch Whisper column or the teacher-forced figures would score it against words it never heard."""
+    from ..models.common import WINDOW_SECONDS
+    from ..runtimes.torch_whisper import NAME as TORCH_WHISPER
+
+    users = [s.key for s in specs if s.backend == TORCH_WHISPER] + (["--teacher-forced"] if teacher_forced else [])
+    if users:
+        for dataset in datasets:
+            refuse_longer_than(dataset.utterances, dataset.audio, WINDOW_SECONDS,
+                               f"PyTorch Whisper ({', '.join(users)})")
+
+
 def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
                          pairs: tuple[tuple[str, str], ...], out: Path) -> int:
     from ..evaluate.report import render_teacher_forced, teacher_forced_section
@@ -255,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {args.reference}: no model has that label")
     check_outputs_apart(eval_outputs(out), eval_inputs(args, specs))
     datasets = load_datasets(args.data, args.limit)
+    refuse_long_audio_for_pytorch(specs, datasets, args.teacher_forced)
     if args.teacher_forced_only:
         return _teacher_forced_only(args, specs, datasets, pairs, out)
     try:

@@ -73,6 +73,19 @@ def _utterance_error(utterance: Utterance, problem: str) -> CorpusError:
     return _entry_error(utterance.id, utterance.audio, problem, utterance.origin)
 
 
+def refuse_longer_than(utterances: list[Utterance], audios: list[np.ndarray], max_seconds: float, what: str) -> None:
+    """CorpusError naming the first utterance longer than ``max_seconds``: Whisper's feature extractor keeps the
+    first 30 s and drops the rest, while the transcript stays whole, so such an entry would be calibrated (or scored)
+    against words its audio no longer holds -- silently. ``what`` says who needs the limit."""
+    for utterance, audio in zip(utterances, audios):
+        seconds = len(audio) / TARGET_SAMPLE_RATE
+        if seconds > max_seconds:
+            raise _utterance_error(utterance, f"is {seconds:.1f} s long; {what} takes at most {max_seconds:g} s "
+                                              f"(the rest would be cut while its whole transcript is kept): split it "
+                                              f"into segments of at most {max_seconds:g} s, each with its own "
+                                              f"transcript, or leave it out")
+
+
 # -------------------------------------------------------------------------------------------- audio decoding
 
 

@@ -32,8 +32,9 @@ class TextAudio:
 
 
 def pack_utterances(utterances: list[TextAudio], pack: bool) -> list[list[TextAudio]]:
-    """Greedy packing, in the given order, into windows of at most 30 s (one utterance per window without packing;
-    a longer utterance is cut to 30 s by the feature extractor and its transcript kept whole, so avoid those)."""
+    """Greedy packing, in the given order, into windows of at most 30 s (one utterance per window without packing).
+    A longer utterance never gets here: quant/pipeline.py refuses it by name (the feature extractor would cut it to
+    30 s and keep its whole transcript)."""
     if not pack:
         return [[u] for u in utterances]
     windows: list[list[TextAudio]] = []

@@ -16,12 +16,12 @@ from tqdm.auto import tqdm
 
 from .. import __version__
 from ..checkpoint import LatticeCheckpoint
-from ..data.corpus import Utterance, corpus_statistics, load_audio, select_pool
+from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longer_than, select_pool
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import require_finite
 from ..hashing import chunks_sha256
 from ..machine import machine_record, peak_rss_mb
-from ..models.common import TextAudio
+from ..models.common import WINDOW_SECONDS, TextAudio
 from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
 from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
 from .ggml_quants import ggml_quantize
@@ -103,7 +103,9 @@ def select_calibration(utterances: list[Utterance], options: QuantizeOptions) ->
 
 
 def decode_utterances(utterances: list[Utterance]) -> list[TextAudio]:
-    return [TextAudio(u.id, load_audio(u), u.text) for u in tqdm(utterances, desc="decoding audio", unit="utt")]
+    audios = [load_audio(u) for u in tqdm(utterances, desc="decoding audio", unit="utt")]
+    refuse_longer_than(utterances, audios, WINDOW_SECONDS, "a calibration window")
+    return [TextAudio(u.id, audio, u.text) for u, audio in zip(utterances, audios)]
 
 
 def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
