@@ -21,8 +21,9 @@ SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
-                   help="packaged:tiny.en | packaged:base | a transformers or CTranslate2 directory | a hub id "
-                        "(e.g. openai/whisper-base), or a transformers Voxtral or Qwen3-ASR directory")
+                   help="packaged:tiny.en | packaged:base | a whisper.cpp model file (ggml-base.bin, F16 or F32) | "
+                        "a transformers or CTranslate2 directory | a hub id (e.g. openai/whisper-base), or a "
+                        "transformers Voxtral or Qwen3-ASR directory")
     p.add_argument("--calib", help="calibration corpus: JSONL manifest, LibriSpeech-layout or saved datasets "
                                    "directory (needed by every method but rtn)")
     p.add_argument("--method", choices=METHODS, default="tarq",
