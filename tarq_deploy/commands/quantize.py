@@ -78,6 +78,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="--method imatrix: take the importance matrix from this llama.cpp-format imatrix GGUF (one "
+                        "saved by --save-imatrix, or written by llama.cpp's tools with this model's weight names) "
+                        "instead of calibrating; --calib is then not needed")
+    p.add_argument("--save-imatrix", metavar="FILE",
+                   help="--method imatrix: also write the importance matrix it gathered as a llama.cpp-format imatrix "
+                        "GGUF (reusable with --imatrix; such a run does not resume)")
     p.add_argument("--threads", type=thread_count, metavar="N",
                    help="CPU threads of the calibration (default: torch's, one per core); the same inputs, seed, "
                         "processor kind and threads give the same bytes")
@@ -206,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
     # Everything the user gave is checked before the model is loaded or any calibration starts.
     options = checked_options(args)
     out, work, log_path = checked_outputs(args.out, model_inputs(args))
+    saved_imatrix = checked_imatrix_output(args, out, work, log_path)
+    importance = read_importance(args.imatrix) if args.imatrix else None
     if args.threads:
         import torch
 
@@ -214,14 +223,18 @@ def run(args: argparse.Namespace) -> int:
     with exclusive_writer(lock_path(work), "--out", out):
         source = check_model_source(args.model)
         utterances = []
-        if options.method not in DATA_FREE_METHODS:
+        if options.method not in DATA_FREE_METHODS and importance is None:
             utterances = load_corpus(args.calib)
             if not utterances:
                 raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot "
                                 f"calibrate from nothing (use --method rtn for data-free rounding)")
         backbone = load_checked_backbone(args, options, source)
-        checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work)
+        sink = {} if saved_imatrix else None
+        checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work,
+                                               importance=importance, importance_sink=sink)
         save_checkpoint(checkpoint, out)
+        if saved_imatrix:
+            save_importance(sink, checkpoint.metadata["calibration"], args.calib, saved_imatrix)
         write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
                                      "layers_full": checkpoint.metadata["layers"]}, indent=1)
         _remove_work_dir(work)
@@ -247,7 +260,8 @@ def checked_options(args: argparse.Namespace):
         raise UserError(f"--cost-ratio {options.cost_ratio}: must be positive")
     if options.method in ("imatrix", "ggml"):
         check_ggml_quantizer(options)
-    if options.method not in DATA_FREE_METHODS:
+    check_imatrix_options(args, options)
+    if options.method not in DATA_FREE_METHODS and not args.imatrix:
         if not args.calib:
             raise UserError(f"--calib is required for method {options.method!r}")
         if options.n_calib < 1:
@@ -257,6 +271,50 @@ def checked_options(args: argparse.Namespace):
         raise UserError(f"--head-identity-weight {options.head_identity_weight}: must not be negative")
     check_device(options.device)
     return options
+
+
+def checked_imatrix_output(args: argparse.Namespace, out: Path, work: Path, log: Path) -> Path | None:
+    """--save-imatrix's file: writable, and none of quantize's inputs or other outputs."""
+    from ..checks import Output, check_output_file, check_outputs_apart
+
+    if not args.save_imatrix:
+        return None
+    check_outputs_apart([Output("--save-imatrix", args.save_imatrix)],
+                        [*model_inputs(args), ("--out", str(out)), ("--out", str(work)), ("--out", str(log))])
+    return check_output_file("--save-imatrix", args.save_imatrix)
+
+
+def read_importance(path: str):
+    """The importance matrix of an imatrix GGUF, as the calibration's ready-made statistics."""
+    import torch
+
+    from ..formats.imatrix_gguf import read_imatrix
+    from ..quant.pipeline import Importance
+
+    imatrix = read_imatrix(path)
+    vectors = {name: torch.from_numpy(imatrix.importance(name)) for name in imatrix.sums}
+    return Importance(vectors, {"file": path, "datasets": imatrix.datasets, "chunk_count": imatrix.chunk_count})
+
+
+def save_importance(sink: dict, calibration: dict, calib: str, path: Path) -> None:
+    """What the imatrix run gathered, as llama.cpp's imatrix GGUF (chunks: our calibration windows)."""
+    from ..formats.imatrix_gguf import Imatrix, write_imatrix
+
+    imatrix = Imatrix(datasets=[calib], chunk_count=int(calibration.get("windows", 0)))
+    for name, (sums, count) in sorted(sink.items()):
+        imatrix.add(name, sums.numpy(), count)
+    write_imatrix(imatrix, path)
+
+
+def check_imatrix_options(args: argparse.Namespace, options) -> None:
+    """--imatrix and --save-imatrix belong to --method imatrix, and exclude each other (a read file is not re-saved)."""
+    for flag, value in (("--imatrix", args.imatrix), ("--save-imatrix", args.save_imatrix)):
+        if value and options.method != "imatrix":
+            raise UserError(f"{flag} {value}: an importance matrix is for --method imatrix, not {options.method}")
+    if args.imatrix and args.save_imatrix:
+        raise UserError("--save-imatrix: with --imatrix the matrix is read, not gathered; give one of the two")
+    if args.imatrix and args.calib:
+        raise UserError(f"--calib {args.calib}: with --imatrix nothing is calibrated; leave --calib out")
 
 
 def check_scale_grid(args: argparse.Namespace, options) -> None:
@@ -273,7 +331,8 @@ def check_scale_grid(args: argparse.Namespace, options) -> None:
 
 def model_inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """What quantize reads, by option: no output may lie over them."""
-    return [("--model", args.model), ("--calib", args.calib), ("--recipe-from", args.recipe_from)]
+    return [("--model", args.model), ("--calib", args.calib), ("--recipe-from", args.recipe_from),
+            ("--imatrix", args.imatrix)]
 
 
 def output_paths(out_arg: str) -> tuple[Path, Path, Path]:

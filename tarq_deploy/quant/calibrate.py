@@ -41,7 +41,7 @@ from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattic
 from .precision import widened
 from .recipe import TypeRecipe
 from .stats import LayerStats
-from .tarq import MetricCache, TarqConfig, quantize_weight, reweighting_mask, rounding_losses
+from .tarq import MetricCache, TarqConfig, importance_sums, quantize_weight, reweighting_mask, rounding_losses
 
 
 @dataclass
@@ -103,6 +103,9 @@ class CalibrationConfig:
     device: str = "cpu"
     seed: int = 0
     recipe: TypeRecipe | None = None  # per-tensor lattices; None: ``spec`` for every weight
+    # imatrix: where each Linear's importance sums and count go (weight name -> (float32 [n_in], count)), for a
+    # caller that saves them (quantize --save-imatrix); not a knob of the result
+    importance_sink: dict[str, tuple[torch.Tensor, float]] | None = field(default=None, compare=False)
 
     def spec_for(self, name: str) -> LatticeSpec:
         return self.recipe.spec_for(name) if self.recipe is not None else self.spec
@@ -514,6 +517,9 @@ class SequentialCalibrator:
         W = linear.weight.detach().to(self.device, torch.float32)
         q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec_for(f"{block.full_name(rel)}.weight"),
                                 self.config.solver, identity_weight=block.identity_weight, metrics=metrics)
+        if self.config.importance_sink is not None:
+            sums, count = importance_sums(stats)
+            self.config.importance_sink[f"{block.full_name(rel)}.weight"] = (sums.cpu(), float(count))
         if self.config.solver.sequential:
             _assign(linear, q)
         return q.to("cpu"), record

@@ -18,7 +18,7 @@ from .. import __version__
 from ..checkpoint import LatticeCheckpoint
 from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longer_than, select_pool
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
-from ..errors import require_finite
+from ..errors import UserError, require_finite
 from ..hashing import chunks_sha256
 from ..machine import machine_record, peak_rss_mb
 from ..models.common import WINDOW_SECONDS, TextAudio
@@ -111,21 +111,29 @@ def decode_utterances(utterances: list[Utterance]) -> list[TextAudio]:
 def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
                       source_id: str, work_path: Path | None = None,
                       log: Callable[[str], None] = print,
-                      milestone: Callable[[str], None] | None = None) -> tuple[LatticeCheckpoint, dict]:
+                      milestone: Callable[[str], None] | None = None,
+                      importance: Importance | None = None,
+                      importance_sink: dict[str, tuple[torch.Tensor, float]] | None = None,
+                      ) -> tuple[LatticeCheckpoint, dict]:
     """Calibrate (or round, for rtn) every Linear of the backbone; returns the checkpoint and a timing log.
 
     ``milestone`` hears where the work is, for a caller that clocks its stages (bench.calibration): "windows" once
-    the calibration windows are built, then "block i/N" after each calibrated block."""
+    the calibration windows are built, then "block i/N" after each calibrated block. The imatrix method either
+    takes its ``importance`` ready-made (an imatrix file read by the caller: no calibration at all, as llama.cpp's
+    quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
+    not resume from a work directory, whose finished blocks would be missing from it)."""
     torch.manual_seed(options.seed)
     return_freed_memory()
     peak_rss = {"model": peak_rss_mb()}  # the high-water mark as each stage ends, for the timing log
     source_sha = state_sha256(backbone.model)
     spec = options.spec()
     calibration: dict = {}
-    if options.method in DATA_FREE_METHODS:
-        lattice = _round_to_nearest(backbone, options.recipe(), options.method)
+    if options.method in DATA_FREE_METHODS or importance is not None:
+        lattice = _round_to_nearest(backbone, options.recipe(), options.method, importance)
         result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
                                              for n in lattice], 0.0)
+        if importance is not None:
+            calibration = {"importance": importance.origin}
     else:
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
@@ -137,8 +145,9 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
             milestone("windows")
         calibration = _calibration_summary(chosen, stats, windows, options)
         key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
-        work_dir = WorkDir(work_path, key) if work_path else None
-        config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe())
+        work_dir = WorkDir(work_path, key) if work_path and importance_sink is None else None
+        config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe(),
+                                   importance_sink=importance_sink)
         with full_float32(), float32_compute(backbone.model):
             result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
     metadata = {
@@ -169,8 +178,24 @@ def full_float32() -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn") -> dict[str, QuantizedWeight]:
-    """Data-free rounding of every Linear: our lattice's rounding (rtn) or ggml's own quantizer (ggml)."""
+@dataclass
+class Importance:
+    """A ready-made importance matrix (weight name -> float32 [n_in]) and where it came from, for the record."""
+
+    vectors: dict[str, torch.Tensor]
+    origin: dict
+
+    def of(self, name: str) -> torch.Tensor:
+        if name not in self.vectors:
+            raise UserError(f"the importance matrix ({self.origin.get('file', 'given')}) has no entry for {name}: it "
+                            f"was made for another model")
+        return self.vectors[name]
+
+
+def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn",
+                      importance: Importance | None = None) -> dict[str, QuantizedWeight]:
+    """Data-free rounding of every Linear: our lattice's rounding (rtn), ggml's own quantizer (ggml), or ggml's
+    quantizer under a ready-made importance matrix (imatrix)."""
     lattice = {}
     for stage in backbone.stages():
         for block in stage.blocks:
@@ -180,7 +205,11 @@ def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn
                     require_finite(f"{block.full_name(rel)}.weight", linear.weight, "; refusing to quantize it")
                     weight = linear.weight.detach().float().cpu()
                     spec = recipe.spec_for(f"{block.full_name(rel)}.weight")
-                    q = quantize_rtn(weight, spec) if method == "rtn" else ggml_quantize(weight, None, spec)
+                    name = f"{block.full_name(rel)}.weight"
+                    if method == "rtn":
+                        q = quantize_rtn(weight, spec)
+                    else:
+                        q = ggml_quantize(weight, importance.of(name) if importance is not None else None, spec)
                     with torch.no_grad():
                         linear.weight.copy_(q.dequantize().to(linear.weight.device))
                     lattice[f"{block.full_name(rel)}.weight"] = q

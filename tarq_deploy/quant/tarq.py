@@ -143,9 +143,17 @@ def quantize_weight(
     if stats is None:
         raise ValueError(f"method {config.method!r} needs calibration statistics")
     if config.method == "imatrix":
-        importance = torch.diag(stats.H) / max(stats.n_common + stats.n_tail, 1)
-        return ggml_quantize(W.float(), importance, spec), SolveInfo()
+        sums, count = importance_sums(stats)
+        return ggml_quantize(W.float(), sums / count, spec), SolveInfo()
     return tarq_solve(W.float(), stats, spec, config, identity_weight, metrics)
+
+
+def importance_sums(stats: LayerStats) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's importance matrix of one Linear: each input column's summed squared activation and the number of
+    positions, both float32, so that sums / count here and in.sum2 / counts read back from an imatrix file (the same
+    float32 division llama.cpp does) are the same numbers."""
+    count = torch.tensor(float(max(stats.n_common + stats.n_tail, 1)), dtype=torch.float32)
+    return torch.diag(stats.H).to(torch.float32), count
 
 
 def tarq_solve(
