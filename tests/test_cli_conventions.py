@@ -136,3 +136,17 @@ def test_our_bug_exits_3_and_names_the_file_holding_its_traceback(command, tmp_p
     saved = Path(err.strip().rsplit("traceback in ", 1)[1])
     assert "KeyError: 'a key no table has'" in saved.read_text() and command in saved.name
     saved.unlink()
+
+
+def test_export_into_a_folder_names_the_file_llama_cpp_style(tmp_path, monkeypatch):
+    from tarq_deploy.commands import export
+
+    written = []
+    monkeypatch.setattr(export.export_whispercpp, "run_export", lambda args, crispasr=False: written.append(args.output)
+                        or 0)
+    folder = tmp_path / "files"
+    folder.mkdir()
+    assert cli.main(["export", "--model", "packaged:base", "--baseline", "ggml", "--type", "q5_0", "-o",
+                     str(folder)]) == 0
+    assert cli.main(["export", "--model", "packaged:tiny.en", "-o", str(folder)]) == 0
+    assert written == [str(folder / "base-ggml-q5_0.bin"), str(folder / "tiny.en-f16.bin")]

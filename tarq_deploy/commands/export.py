@@ -65,12 +65,35 @@ def _is_voxtral(args: argparse.Namespace) -> bool:
     return args.model is not None and resolve_source(args.model).model_type == "voxtral"
 
 
+def default_file_name(args: argparse.Namespace) -> str:
+    """The file name an export takes when -o is a folder, llama.cpp style: MODEL-METHOD-TYPE.EXT (base-tarq-q3_k.bin;
+    base-f16.bin, base-ggml-q4_0.bin from a float --model), MODEL being the source's last name part."""
+    from ..checkpoint import read_manifest
+
+    if args.checkpoint is not None:
+        manifest = read_manifest(args.checkpoint)
+        source = str(manifest.get("source_model", {}).get("id", "model"))
+        method = str(manifest.get("method", {}).get("name", ""))
+        lattice_type = (manifest.get("lattice") or {}).get("ggml_type") or "int4"
+        weight_type = args.weight_type or ("mix" if manifest.get("lattice_overrides") else lattice_type)
+    else:
+        source, method = args.model, "ggml" if args.baseline else ""
+        weight_type = args.weight_type or ("q4_0" if args.baseline else "f16")
+    model = source.removeprefix("packaged:").rstrip("/").rsplit("/", 1)[-1].removesuffix(".bin")
+    extension = ".gguf" if args.target in GGUF_TARGETS and not _is_whisper(args) else ".bin"
+    return "-".join(part for part in (model, method, weight_type) if part) + extension
+
+
 def _check_output(args: argparse.Namespace) -> None:
-    """Before anything is loaded or packed: the output can be written where the user pointed it."""
+    """Before anything is loaded or packed: the output can be written where the user pointed it (a folder for a
+    file: the file inside it, named by default_file_name)."""
     from pathlib import Path
 
     from ..checks import Output, check_output_file, check_outputs_apart, probe_writable
     from ..errors import UserError
+
+    if args.target not in GPU_TARGETS and Path(args.output).is_dir():
+        args.output = str(Path(args.output) / default_file_name(args))
 
     # A GPU target's folder is built beside it and renamed over it, so an input inside it would go too.
     check_outputs_apart([Output("--output", args.output)],
