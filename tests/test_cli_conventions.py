@@ -150,3 +150,32 @@ def test_export_into_a_folder_names_the_file_llama_cpp_style(tmp_path, monkeypat
                      str(folder)]) == 0
     assert cli.main(["export", "--model", "packaged:tiny.en", "-o", str(folder)]) == 0
     assert written == [str(folder / "base-ggml-q5_0.bin"), str(folder / "tiny.en-f16.bin")]
+
+
+def test_export_replaces_its_own_earlier_output_and_nothing_else(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert cli.main(["export", "--model", "packaged:tiny.en", "-o", str(notes), "--quiet"]) == EXIT_USER_ERROR
+    assert notes.read_text() == "mine" and "is not a model file" in capsys.readouterr().err
+    model = tmp_path / "tiny.en-f16.bin"
+    for _ in range(2):  # the second run replaces the first one's file
+        assert cli.main(["export", "--model", "packaged:tiny.en", "-o", str(model), "--quiet"]) == 0
+
+
+def test_a_gpu_export_replaces_an_earlier_export_folder_only(tmp_path):
+    from tarq_deploy.commands.export import _check_output
+    from tarq_deploy.errors import UserError
+
+    def args(out: Path) -> argparse.Namespace:
+        return argparse.Namespace(target="gptq", output=str(out), checkpoint=None, model=None, overwrite=False)
+
+    earlier, foreign = tmp_path / "earlier", tmp_path / "foreign"
+    earlier.mkdir(), foreign.mkdir()
+    (earlier / "config.json").write_text(json.dumps({"quantization_config": {"bits": 4}}))
+    (foreign / "config.json").write_text(json.dumps({"model_type": "whisper"}))  # a float model: not ours to replace
+    replaced = args(earlier)
+    _check_output(replaced)
+    assert replaced.overwrite
+    with pytest.raises(UserError, match="is not an earlier export"):
+        _check_output(args(foreign))
+    _check_output(args(tmp_path / "new"))  # a new path is fine

@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     export_whispercpp.add_export_arguments(parser, targets=(*export_whispercpp.TARGETS, *GGUF_TARGETS, *GPU_TARGETS))
     parser.add_argument("--serve-dtype", choices=["float16", "bfloat16"],
                         help="GPU targets: the dtype the runtime will cast scales to (default: the model config's)")
-    parser.add_argument("--overwrite", action="store_true", help="GPU targets: replace an existing output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="kept for one release: every export replaces its own earlier output without it (a model "
+                             "file, or a GPU export folder) and refuses to replace anything else")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,6 +93,7 @@ def _check_output(args: argparse.Namespace) -> None:
 
     from ..checks import Output, check_output_file, check_outputs_apart, probe_writable
     from ..errors import UserError
+    from ..model_source import SourceKind, resolve_source
 
     if args.target not in GPU_TARGETS and Path(args.output).is_dir():
         args.output = str(Path(args.output) / default_file_name(args))
@@ -99,12 +102,32 @@ def _check_output(args: argparse.Namespace) -> None:
     check_outputs_apart([Output("--output", args.output)],
                         [("CHECKPOINT_DIR", args.checkpoint), ("--model", args.model)])
     if args.target not in GPU_TARGETS:
-        check_output_file("--output", args.output)
+        out = check_output_file("--output", args.output)
+        if out.is_file() and resolve_source(out).kind not in (SourceKind.WHISPER_CPP, SourceKind.GGUF):
+            raise UserError(f"--output {out}: exists and is not a model file; refusing to replace it (choose a new "
+                            f"path or remove it)")
         return
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise UserError(f"--output {out}: exists and is not a directory (--target {args.target} writes a directory)")
+    # The house rule (checks.check_output_dir): a writer replaces what it wrote before, nothing else. An earlier GPU
+    # export is a folder whose config.json carries a quantization_config; --overwrite is no longer needed for it.
+    if out.is_dir() and any(out.iterdir()):
+        if not _earlier_gpu_export(out):
+            raise UserError(f"--output {out}: exists and is not an earlier export (no quantization_config in a "
+                            f"config.json); refusing to replace it (choose a new path or remove it)")
+        args.overwrite = True
     probe_writable("--output", out)
+
+
+def _earlier_gpu_export(folder) -> bool:
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("quantization_config"), dict)
 
 
 def _export_gguf(args: argparse.Namespace, voxtral: bool = False) -> int:
