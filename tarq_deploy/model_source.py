@@ -62,6 +62,7 @@ class ModelSource:
     architecture: str | None = None  # gguf: general.architecture (None where the header does not say)
     has_weights: bool = False  # transformers: weight files beside config.json
     config_error: str | None = None  # a config.json that is no JSON object: the message for commands that need it
+    quantized: bool = False  # transformers: config.json carries a quantization_config (a GPU export, GPTQ & co.)
 
     @property
     def packaged_name(self) -> str:
@@ -126,16 +127,16 @@ def _local_source(text: str, path: Path) -> ModelSource:
     if not path.is_dir():
         return ModelSource(SourceKind.OTHER, text, path)
     if all((path / marker).is_file() for marker in CHECKPOINT_MARKERS):
-        saved_type, _ = _config_model_type(path / CHECKPOINT_MODEL_DIR / CONFIG_JSON)
+        saved_type, _, _ = _config_model_type(path / CHECKPOINT_MODEL_DIR / CONFIG_JSON)
         return ModelSource(SourceKind.CHECKPOINT, text, path, model_type=saved_type)
     config = path / CONFIG_JSON
-    model_type, config_error = _config_model_type(config)
+    model_type, config_error, quantized = _config_model_type(config)
     if _is_ct2_model_bin(path / CT2_MODEL_BIN):  # before config.json: a CTranslate2 folder has one too
         return ModelSource(SourceKind.CT2, text, path, model_type, config_error=config_error)
     if config.is_file():
         has_weights = any(any(path.glob(pattern)) for pattern in TRANSFORMERS_WEIGHT_PATTERNS)
         return ModelSource(SourceKind.TRANSFORMERS, text, path, model_type, has_weights=has_weights,
-                           config_error=config_error)
+                           config_error=config_error, quantized=quantized)
     return ModelSource(SourceKind.OTHER, text, path)
 
 
@@ -156,20 +157,20 @@ def _head(path: Path, size: int) -> bytes:
         return b""
 
 
-def _config_model_type(config: Path) -> tuple[str | None, str | None]:
-    """(model_type, problem) of a config.json: (None, None) when there is none or it names no model_type."""
+def _config_model_type(config: Path) -> tuple[str | None, str | None, bool]:
+    """(model_type, problem, has a quantization_config) of a config.json: (None, None, False) when there is none."""
     if not config.is_file():
-        return None, None
+        return None, None, False
     try:
         value = json.loads(config.read_text(encoding="utf-8"))
     except OSError as error:
-        return None, f"{config}: unreadable ({error.strerror or error})"
+        return None, f"{config}: unreadable ({error.strerror or error})", False
     except JSON_ERRORS:
-        return None, f"{config}: not valid JSON"
+        return None, f"{config}: not valid JSON", False
     if not isinstance(value, dict):
-        return None, f"{config}: not a JSON object"
+        return None, f"{config}: not a JSON object", False
     found = value.get("model_type")
-    return (None if found is None else str(found)), None
+    return (None if found is None else str(found)), None, isinstance(value.get("quantization_config"), dict)
 
 
 def _is_ct2_model_bin(model_bin: Path) -> bool:

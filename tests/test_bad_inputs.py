@@ -374,12 +374,12 @@ def test_earlier_checkpoint_at_out_is_replaced(models, checkpoint, tmp_path, cap
 
 
 # ------------------------------------------------------------------------------------------------------- export
-def test_export_to_a_directory_target(checkpoint, tmp_path, capsys):
+def test_export_to_a_directory_target_writes_a_named_file_inside(checkpoint, tmp_path, capsys):
     target = tmp_path / "models"
     target.mkdir()
-    status, err = run_cli(capsys, "export", "--target", "whisper.cpp", checkpoint, "-o", target)
-    assert_user_error(status, err, f"--output {target}", "is a directory")
-    assert list(target.iterdir()) == []
+    status, _ = run_cli(capsys, "export", "--target", "whisper.cpp", checkpoint, "-o", target)
+    assert status == 0
+    assert [p.name for p in target.iterdir()] == ["clean-rtn-q4_0.bin"]  # MODEL-METHOD-TYPE, llama.cpp style
 
 
 def test_export_to_a_read_only_target(checkpoint, tmp_path, capsys, monkeypatch):

@@ -96,9 +96,13 @@ def _model_files(bundle) -> dict[str, bytes]:
 
 
 def parse(parser_setup, argv: list[str]) -> argparse.Namespace:
+    from tarq_deploy.commands.options import merge_spellings
+
     parser = argparse.ArgumentParser()
     parser_setup(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    merge_spellings(args)  # what the CLI does before a command runs (a positional CHECKPOINT_DIR -> --checkpoint)
+    return args
 
 
 # ----------------------------------------------------------------------------------------------------- fixtures

@@ -71,6 +71,7 @@ def default_file_name(args: argparse.Namespace) -> str:
     """The file name an export takes when -o is a folder, llama.cpp style: MODEL-METHOD-TYPE.EXT (base-tarq-q3_k.bin;
     base-f16.bin, base-ggml-q4_0.bin from a float --model), MODEL being the source's last name part."""
     from ..checkpoint import read_manifest
+    from ..model_source import SourceKind, resolve_source
 
     if args.checkpoint is not None:
         manifest = read_manifest(args.checkpoint)
@@ -81,7 +82,9 @@ def default_file_name(args: argparse.Namespace) -> str:
     else:
         source, method = args.model, "ggml" if args.baseline else ""
         weight_type = args.weight_type or ("q4_0" if args.baseline else "f16")
-    model = source.removeprefix("packaged:").rstrip("/").rsplit("/", 1)[-1].removesuffix(".bin")
+    found = resolve_source(source)
+    model = found.packaged_name if found.kind is SourceKind.PACKAGED else source.rstrip("/").rsplit("/", 1)[-1]
+    model = model.removesuffix(".bin")
     extension = ".gguf" if args.target in GGUF_TARGETS and not _is_whisper(args) else ".bin"
     return "-".join(part for part in (model, method, weight_type) if part) + extension
 
@@ -113,21 +116,12 @@ def _check_output(args: argparse.Namespace) -> None:
     # The house rule (checks.check_output_dir): a writer replaces what it wrote before, nothing else. An earlier GPU
     # export is a folder whose config.json carries a quantization_config; --overwrite is no longer needed for it.
     if out.is_dir() and any(out.iterdir()):
-        if not _earlier_gpu_export(out):
+        if not resolve_source(out).quantized:
             raise UserError(f"--output {out}: exists and is not an earlier export (no quantization_config in a "
                             f"config.json); refusing to replace it (choose a new path or remove it)")
         args.overwrite = True
     probe_writable("--output", out)
 
-
-def _earlier_gpu_export(folder) -> bool:
-    import json
-
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("quantization_config"), dict)
 
 
 def _export_gguf(args: argparse.Namespace, voxtral: bool = False) -> int:
