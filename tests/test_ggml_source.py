@@ -179,18 +179,18 @@ def test_float32_values_in_the_f32_tensors_keep_the_model_in_float32(packaged, w
 # ------------------------------------------------------------------------------------------------------ quantize
 @pytest.fixture(scope="module")
 def calib_manifest(work) -> Path:
-    clips = [c for c in all_real_clips() if c.id != "jfk"][:2]
+    clips = [c for c in all_real_clips() if c.id != "jfk"][:1]  # one: base runs twice (161 s with two, shared CPU)
     return write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips], work / "calib.jsonl")
 
 
 def test_quantize_from_the_ggml_file_writes_the_same_lattice(f16_files, calib_manifest, work):
-    """Multilingual base, TARQ Q4_0 on 2 real clips: the lattice and every other tensor byte-identical to the run
+    """Multilingual base, TARQ Q4_0 on a real clip (its rare-word alignment uses the file's alignment heads): the lattice and every other tensor byte-identical to the run
     from packaged:base, and so are the model files the checkpoint keeps."""
     checkpoints = {}
     for label, model in (("packaged", "packaged:base"), ("ggml", str(f16_files["base"]))):
         out = work / f"base-{label}"
         argv = ["quantize", "--model", model, "--method", "tarq", "--type", "q4_0", "--calib", str(calib_manifest),
-                "--n-calib", "2", "--out", str(out)]
+                "--n-calib", "1", "--out", str(out)]
         assert main(argv) == 0, argv
         checkpoints[label] = out
     files = sorted(p.name for p in checkpoints["packaged"].rglob("*") if p.is_file())
