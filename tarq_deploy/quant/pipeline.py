@@ -201,18 +201,17 @@ def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn
         for block in stage.blocks:
             for group in block.groups:
                 for rel in group:
-                    linear = block.linear(rel)
-                    require_finite(f"{block.full_name(rel)}.weight", linear.weight, "; refusing to quantize it")
+                    linear, name = block.linear(rel), f"{block.full_name(rel)}.weight"
+                    require_finite(name, linear.weight, "; refusing to quantize it")
                     weight = linear.weight.detach().float().cpu()
-                    spec = recipe.spec_for(f"{block.full_name(rel)}.weight")
-                    name = f"{block.full_name(rel)}.weight"
+                    spec = recipe.spec_for(name)
                     if method == "rtn":
                         q = quantize_rtn(weight, spec)
                     else:
                         q = ggml_quantize(weight, importance.of(name) if importance is not None else None, spec)
                     with torch.no_grad():
                         linear.weight.copy_(q.dequantize().to(linear.weight.device))
-                    lattice[f"{block.full_name(rel)}.weight"] = q
+                    lattice[name] = q
     return lattice
 
 
