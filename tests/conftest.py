@@ -106,17 +106,44 @@ _register_hypothesis_profiles()
 @pytest.fixture(scope="session")
 def tarq_base_q3_k(tmp_path_factory) -> Path:
     """TARQ Q3_K of real Whisper base, calibrated through the CLI on 3 real clips (jfk not among them): one ~60 s
-    calibration shared by the tests that run the lattice in whisper.cpp and in CrispASR."""
+    calibration shared by the tests that run the lattice in whisper.cpp and in CrispASR -- across pytest-xdist
+    workers too (made once under a lock in the run's shared temporary folder)."""
+    from filelock import FileLock
+
     from tarq_deploy.cli import main
     from tarq_deploy.data.corpus import Utterance, write_manifest
 
-    root = tmp_path_factory.mktemp("tarq_base_q3_k")
-    manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibration_clips()],
-                              root / "calib.jsonl")
-    argv = ["quantize", "--model", "packaged:base", "--method", "tarq", "--type", "q3_k", "--calib", str(manifest),
-            "--n-calib", "3", "--out", str(root / "ck")]
-    assert main(argv) == 0, argv
+    root = shared_temp_root(tmp_path_factory) / "tarq_base_q3_k"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "ck" / "manifest.json").is_file():
+            root.mkdir(exist_ok=True)
+            manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibration_clips()],
+                                      root / "calib.jsonl")
+            argv = ["quantize", "--model", "packaged:base", "--method", "tarq", "--type", "q3_k", "--calib",
+                    str(manifest), "--n-calib", "3", "--out", str(root / "ck")]
+            assert main(argv) == 0, argv
     return root / "ck"
+
+
+def shared_temp_root(tmp_path_factory) -> Path:
+    """The run's temporary folder that every pytest-xdist worker sees (a worker's own base folder sits in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+# The modules that take minutes, slowest first (measured, 2-core AMD EPYC, `make test` with 2 workers): run first, so
+# that pytest-xdist (`--dist loadfile --no-loadscope-reorder`, see the Makefile) never ends on one long module while the
+# other worker idles. The rest keep their order.
+SLOW_MODULES_FIRST = ("test_eval_e2e.py", "test_sweep.py", "test_whisper_cpp_types.py", "test_sweep_cluster.py",
+                      "test_qwen3_asr.py", "test_readme.py", "test_ggml_source.py", "test_quantize_whisper.py",
+                      "test_crispasr_whisper.py", "test_whisper_v3_sources.py", "test_gpu_calibration_dryrun.py",
+                      "test_voxtral_cli.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_MODULES_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
 
 
 def calibration_clips() -> list[Clip]:

@@ -161,7 +161,9 @@ def _recorded(method: str, out: Path) -> Calibration:
 
 # ------------------------------------------------------------------------------------------------ scoring
 def evaluate(float_dir: Path, runs: list[Calibration], data: list[str], limit: int | None, threads: int,
-             resamples: int, out: Path) -> dict:
+             resamples: int, out: Path, teacher_forced_only: bool = False) -> dict:
+    """``tarq-deploy eval`` of every calibrated model against the float one; ``teacher_forced_only``: KLD and the
+    other teacher-forced figures without decoding (minutes instead of an hour on base)."""
     models = [arg for run in runs if run.output for arg in ("--model", f"{run.method}={run.output}")]
     present = {run.method for run in runs if run.output}
     pairs = [(a, b) for a, b in (("tarq", "gptq"), ("gptq", "llmcompressor-gptq"), ("tarq", "llmcompressor-gptq"),
@@ -171,7 +173,7 @@ def evaluate(float_dir: Path, runs: list[Calibration], data: list[str], limit: i
             "--backend", "torch", "--model", f"{REFERENCE}={float_dir}", *models, "--reference", REFERENCE,
             "--teacher-forced", *(a for p in pairs for a in ("--compare", f"{p[0]}:{p[1]}")),
             "--threads", str(threads), "--resamples", str(resamples), "--out", str(out / "eval"), "--quiet",
-            *(["--limit", str(limit)] if limit else [])]
+            *(["--limit", str(limit)] if limit else []), *(["--teacher-forced-only"] if teacher_forced_only else [])]
     status, _, _ = timed_child(argv, out / "eval.log")
     if status != 0:
         raise UserError(f"tarq-deploy eval failed: {last_line(out / 'eval.log')}")
@@ -183,7 +185,7 @@ def summary(runs: list[Calibration], report: dict) -> list[dict]:
     """One row per method and dataset: cost, decoded and teacher-forced figures."""
     rows = []
     for dataset in report["datasets"]:
-        decoded = {m["label"]: m for m in dataset["models"]}
+        decoded = {m["label"]: m for m in dataset.get("models", [])}  # none with --teacher-forced-only
         figures = {m["label"]: m for m in dataset.get("teacher_forced", {}).get("models", [])}
         for run in runs:
             row = {"dataset": dataset["name"], "method": run.method, "seconds": run.seconds,
@@ -232,14 +234,16 @@ def render(result: dict) -> str:
 
 
 def differences(report: dict) -> list[dict]:
+    """The paired differences between methods (not against the float model), decoded and teacher-forced together;
+    with --teacher-forced-only there are only the teacher-forced ones."""
     out = []
     for dataset in report["datasets"]:
         figures = {(d["model"], d["versus"]): d for d in dataset.get("teacher_forced", {}).get("differences", [])}
-        for d in dataset["differences"]:
-            model, versus = d["model"].split(" [")[0], d["versus"].split(" [")[0]
+        decoded = {(d["model"].split(" [")[0], d["versus"].split(" [")[0]): d for d in dataset.get("differences", [])}
+        for model, versus in decoded or figures:
             if versus == REFERENCE:
                 continue
-            tf = figures.get((model, versus), {})
+            d, tf = decoded.get((model, versus), {}), figures.get((model, versus), {})
             out.append({"dataset": dataset["name"], "model": model, "versus": versus,
                         **{k: d[k] for k in ("wer", "rare_wer") if k in d},
                         **{k: tf[k] for k in ("kld_rare", "kld_common") if k in tf}})
@@ -259,6 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="the Python of llm-compressor's environment")
     p.add_argument("--threads", type=int, default=2, help="evaluation threads")
     p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--teacher-forced-only", action="store_true",
+                   help="score by the teacher-forced figures alone (KLD on rare and common positions), no decoding")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -291,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         float_dir = write_float_model_and_windows(args.model, Path(args.calib), args.n_calib, args.seed, work)
         runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work) if m in OURS
                 else calibrate_peer(m, float_dir, args.peer_python, work) for m in methods]
-        report = evaluate(float_dir, runs, args.data, args.limit, args.threads, args.resamples, work)
+        report = evaluate(float_dir, runs, args.data, args.limit, args.threads, args.resamples, work,
+                          args.teacher_forced_only)
     except UserError as error:
         print(f"python -m tarq_deploy.bench.peers: error: {error}", file=sys.stderr)
         return 2

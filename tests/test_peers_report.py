@@ -1,0 +1,48 @@
+"""bench.peers' report from an eval run: decoded and teacher-forced figures merged per method, and the
+--teacher-forced-only form (no decoded rows) still gives every method its KLD and every pair its difference."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tarq_deploy.bench.peers import Calibration, differences, render, summary
+
+
+def _figure(value: float, significant: bool | None = None) -> dict:
+    out = {"value": value, "low": value - 0.01, "high": value + 0.01}
+    return out if significant is None else {**out, "significant": significant}
+
+
+def _teacher_forced() -> dict:
+    return {"models": [{"label": m, "kld_rare": _figure(k), "kld_common": _figure(k / 2)}
+                       for m, k in (("gptq", 0.16), ("tarq", 0.17), ("llmcompressor-gptq", 0.25))],
+            "differences": [{"model": "gptq", "versus": "llmcompressor-gptq", "kld_rare": _figure(-0.09, True),
+                             "kld_common": _figure(-0.06, True)},
+                            {"model": "tarq", "versus": "FP32", "kld_rare": _figure(0.17, True)}]}
+
+
+RUNS = [Calibration("gptq", Path("g"), 80.0, 1500), Calibration("tarq", Path("t"), 85.0, 1600),
+        Calibration("llmcompressor-gptq", Path("l"), 90.0, 1900)]
+
+
+def test_teacher_forced_only_report_has_klds_and_method_pairs():
+    report = {"datasets": [{"name": "test", "teacher_forced": _teacher_forced()}]}
+    rows = summary(RUNS, report)
+    assert [r["method"] for r in rows] == ["gptq", "tarq", "llmcompressor-gptq"]
+    assert all("kld_rare" in r and "wer" not in r for r in rows)
+    pairs = differences(report)
+    assert [(d["model"], d["versus"]) for d in pairs] == [("gptq", "llmcompressor-gptq")]  # not against the float
+    assert pairs[0]["kld_rare"]["significant"] and "rare_wer" not in pairs[0]
+    table = render({"model": "packaged:base", "command": "x", "machine": {}, "n_calib": 128, "calib": "c", "seed": 0,
+                    "rows": rows, "differences": pairs})
+    assert "| test | gptq | 80 | 1500 | — | — | — | — | 16.0000" not in table  # KLD is printed unscaled
+    assert "| test | gptq | 80 | 1500 | — | — | — | — | 0.1600 [0.1500, 0.1700] |" in table
+
+
+def test_decoded_differences_carry_their_teacher_forced_partner():
+    decoded = [{"model": "gptq [torch]", "versus": "llmcompressor-gptq [torch]", "wer": _figure(-0.03, False),
+                "rare_wer": _figure(-0.2, True)},
+               {"model": "gptq [torch]", "versus": "FP32 [torch]", "wer": _figure(0.01, False)}]
+    report = {"datasets": [{"name": "test", "models": [], "differences": decoded, "teacher_forced": _teacher_forced()}]}
+    (pair,) = differences(report)
+    assert (pair["model"], pair["versus"]) == ("gptq", "llmcompressor-gptq")
+    assert pair["rare_wer"]["value"] == -0.2 and pair["kld_rare"]["value"] == -0.09
