@@ -2,7 +2,8 @@
 
 whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); qwen3-asr.cpp and CrispASR one
 Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_targets.py); CrispASR runs Whisper from whisper.cpp's model
-file (its whisper backend reads no GGUF: tarq_deploy/formats/crispasr_whisper.py); the GPU targets write a transformers
+file (its whisper backend reads no GGUF: tarq_deploy/formats/crispasr_whisper.py); transcribe.cpp one Whisper GGUF
+whose matrices keep their own types (tarq_deploy/formats/transcribe_whisper.py); the GPU targets write a transformers
 checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
 to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
 """
@@ -21,10 +22,12 @@ EXAMPLE = """  tarq-deploy export --checkpoint base-q4_0 --target whisper.cpp -o
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
 CRISPASR = "crispasr"
 GGUF_TARGETS = ("qwen3-asr.cpp", CRISPASR)
+TRANSCRIBE = "transcribe.cpp"  # Whisper GGUF with per-tensor types (formats/transcribe_whisper.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    export_whispercpp.add_export_arguments(parser, targets=(*export_whispercpp.TARGETS, *GGUF_TARGETS, *GPU_TARGETS))
+    targets = (*export_whispercpp.TARGETS, *GGUF_TARGETS, TRANSCRIBE, *GPU_TARGETS)
+    export_whispercpp.add_export_arguments(parser, targets=targets)
     parser.add_argument("--serve-dtype", choices=["float16", "bfloat16"],
                         help="GPU targets: the dtype the runtime will cast scales to (default: the model config's)")
     parser.add_argument("--overwrite", action="store_true",
@@ -40,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         return export_whispercpp.run_export(args, crispasr=True)  # CrispASR runs Whisper from whisper.cpp's .bin
     if args.target == CRISPASR and _is_voxtral(args):
         return _export_gguf(args, voxtral=True)  # CrispASR's voxtral backend (formats/crispasr_voxtral.py)
+    if args.target == TRANSCRIBE:
+        return _export_transcribe(args)
     if args.target in GGUF_TARGETS:
         return _export_gguf(args)
     return export_whispercpp.run_export(args)
@@ -85,7 +90,8 @@ def default_file_name(args: argparse.Namespace) -> str:
     found = resolve_source(source)
     model = found.packaged_name if found.kind is SourceKind.PACKAGED else source.rstrip("/").rsplit("/", 1)[-1]
     model = model.removesuffix(".bin")
-    extension = ".gguf" if args.target in GGUF_TARGETS and not _is_whisper(args) else ".bin"
+    gguf = args.target == TRANSCRIBE or (args.target in GGUF_TARGETS and not _is_whisper(args))
+    extension = ".gguf" if gguf else ".bin"
     return "-".join(part for part in (model, method, weight_type) if part) + extension
 
 
@@ -143,6 +149,28 @@ def _export_gguf(args: argparse.Namespace, voxtral: bool = False) -> int:
             export = export_voxtral_gguf if voxtral else export_qwen3_asr_gguf
             out, summary = export(args.target, args.checkpoint, args.model, args.weight_type, args.output)
     except (ModelFilesError, LatticeNotRepresentable) as e:  # GGUFExportError is a ModelFilesError
+        raise UserError(str(e)) from None
+    print(f"wrote {out}: {summary}")
+    return 0
+
+
+def _export_transcribe(args: argparse.Namespace) -> int:
+    """Whisper GGUF for transcribe.cpp: a checkpoint (each matrix in its lattice's type) or --model (f16)."""
+    from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
+    from tarq_deploy.formats.model_files import ModelFilesError
+    from tarq_deploy.formats.transcribe_whisper import export_transcribe_whisper
+
+    from ..checkpoint import CheckpointError
+    from ..errors import UserError
+    from ..fileio import naming_os_errors
+
+    if args.baseline:
+        raise UserError(f"--baseline is for whisper.cpp; --target {args.target} exports a lattice checkpoint or an "
+                        f"F16 float model (--model)")
+    try:
+        with naming_os_errors(args.output):
+            out, summary = export_transcribe_whisper(args.checkpoint, args.model, args.weight_type, args.output)
+    except (ModelFilesError, LatticeNotRepresentable, CheckpointError) as e:
         raise UserError(str(e)) from None
     print(f"wrote {out}: {summary}")
     return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 
-from . import crispasr, crispasr_voxtral, qwen3_asr_cpp
+from . import crispasr, crispasr_voxtral, qwen3_asr_cpp, transcribe_whisper
 from .ggml_blocks import GGML_TYPE_NAMES
 from .gguf_file import FILE_TYPE_NAMES, GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
@@ -41,6 +41,8 @@ def verify_gguf(model_file: str | os.PathLike, checkpoint: str | os.PathLike | L
     arch = read_gguf(model_file).arch
     if arch == crispasr_voxtral.ARCH:
         return crispasr_voxtral.verify(model_file, checkpoint)
+    if arch == transcribe_whisper.ARCH:
+        return transcribe_whisper.verify(model_file, checkpoint)
     if arch not in ARCH_TARGETS:
         raise GGUFVerifyError(f"{model_file}: architecture {arch!r} is none this tool exports "
                               f"({', '.join([*ARCH_TARGETS, crispasr_voxtral.ARCH])})")

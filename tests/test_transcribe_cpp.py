@@ -1,0 +1,133 @@
+"""`--target transcribe.cpp` for Whisper, end to end on real parts: the packaged real Whisper base quantized by TARQ to
+Q4_K on a real clip, exported as a transcribe.cpp GGUF, verified exact, and run in the transcribe-cpp wheel (0.4.1)
+on jfk.wav beside the F16 file of the same model made the same way; a lattice type its loader rejects is refused
+before any file exists; both vocabularies (tiny.en English-only, base multilingual) load and transcribe.
+
+The wheel runs in a child process: a native abort on a bad file must fail one test, not kill pytest.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jiwer
+import pytest
+
+from tarq_deploy.cli import main
+from tarq_deploy.data.corpus import Utterance, write_manifest
+from tarq_deploy.data.normalize import normalized_words
+from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
+from tarq_deploy.formats.ggml_blocks import GGMLType
+from tarq_deploy.formats.gguf_file import read_gguf
+
+# found, not imported: its native library is loaded in the children only
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transcribe_cpp") is None,
+                                reason="the transcribe-cpp wheel (dev extra) runs the files")
+
+# One child per file: load it, transcribe 16 kHz mono float32 PCM in English, print the text as JSON.
+WORKER = """
+import json, sys, wave
+import numpy as np
+import transcribe_cpp
+path, wav = sys.argv[1], sys.argv[2]
+with wave.open(wav) as w:
+    assert w.getframerate() == 16000 and w.getnchannels() == 1 and w.getsampwidth() == 2
+    pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+with transcribe_cpp.Model(path) as model, model.session(n_threads=1) as session:
+    print(json.dumps(session.run(pcm, language="en").text))
+"""
+# jfk has 22 words: TARQ Q4_K may lose at most two more of them than the F16 file (measured: the same text)
+MAX_EXTRA_WER = 2 / 22
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("transcribe_cpp")
+
+
+@pytest.fixture(scope="module")
+def tarq_q4_k(work) -> Path:
+    """TARQ Q4_K of real base on one real clip (jfk held out)."""
+    clips = [c for c in all_real_clips() if c.id != "jfk"][:1]
+    manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips], work / "calib.jsonl")
+    out = work / "base-tarq-q4_k"
+    argv = ["quantize", "--model", "packaged:base", "--method", "tarq", "--type", "q4_k", "--calib", str(manifest),
+            "--n-calib", "1", "-o", str(out)]
+    assert main(argv) == 0, argv
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tarq_q4_k, work) -> dict[str, Path]:
+    """The TARQ checkpoint's GGUF and the F16 GGUF of the float model, through the same exporter."""
+    out = {"tarq": work / "base-tarq-q4_k.gguf", "f16": work / "base-f16.gguf"}
+    assert main(["export", str(tarq_q4_k), "--target", "transcribe.cpp", "-o", str(out["tarq"]), "--quiet"]) == 0
+    assert main(["export", "--model", "packaged:base", "--target", "transcribe.cpp", "-o", str(out["f16"]),
+                 "--quiet"]) == 0
+    return out
+
+
+def transcribe(path: Path, wav: str) -> str:
+    done = subprocess.run([sys.executable, "-c", WORKER, str(path), wav], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"transcribe-cpp on {path.name}: exit {done.returncode}\n{done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    return jiwer.wer(" ".join(normalized_words(reference)), " ".join(normalized_words(hypothesis)) or "<empty>")
+
+
+def test_the_lattice_is_stored_bit_for_bit_and_verify_says_so(files, tarq_q4_k, capsys):
+    capsys.readouterr()
+    assert main(["verify", str(files["tarq"]), "--checkpoint", str(tarq_q4_k)]) == 0
+    assert "OK: all" in capsys.readouterr().out
+
+
+def test_the_file_has_the_types_the_loader_takes(files):
+    model = read_gguf(files["tarq"])
+    types = {name: record.ggml_type for name, record in model.tensors.items()}
+    assert model.arch == "whisper"
+    assert types["dec.token_embd.weight"] == GGMLType.Q4_K  # the tied output projection: calibrated too
+    assert types["enc.blocks.0.attn.q.weight"] == types["dec.blocks.5.cross_attn.out.weight"] == GGMLType.Q4_K
+    assert types["enc.conv.0.weight"] == types["enc.conv.1.weight"] == GGMLType.F16  # fp16-born: nothing rounded
+    f32 = [name for name in types if name.endswith((".bias", "norm.weight", "pos_emb.weight")) or "norm_" in name
+           or name.startswith("frontend.")]
+    assert f32 and all(types[name] == GGMLType.F32 for name in f32)
+    assert "enc.blocks.0.attn.k.bias" not in types
+    assert model.kv["general.languages"][:2] == ["en", "zh"] and model.kv["stt.capability.lang_detect"]
+    assert len(model.kv["tokenizer.ggml.tokens"]) == model.kv["stt.whisper.decoder.vocab_size"] == 51865
+
+
+def test_the_wheel_transcribes_jfk_as_well_as_from_the_f16_file(files, jfk_wav):
+    texts = {label: transcribe(path, jfk_wav) for label, path in files.items()}
+    wers = {label: word_error_rate(JFK_TEXT, text) for label, text in texts.items()}
+    print(f"transcribe.cpp on jfk: {texts}, WER {wers}")
+    assert wers["f16"] <= 0.05, texts["f16"]
+    assert wers["tarq"] <= wers["f16"] + MAX_EXTRA_WER, texts
+
+
+def test_the_english_only_vocabulary_loads_and_transcribes(work, jfk_wav):
+    out = work / "tiny.en-f16.gguf"
+    assert main(["export", "--model", "packaged:tiny.en", "--target", "transcribe.cpp", "-o", str(out),
+                 "--quiet"]) == 0
+    model = read_gguf(out)
+    assert model.kv["general.languages"] == ["en"] and not model.kv["stt.capability.lang_detect"]
+    assert len(model.kv["tokenizer.ggml.tokens"]) == 51864
+    assert word_error_rate(JFK_TEXT, transcribe(out, jfk_wav)) <= 0.05
+
+
+def test_a_type_the_loader_rejects_is_refused_before_any_file_exists(work, capsys):
+    """IQ4_NL stores tiny.en's rows exactly, but transcribe.cpp's loader allowlist has no IQ types (nor Q2_K/Q3_K)."""
+    ckpt = work / "tiny.en-rtn-iq4_nl"
+    assert main(["quantize", "--model", "packaged:tiny.en", "--method", "rtn", "--type", "iq4_nl", "-o",
+                 str(ckpt)]) == 0
+    out = work / "refused.gguf"
+    capsys.readouterr()
+    assert main(["export", str(ckpt), "--target", "transcribe.cpp", "-o", str(out), "--quiet"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "iq4_nl" in error and "loader" in error, error
+    assert not out.exists() and not list(work.glob("refused*"))
