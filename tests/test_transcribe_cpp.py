@@ -1,7 +1,9 @@
-"""`--target transcribe.cpp` for Whisper, end to end on real parts: the packaged real Whisper base quantized by TARQ to
-Q4_K on a real clip, exported as a transcribe.cpp GGUF, verified exact, and run in the transcribe-cpp wheel (0.4.1)
-on jfk.wav beside the F16 file of the same model made the same way; a lattice type its loader rejects is refused
-before any file exists; both vocabularies (tiny.en English-only, base multilingual) load and transcribe.
+"""`--target transcribe.cpp` for Whisper, end to end on real parts: the packaged real Whisper base quantized by TARQ on
+a real clip to a Q4_K body with the buckets of transcribe.cpp's Q4_K_M preset made by hand (attention outputs Q8_0,
+the tied token embedding / output projection Q6_K: one file of three lattice types), exported as a transcribe.cpp
+GGUF, verified exact, and run in the transcribe-cpp wheel (0.4.1) on jfk.wav beside the F16 file of the same model
+made the same way; a lattice type its loader rejects is refused before any file exists; both vocabularies (tiny.en
+English-only, base multilingual) load and transcribe.
 
 The wheel runs in a child process: a native abort on a bad file must fail one test, not kill pytest.
 """
@@ -39,8 +41,13 @@ with wave.open(wav) as w:
 with transcribe_cpp.Model(path) as model, model.session(n_threads=1) as session:
     print(json.dumps(session.run(pcm, language="en").text))
 """
-# jfk has 22 words: TARQ Q4_K may lose at most two more of them than the F16 file (measured: the same text)
-MAX_EXTRA_WER = 2 / 22
+# jfk has 22 words. Measured (2-core AMD EPYC): F16 0 errors, this TARQ mix 1 ("asked not"); calibrated on one clip,
+# its codes move with the kernels torch picks on another x86 CPU, so the bound leaves two more words of margin.
+# On jfk + the 5 LibriVox clips the same files measured pooled WER 1.1 % (F16) and 6.5 % (this TARQ mix): one
+# calibration clip is far too little for the issue's "within 2 points" -- not what this test checks.
+MAX_EXTRA_WER = 3 / 22
+# the Q4_K_M buckets (transcribe.cpp's docs/tools/quantization.md) as --tensor-type rules, first match wins
+Q4_K_M_RULES = ("embed_tokens|proj_out=q6_k", "out_proj=q8_0")
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +56,23 @@ def work(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tarq_q4_k(work) -> Path:
-    """TARQ Q4_K of real base on one real clip (jfk held out)."""
+def tarq_mix(work) -> Path:
+    """TARQ of real base on one real clip (jfk held out): Q4_K body, Q8_0 attention outputs, Q6_K token embedding."""
     clips = [c for c in all_real_clips() if c.id != "jfk"][:1]
     manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips], work / "calib.jsonl")
-    out = work / "base-tarq-q4_k"
-    argv = ["quantize", "--model", "packaged:base", "--method", "tarq", "--type", "q4_k", "--calib", str(manifest),
-            "--n-calib", "1", "-o", str(out)]
+    out = work / "base-tarq-mix"
+    rules = [arg for rule in Q4_K_M_RULES for arg in ("--tensor-type", rule)]
+    argv = ["quantize", "--model", "packaged:base", "--target", "transcribe.cpp", "--method", "tarq", "--type", "q4_k",
+            *rules, "--calib", str(manifest), "--n-calib", "1", "-o", str(out)]
     assert main(argv) == 0, argv
     return out
 
 
 @pytest.fixture(scope="module")
-def files(tarq_q4_k, work) -> dict[str, Path]:
+def files(tarq_mix, work) -> dict[str, Path]:
     """The TARQ checkpoint's GGUF and the F16 GGUF of the float model, through the same exporter."""
-    out = {"tarq": work / "base-tarq-q4_k.gguf", "f16": work / "base-f16.gguf"}
-    assert main(["export", str(tarq_q4_k), "--target", "transcribe.cpp", "-o", str(out["tarq"]), "--quiet"]) == 0
+    out = {"tarq": work / "base-tarq-mix.gguf", "f16": work / "base-f16.gguf"}
+    assert main(["export", str(tarq_mix), "--target", "transcribe.cpp", "-o", str(out["tarq"]), "--quiet"]) == 0
     assert main(["export", "--model", "packaged:base", "--target", "transcribe.cpp", "-o", str(out["f16"]),
                  "--quiet"]) == 0
     return out
@@ -81,9 +89,9 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
     return jiwer.wer(" ".join(normalized_words(reference)), " ".join(normalized_words(hypothesis)) or "<empty>")
 
 
-def test_the_lattice_is_stored_bit_for_bit_and_verify_says_so(files, tarq_q4_k, capsys):
+def test_the_lattice_is_stored_bit_for_bit_and_verify_says_so(files, tarq_mix, capsys):
     capsys.readouterr()
-    assert main(["verify", str(files["tarq"]), "--checkpoint", str(tarq_q4_k)]) == 0
+    assert main(["verify", str(files["tarq"]), "--checkpoint", str(tarq_mix)]) == 0
     assert "OK: all" in capsys.readouterr().out
 
 
@@ -91,8 +99,9 @@ def test_the_file_has_the_types_the_loader_takes(files):
     model = read_gguf(files["tarq"])
     types = {name: record.ggml_type for name, record in model.tensors.items()}
     assert model.arch == "whisper"
-    assert types["dec.token_embd.weight"] == GGMLType.Q4_K  # the tied output projection: calibrated too
-    assert types["enc.blocks.0.attn.q.weight"] == types["dec.blocks.5.cross_attn.out.weight"] == GGMLType.Q4_K
+    assert types["dec.token_embd.weight"] == GGMLType.Q6_K  # the tied output projection: calibrated too
+    assert types["enc.blocks.0.attn.q.weight"] == types["dec.blocks.5.ffn.fc2.weight"] == GGMLType.Q4_K
+    assert types["enc.blocks.0.attn.out.weight"] == types["dec.blocks.5.cross_attn.out.weight"] == GGMLType.Q8_0
     assert types["enc.conv.0.weight"] == types["enc.conv.1.weight"] == GGMLType.F16  # fp16-born: nothing rounded
     f32 = [name for name in types if name.endswith((".bias", "norm.weight", "pos_emb.weight")) or "norm_" in name
            or name.startswith("frontend.")]

@@ -20,7 +20,8 @@ EXAMPLE = """  tarq-deploy types
 TARGET_RUNTIMES = {"whisper.cpp": "whisper.cpp, CrispASR (its whisper backend reads the same .bin, one type per file)",
                    "qwen3-asr.cpp": "qwen3-asr.cpp (with our loader patch)", "crispasr": "CrispASR (GGUF backends)",
                    "gptq": "transformers/vLLM (GPTQ, Marlin at load)", "compressed-tensors": "vLLM",
-                   "marlin": "vLLM (pre-packed Marlin)"}
+                   "marlin": "vLLM (pre-packed Marlin)",
+                   "transcribe.cpp": "transcribe.cpp (Whisper GGUF, a type per tensor)"}
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
 GPU_BITS = 4  # the GPU targets hold symmetric 4-bit lattices (groups 32, 64, 128)
 
@@ -35,6 +36,7 @@ def type_rows() -> list[dict]:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from ..formats.qwen3_asr_gguf import TARGET_TYPES as GGUF_TYPES
+    from ..formats.transcribe_whisper import TARGET_TYPES as TRANSCRIBE_TYPES
     from ..formats.whisper_cpp import TARGET_TYPES as BIN_TYPES
     from ..quant.choices import GGML_TYPES, GGUF_TARGETS
 
@@ -42,8 +44,10 @@ def type_rows() -> list[dict]:
     for name in ("f16", *GGML_TYPES):
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
         scheme, bits, group = GGML_TYPES.get(name, ("float", 16, 1))
-        targets = [t for t, table in (("whisper.cpp", BIN_TYPES),) if name in table]
-        targets += [t for t in GGUF_TARGETS if name in GGUF_TYPES]
+        # every GGUF target writes the GGUF types, but transcribe.cpp's loader takes fewer
+        tables = {"whisper.cpp": BIN_TYPES, **dict.fromkeys(GGUF_TARGETS, GGUF_TYPES),
+                  "transcribe.cpp": TRANSCRIBE_TYPES}
+        targets = [t for t, table in tables.items() if name in table]
         if scheme == "symmetric" and bits == GPU_BITS:
             targets += list(GPU_TARGETS)
         rows.append({"type": name, "bits_per_weight": round(8 * size / block, 4), "block": block,

@@ -47,6 +47,7 @@ TARGET = "transcribe.cpp"
 # which no lattice of ours makes); a file with any other type there fails to load
 LOADER_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                 GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+TARGET_TYPES = {GGML_TYPE_NAMES[t].lower(): t for t in LOADER_TYPES}  # by name, as `tarq-deploy types` lists them
 N_FFT_BINS = 201  # n_fft 400 / 2 + 1
 TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>, after the control tokens
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # llama.cpp token types

@@ -12,8 +12,8 @@ SOURCES = ("rare", "random", "common")
 
 # Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
-DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "gptq": 128, "compressed-tensors": 128,
-                      "marlin": 128}
+DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "transcribe.cpp": 32, "gptq": 128,
+                      "compressed-tensors": 128, "marlin": 128}
 
 # The ggml types a lattice can be made for: name -> (scheme, bits, group size) of the lattice the type stores
 # (quant/lattice.py's schemes; quant/ggml_types.py holds the byte layouts). whisper.cpp's published models are
@@ -24,5 +24,6 @@ GGML_TYPES = {"q4_0": ("symmetric", 4, 32), "q4_1": ("affine", 4, 32), "q5_0": (
               "q2_k": ("k-affine", 2, 16), "iq4_nl": ("nonlinear", 4, 32),
               "iq4_xs": ("k-nonlinear", 4, 32)}
 K_QUANT_ROW = 256
-GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr")  # these files hold a per-tensor mix of types
+# these files hold a per-tensor mix of types (transcribe.cpp: Whisper, formats/transcribe_whisper.py)
+GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr", "transcribe.cpp")
 GGML_TARGETS = ("whisper.cpp", *GGUF_TARGETS)
