@@ -140,3 +140,22 @@ def test_a_type_the_loader_rejects_is_refused_before_any_file_exists(work, capsy
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "iq4_nl" in error and "loader" in error, error
     assert not out.exists() and not list(work.glob("refused*"))
+
+
+def test_eval_and_bench_run_the_file_through_the_runtime_adapter(files, jfk_wav):
+    """The registry gives a Whisper GGUF to transcribe.cpp; its worker subprocess decodes as the whisper.cpp adapter
+    does (English, greedy, no fallback, no timestamps)."""
+    from tarq_deploy.runtimes.base import DecodeOptions, ModelSpec
+    from tarq_deploy.runtimes.child import read_wav_float32
+    from tarq_deploy.runtimes.registry import infer_runtime, open_transcriber
+    from tarq_deploy.runtimes.transcribe_cpp import NAME, describe_transcribe_cpp_file
+
+    assert infer_runtime(str(files["tarq"])) == NAME
+    info = describe_transcribe_cpp_file(files["tarq"])
+    assert info.backbone == "base" and info.details["tensor_types"]["Q6_K"] == 1
+    transcriber = open_transcriber(ModelSpec("tarq", str(files["tarq"]), NAME), DecodeOptions())
+    try:
+        text = transcriber.transcribe(read_wav_float32(jfk_wav), "jfk")
+    finally:
+        transcriber.close()
+    assert word_error_rate(JFK_TEXT, text) <= MAX_EXTRA_WER, text

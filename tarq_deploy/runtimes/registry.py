@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..model_source import ModelSource, SourceKind, resolve_source
-from . import crispasr, qwen3_asr_cpp, torch_qwen3_asr, torch_whisper, whisper_cpp
+from . import crispasr, qwen3_asr_cpp, torch_qwen3_asr, torch_whisper, transcribe_cpp, whisper_cpp
 from .base import BenchRuntime, DecodeOptions, ModelSpec, RuntimeAdapter, Transcriber
 
 ADAPTERS: tuple[RuntimeAdapter, ...] = (torch_whisper.ADAPTER, whisper_cpp.ADAPTER, crispasr.ADAPTER,
-                                        torch_qwen3_asr.ADAPTER, qwen3_asr_cpp.ADAPTER)
+                                        torch_qwen3_asr.ADAPTER, qwen3_asr_cpp.ADAPTER, transcribe_cpp.ADAPTER)
 FALLBACK = torch_whisper.NAME  # the runtime of a source no other runtime claims
 BY_NAME: dict[str, RuntimeAdapter] = {adapter.name: adapter for adapter in ADAPTERS}
 

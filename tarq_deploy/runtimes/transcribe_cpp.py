@@ -1,0 +1,140 @@
+"""transcribe.cpp (PyPI ``transcribe-cpp`` + ``transcribe-cpp-native``, a ggml speech runtime called in process
+through ctypes) on Whisper GGUF files of architecture "whisper" (written by tarq_deploy/formats/transcribe_whisper.py;
+each weight matrix in its own type).
+
+Decoding, as the whisper.cpp adapter decodes so results compare: language "en", transcribe, greedy with no
+temperature fallback (temperature 0, temperature_inc 0), no timestamps, fixed threads. A run that the runtime stops
+for repetition or length (OutputTruncated) gives its partial transcript: a looping 4-bit model is a result to count,
+not a crash. Files are parsed by our strict GGUF reader first.
+
+Evaluation: a worker subprocess loads the model once and answers one JSON line per utterance, so a native abort is
+reported with the model file and the utterance. CPU bench: :func:`measure_transcribe_cpp` loads the model and
+transcribes once in the bench's child, so the child's peak RSS and timings are the runtime's own.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..model_source import ModelSource
+from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
+from .child import measure_transcription
+from .sources import checked_gguf, is_gguf_of_arch
+from .worker import WorkerTranscriber, serve_worker
+
+if TYPE_CHECKING:
+    import numpy as np
+
+NAME = "transcribe.cpp"
+MODULE = "tarq_deploy.runtimes.transcribe_cpp"  # what worker and bench child import (there __name__ is __main__)
+ARCH = "whisper"
+WORKER_FLAG = "--transcribe-cpp-worker"
+# part of a cached hypothesis's identity: the same greedy English decoding as the whisper.cpp adapter
+TRANSCRIBE_CPP_DECODE = {"language": "en", "task": "transcribe", "timestamps": "none", "temperature": 0.0,
+                         "temperature_inc": 0.0}
+
+
+def is_transcribe_cpp_file(source: str | ModelSource) -> bool:
+    """A Whisper GGUF our strict reader accepts (the architecture key decides)."""
+    return is_gguf_of_arch(source, ARCH)
+
+
+def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
+    """Validate with our strict reader (GGUFFileError is a ValueError naming the problem); the backbone is named by
+    its dimensions as for a whisper.cpp file, the precision by the file type."""
+    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
+    from tarq_deploy.formats.gguf_file import FILE_TYPE_NAMES, GGUFFileError, read_gguf
+
+    from .whisper_cpp import whisper_backbone
+
+    model = read_gguf(path)
+    if model.arch != ARCH:
+        raise GGUFFileError(path, f"architecture {model.arch!r}, expected {ARCH!r}")
+    dims = [model.integer(f"stt.whisper.{key}") for key in ("encoder.n_layers", "encoder.d_model", "decoder.n_layers",
+                                                            "decoder.vocab_size", "encoder.num_mel_bins")]
+    counts: dict[str, int] = {}
+    for record in model.tensors.values():
+        counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
+    file_type = model.integer("general.file_type", default=-1)
+    return ModelInfo(whisper_backbone(*dims), FILE_TYPE_NAMES.get(file_type, f"file_type {file_type}"),
+                     {"arch": ARCH, "tensor_types": counts})
+
+
+def load_model(model_file: str) -> Any:
+    import transcribe_cpp
+
+    return transcribe_cpp.Model(model_file)
+
+
+def run_text(session: Any, audio: "np.ndarray", settings: dict = TRANSCRIBE_CPP_DECODE) -> Any:
+    """The Result of one utterance decoded with ``settings`` (the bench's --decode overrides TRANSCRIBE_CPP_DECODE);
+    the partial one when the runtime stops the output (repetition, length)."""
+    import numpy as np
+    import transcribe_cpp
+    from transcribe_cpp.errors import OutputTruncated
+
+    options = transcribe_cpp.WhisperRunOptions(temperature=float(settings["temperature"]),
+                                               temperature_inc=float(settings["temperature_inc"]))
+    try:
+        return session.run(np.ascontiguousarray(audio, dtype=np.float32), language=settings["language"],
+                           task=settings["task"], timestamps=settings["timestamps"], family=options)
+    except OutputTruncated as e:
+        if e.partial_result is None:
+            raise
+        return e.partial_result
+
+
+def transcribe_cpp_info() -> dict:
+    return {name: importlib.metadata.version(name) for name in ("transcribe-cpp", "transcribe-cpp-native")}
+
+
+# ------------------------------------------------------------------------------------------------- evaluation
+class TranscribeCppTranscriber(WorkerTranscriber):
+    """A worker process holding one transcribe.cpp model and session; utterances go in as samples, text comes back."""
+
+    def __init__(self, model_file: Path, options: DecodeOptions) -> None:
+        super().__init__(model_file, options, "transcribe.cpp",
+                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads)])
+
+    def describe(self) -> dict:
+        return {"loaded_as": "transcribe.cpp Whisper GGUF", "runtime": transcribe_cpp_info(),
+                "threads": self.options.threads, **TRANSCRIBE_CPP_DECODE}
+
+
+def open_transcribe_cpp(spec: ModelSpec, options: DecodeOptions) -> TranscribeCppTranscriber:
+    return TranscribeCppTranscriber(checked_gguf(spec, ARCH, "transcribe.cpp", "transcribe.cpp"), options).start()
+
+
+def _worker_main(model_file: str, threads: int) -> int:
+    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
+    model = load_model(model_file)
+    session = model.session(n_threads=threads)
+    return serve_worker(lambda audio: run_text(session, audio).text.strip())
+
+
+# -------------------------------------------------------------------------------------------------- CPU bench
+def measure_transcribe_cpp(spec: dict) -> dict:
+    """Child side: import the binding, read the audio, load the model (and its session), transcribe once. With no
+    model: the baseline."""
+    started = time.perf_counter()
+    import transcribe_cpp  # noqa: F401  (timed: the import is part of what a run costs)
+
+    def load(model_file: str) -> Any:
+        return load_model(model_file).session(n_threads=spec["threads"])
+
+    return measure_transcription(spec, started, transcribe_cpp_info, load,
+                                 transcribe=lambda session, audio: [run_text(session, audio, spec["settings"])],
+                                 count_tokens=lambda session, results: sum(len(r.tokens) for r in results))
+
+
+ADAPTER = RuntimeAdapter(
+    NAME, "Whisper GGUF (arch whisper, a type per tensor) through the transcribe-cpp wheel (worker subprocess)",
+    is_transcribe_cpp_file, open_transcribe_cpp, transcribe_cpp_info,
+    BenchRuntime(NAME, describe_transcribe_cpp_file, f"{MODULE}:measure_transcribe_cpp", TRANSCRIBE_CPP_DECODE,
+                 "transcribe-cpp wheel, in process (model file: Whisper GGUF, arch whisper)"))
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3])))
