@@ -159,3 +159,27 @@ def test_eval_and_bench_run_the_file_through_the_runtime_adapter(files, jfk_wav)
     finally:
         transcriber.close()
     assert word_error_rate(JFK_TEXT, text) <= MAX_EXTRA_WER, text
+
+
+@pytest.mark.parametrize("damage", ["truncated", "tensor byte", "head count"])
+def test_verify_names_a_damaged_file(files, tarq_mix, work, capsys, damage):
+    """A cut file or a changed key is bad input (exit 2, one line naming it); a changed weight byte is a mismatch
+    (exit 1) naming the tensor: never a traceback."""
+    data = bytearray(files["tarq"].read_bytes())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "tensor byte":
+        data[read_gguf(files["tarq"]).tensors["enc.blocks.0.ffn.fc1.weight"].offset + 100] ^= 0x11
+    else:  # the key's value (uint32 8) follows its name and its value type (uint32 4)
+        at = data.index(b"stt.whisper.encoder.n_heads") + len(b"stt.whisper.encoder.n_heads") + 4
+        assert data[at:at + 4] == (8).to_bytes(4, "little")
+        data[at:at + 4] = (4).to_bytes(4, "little")
+    damaged = work / f"damaged-{damage.replace(' ', '-')}.gguf"
+    damaged.write_bytes(bytes(data))
+    capsys.readouterr()
+    status = main(["verify", str(damaged), "--checkpoint", str(tarq_mix)])
+    out, err = capsys.readouterr()
+    if damage == "tensor byte":
+        assert status == 1 and "MISMATCH" in out and "enc.blocks.0.ffn.fc1.weight" in out, out[-2000:]
+    else:
+        assert status == 2 and len(err.strip().splitlines()) == 1 and str(damaged) in err, err
