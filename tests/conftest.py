@@ -136,8 +136,8 @@ def shared_temp_root(tmp_path_factory) -> Path:
 # other worker idles. The rest keep their order.
 SLOW_MODULES_FIRST = ("test_eval_e2e.py", "test_sweep.py", "test_whisper_cpp_types.py", "test_sweep_cluster.py",
                       "test_qwen3_asr.py", "test_readme.py", "test_ggml_source.py", "test_quantize_whisper.py",
-                      "test_crispasr_whisper.py", "test_whisper_v3_sources.py", "test_gpu_calibration_dryrun.py",
-                      "test_voxtral_cli.py")
+                      "test_crispasr_whisper.py", "test_transcribe_cpp.py", "test_whisper_v3_sources.py",
+                      "test_gpu_calibration_dryrun.py", "test_voxtral_cli.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
