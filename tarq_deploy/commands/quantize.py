@@ -11,12 +11,14 @@ from ..errors import UserError
 from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
 from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
                              GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
+from ..quant.presets import PRESETS, find_preset
 from .options import add_out, thread_count
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
 EXAMPLE = """  tarq-deploy corpus real -o clips
   tarq-deploy quantize --model packaged:base --calib clips/eval.jsonl --method tarq --type q4_0 -o base-q4_0"""
 SUPPORTED_MODEL_TYPES = ("whisper", "voxtral", "qwen3_asr")
+PRESET_TARGET = "transcribe.cpp"  # whose presets --tensor-type q4_k_m / q5_k_m follow
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-type", action="append", default=[], metavar="PATTERN=TYPE",
                    help="GGUF targets: weights whose name contains a match of the regular expression PATTERN take "
                         "ggml type TYPE (repeatable, first match wins), e.g. 'audio_tower=q8_0'; or 'auto': "
-                        "spend --size-budget where --recipe-from's measured losses are highest")
+                        "spend --size-budget where --recipe-from's measured losses are highest; or, for --target "
+                        "transcribe.cpp, its preset q4_k_m or q5_k_m (any case): its own per-tensor types "
+                        "(attention outputs q8_0, token embedding q6_k, q8_0 where a row does not divide 256), "
+                        "each tensor calibrated")
     p.add_argument("--recipe-from", metavar="CHECKPOINT_DIR",
                    help="--tensor-type auto: a checkpoint of this model calibrated (gptq/tarq/...) at --type, whose "
                         "per-layer losses rank the tensors")
@@ -95,11 +100,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from(args: argparse.Namespace):
     from ..quant.pipeline import QuantizeOptions
 
-    scheme, bits, group = lattice_choice(args)
-    tensor_types = tensor_type_choice(args)
+    preset = preset_choice(args)
+    scheme, bits, group = lattice_choice(args, PRESETS[preset].main if preset else None)
+    tensor_types = () if preset else tensor_type_choice(args)  # a preset's are resolved by shape once loaded
     return QuantizeOptions(
         method=args.method, bits=bits, group_size=group, scheme=scheme, scale_grid=args.scale_dtype,
-        tensor_types=tensor_types,
+        tensor_types=tensor_types, preset=preset,
         zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
@@ -109,21 +115,63 @@ def options_from(args: argparse.Namespace):
     )
 
 
-def lattice_choice(args: argparse.Namespace) -> tuple[str, int, int]:
-    """(scheme, bits, group size) from --type, --bits, --group-size and --target; a contradiction is a UserError."""
+def lattice_choice(args: argparse.Namespace, preset_type: str | None = None) -> tuple[str, int, int]:
+    """(scheme, bits, group size) from --type (or the main type of a --tensor-type preset), --bits, --group-size and
+    --target; a contradiction is a UserError."""
     group = args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE[args.target]
-    if args.type is None:
+    type_name = args.type or preset_type
+    if type_name is None:
         return "symmetric", args.bits if args.bits is not None else 4, group
     if args.target not in GGML_TARGETS:
-        raise UserError(f"--type {args.type}: ggml types are for the ggml targets ({', '.join(GGML_TARGETS)}); "
+        raise UserError(f"--type {type_name}: ggml types are for the ggml targets ({', '.join(GGML_TARGETS)}); "
                         f"--target {args.target} stores a 4-bit symmetric lattice (use --bits / --group-size)")
-    scheme, bits, native_group = GGML_TYPES[args.type]
+    scheme, bits, native_group = GGML_TYPES[type_name]
     if args.bits is not None and args.bits != bits:
-        raise UserError(f"--bits {args.bits}: --type {args.type} stores {bits}-bit codes (leave --bits out)")
+        raise UserError(f"--bits {args.bits}: --type {type_name} stores {bits}-bit codes (leave --bits out)")
     if scheme != "symmetric" and args.group_size is not None and args.group_size != native_group:
-        raise UserError(f"--group-size {args.group_size}: --type {args.type} has one group of {native_group} values "
+        raise UserError(f"--group-size {args.group_size}: --type {type_name} has one group of {native_group} values "
                         f"per scale (leave --group-size out)")
     return scheme, bits, group if scheme == "symmetric" else native_group
+
+
+def preset_choice(args: argparse.Namespace) -> str | None:
+    """--tensor-type q4_k_m / q5_k_m (any case): transcribe.cpp's preset, whose per-tensor types need the model's
+    shapes (resolved by with_preset_types); checked here against the target, the model and --type."""
+    named = [(text, find_preset(text)) for text in args.tensor_type if find_preset(text)]
+    if not named:
+        return None
+    given, key = named[0]
+    preset = PRESETS[key]
+    if len(args.tensor_type) > 1:
+        raise UserError(f"--tensor-type {given}: a preset writes the whole recipe; give it alone")
+    if args.target != PRESET_TARGET:
+        raise UserError(f"--tensor-type {given}: the presets are {PRESET_TARGET}'s bucket policy; use --target "
+                        f"{PRESET_TARGET}")
+    if args.type is not None and args.type != preset.main:
+        raise UserError(f"--type {args.type}: preset {preset.name} quantizes weight matrices to {preset.main} "
+                        f"(leave --type out)")
+    from ..models.registry import is_whisper_source
+
+    if not is_whisper_source(args.model):
+        raise UserError(f"--tensor-type {given}: {PRESET_TARGET} files are written for Whisper models only so far; "
+                        f"--model {args.model} is not one")
+    return key
+
+
+def with_preset_types(options, backbone):
+    """The options with a preset resolved into per-tensor types by the loaded model's shapes (a row that a K-quant
+    block does not divide falls back to q8_0, as transcribe.cpp's own quantizer does)."""
+    from dataclasses import replace
+
+    from ..formats.transcribe_whisper import preset_tensor_types
+
+    if options.preset is None:
+        return options
+    try:
+        types = preset_tensor_types(PRESETS[options.preset], backbone.model.config.to_dict())
+    except ValueError as e:
+        raise UserError(f"--tensor-type {options.preset}: {e}") from None
+    return replace(options, tensor_types=types)
 
 
 def tensor_type_choice(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
@@ -228,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
             if not utterances:
                 raise UserError(f"--calib {args.calib}: holds no utterances; method {options.method!r} cannot "
                                 f"calibrate from nothing (use --method rtn for data-free rounding)")
-        backbone = load_checked_backbone(args, options, source)
+        backbone, options = load_checked_backbone(args, options, source)
         sink = {} if saved_imatrix else None
         checkpoint, timing = quantize_backbone(backbone, utterances, options, args.model, work,
                                                importance=importance, importance_sink=sink)
@@ -391,8 +439,9 @@ def check_model_source(source: str) -> ModelSource:
 
 
 def load_checked_backbone(args: argparse.Namespace, options, source: ModelSource | None = None):
-    """The backbone adapter of ``source`` (--model, resolved by check_model_source), refused with the tensor's name
-    when a weight is not finite or a Linear's width does not fit the group size."""
+    """The backbone adapter of ``source`` (--model, resolved by check_model_source) and the options with a preset
+    resolved by its shapes; refused with the tensor's name when a weight is not finite or a Linear's width does not
+    fit the group size."""
     from ..errors import nonfinite_problem
     from ..models.packaged import PackagedModelError
     from ..models.registry import load_backbone
@@ -407,6 +456,7 @@ def load_checked_backbone(args: argparse.Namespace, options, source: ModelSource
         if problem is not None:
             raise UserError(f"--model {args.model}: tensor {name} holds {problem}; refusing to quantize non-finite "
                             f"weights")
+    options = with_preset_types(options, backbone)
     recipe = options.recipe()
     for stage in backbone.stages():
         for block in stage.blocks:
@@ -418,7 +468,7 @@ def load_checked_backbone(args: argparse.Namespace, options, source: ModelSource
                         spec.check_columns(columns)
                     except ValueError:
                         raise UserError(_width_problem(args, spec, block.full_name(rel), columns)) from None
-    return backbone
+    return backbone, options
 
 
 def _remove_work_dir(work: Path) -> None:

@@ -19,11 +19,16 @@ What transcribe.cpp's Whisper loader wants (read from its sources, 0.2.x, and ch
 
 Float tensors are stored as the checkpoint holds them: conv kernels F16 when their values are float16 ones, else F32 (so
 a float32-born model verifies exactly too); a float ``--model`` exports F16 matrices.
+
+Presets (``quantize --tensor-type q4_k_m``, quant/presets.py): ``preset_plan`` gives every tensor the type
+transcribe.cpp's own quantizer would, by GGUF name and row width; the checkpoint records the preset, and its file takes
+the preset's conv kernels (F32) and ``general.file_type`` (Q4_K_M 15, Q5_K_M 17), its matrices checked against the plan.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,9 @@ import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
-from tarq_deploy.checkpoint import LatticeCheckpoint
+from tarq_deploy.checkpoint import LatticeCheckpoint, read_manifest
+from tarq_deploy.quant.choices import GGML_TYPES
+from tarq_deploy.quant.presets import PRESETS, Preset, matrix_type as preset_matrix_type
 
 from .f16_rounding import F16Rounding, F16Values
 from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, type_for_spec
@@ -39,7 +46,7 @@ from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, P
                            compare_tensors, max_abs_diff, pack_float, stored_blocks_as_f16, stored_or_packed)
 from .gguf_file import (FILE_TYPES, KV, GGUFExportError, GGUFFile, GGUFModel, GGUFVerifyError, check_metadata,
                         file_kv, read_gguf, write_gguf)
-from .whisper_cpp import WhisperSource, as_source, checkpoint_source
+from .whisper_cpp import OUTPUT_PROJECTION, WhisperSource, as_source, checkpoint_source
 
 ARCH = "whisper"
 TARGET = "transcribe.cpp"
@@ -48,6 +55,7 @@ TARGET = "transcribe.cpp"
 LOADER_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                 GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 TARGET_TYPES = {GGML_TYPE_NAMES[t].lower(): t for t in LOADER_TYPES}  # by name, as `tarq-deploy types` lists them
+FRONT_END_TABLES = ("frontend.mel_filterbank", "frontend.window")
 N_FFT_BINS = 201  # n_fft 400 / 2 + 1
 TIMESTAMPS = 1501  # <|0.00|> ... <|30.00|>, after the control tokens
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3  # llama.cpp token types
@@ -112,6 +120,55 @@ def _norm(prefix: str, hf: str, d: int) -> list[TensorSlot]:
     return [TensorSlot(f"{prefix}.{p}", f"{hf}.{p}", ROLE_F32, (d,)) for p in ("weight", "bias")]
 
 
+# ------------------------------------------------------------------------------------------------------ presets
+def preset_plan(preset: Preset, config: dict) -> dict[str, str]:
+    """GGUF name -> type name of every tensor transcribe.cpp's ``preset`` writes for this Whisper (quant/presets.py):
+    weight matrices by bucket and row width, conv kernels the preset's conv type, the rest F32."""
+    plan = {name: "f32" for name in FRONT_END_TABLES}
+    for slot in tensor_slots(config):
+        if slot.role == ROLE_MATRIX:
+            plan[slot.name] = preset_matrix_type(preset, slot.name, slot.shape[-1])  # numpy [rows, ne0]
+        else:
+            plan[slot.name] = preset.conv if slot.role == ROLE_CONV else "f32"
+    return plan
+
+
+def preset_tensor_types(preset: Preset, config: dict) -> tuple[tuple[str, str], ...]:
+    """The preset's matrix types as --tensor-type overrides naming each transformers weight exactly (the tied
+    output head ``proj_out.weight`` takes the token embedding's type); ValueError where a matrix would stay F16,
+    which no lattice holds."""
+    plan = preset_plan(preset, config)
+    types = {slot.hf_name: plan[slot.name] for slot in tensor_slots(config) if slot.role == ROLE_MATRIX}
+    types[OUTPUT_PROJECTION] = plan["dec.token_embd.weight"]
+    for name, type_name in types.items():
+        if type_name not in GGML_TYPES:
+            raise ValueError(f"{name}: {preset.name} keeps it {type_name.upper()} (no quantized block divides its "
+                             f"rows), which a lattice checkpoint cannot hold")
+    return tuple((f"^{re.escape(name)}$", type_name) for name, type_name in sorted(types.items()))
+
+
+def checkpoint_preset(checkpoint: str | os.PathLike) -> Preset | None:
+    """The preset a checkpoint was quantized with (quantize --tensor-type q4_k_m records it), if any."""
+    method = read_manifest(checkpoint).get("method") or {}
+    name = method.get("preset") if isinstance(method, dict) else None
+    if name is None:
+        return None
+    if name not in PRESETS:
+        raise GGUFExportError(f"{checkpoint}: quantized with preset {name!r}, which this version does not know")
+    return PRESETS[name]
+
+
+def check_preset(source: WhisperSource, preset: Preset) -> None:
+    """Every weight matrix on the lattice type the preset gives it: a file tagged with the preset holds its mix."""
+    plan = preset_plan(preset, source.config)
+    for slot in tensor_slots(source.config):
+        if slot.role == ROLE_MATRIX:
+            found = GGML_TYPE_NAMES[matrix_type(source, slot)].lower()
+            if found != plan[slot.name]:
+                raise GGUFExportError(f"{source.origin}: {slot.hf_name} is {found}, but preset {preset.name} gives "
+                                      f"{slot.name} {plan[slot.name]}")
+
+
 def front_end_tables(source: WhisperSource) -> dict[str, np.ndarray]:
     """The F32 arrays of the mel front end the runtime computes features with (transformers' own filters)."""
     n_fft = int(source.feature_extractor.get("n_fft", 400))
@@ -142,7 +199,8 @@ def check_loader_types(source: WhisperSource, slots: list[TensorSlot]) -> None:
             matrix_type(source, slot)
 
 
-def pack_slot(slot: TensorSlot, source: WhisperSource, rounding: F16Rounding) -> PackedTensor:
+def pack_slot(slot: TensorSlot, source: WhisperSource, rounding: F16Rounding,
+              preset: Preset | None = None) -> PackedTensor:
     if not source.has(slot.hf_name):
         raise GGUFExportError(f"{source.origin}: tensor {slot.hf_name} missing ({TARGET} needs {slot.name})")
     key = source.resolve(slot.hf_name)
@@ -151,7 +209,7 @@ def pack_slot(slot: TensorSlot, source: WhisperSource, rounding: F16Rounding) ->
         source.check_lattice_shape(slot)
         return PackedTensor(slot.name, ggml_type, slot.shape,
                             stored_or_packed(source.lattice, key, ggml_type, slot.hf_name, source.origin))
-    ggml_type = _float_type(slot, source)
+    ggml_type = _float_type(slot, source, preset)
     data = stored_blocks_as_f16(source, slot) if ggml_type == GGMLType.F16 else None
     if data is None:
         data = pack_float(slot.name, source.float_in_slot(slot), ggml_type)
@@ -160,12 +218,14 @@ def pack_slot(slot: TensorSlot, source: WhisperSource, rounding: F16Rounding) ->
     return PackedTensor(slot.name, ggml_type, slot.shape, values)
 
 
-def _float_type(slot: TensorSlot, source: WhisperSource) -> int:
-    """F32 for norms, biases and positional tables (the loader takes nothing else there); conv kernels F16 when they
-    hold float16 values (whatever dtype the checkpoint keeps them in), F32 otherwise (nothing rounded); a float
-    weight matrix F16."""
+def _float_type(slot: TensorSlot, source: WhisperSource, preset: Preset | None = None) -> int:
+    """F32 for norms, biases and positional tables (the loader takes nothing else there); conv kernels the preset's
+    type (F32: as transcribe-quantize writes them) or else F16 when they hold float16 values (whatever dtype the
+    checkpoint keeps them in), F32 otherwise (nothing rounded); a float weight matrix F16."""
     if slot.role == ROLE_F32:
         return GGMLType.F32
+    if slot.role == ROLE_CONV and preset is not None:
+        return GGMLType.F32 if preset.conv == "f32" else GGMLType.F16
     if slot.role == ROLE_CONV:
         values = source.float_in_slot(slot).float()
         return GGMLType.F16 if torch.equal(values.half().float(), values) else GGMLType.F32
@@ -262,18 +322,22 @@ def metadata(source: WhisperSource) -> list[KV]:
 
 
 # ------------------------------------------------------------------------------------------------- build, write
-def build(source: WhisperSource) -> GGUFModel:
-    """Every tensor packed and every key computed; raises before anything is written if the source does not fit."""
+def build(source: WhisperSource, preset: Preset | None = None) -> GGUFModel:
+    """Every tensor packed and every key computed; raises before anything is written if the source does not fit.
+    ``preset``: the checkpoint's transcribe.cpp preset, whose conv kernels and general.file_type the file takes."""
     try:
         slots = tensor_slots(source.config)
         check_loader_types(source, slots)
+        if preset is not None:
+            check_preset(source, preset)
         rounding = F16Rounding(source.origin)
         tables = [PackedTensor(name, GGMLType.F32, values.shape, values)
                   for name, values in front_end_tables(source).items()]
-        tensors = tables + [pack_slot(slot, source, rounding) for slot in slots]
+        tensors = tables + [pack_slot(slot, source, rounding, preset) for slot in slots]
         rounding.report()
-        weight_type = _main_type(tensors)
-        kv = file_kv(f"whisper-{source.config['d_model']}x{source.config['encoder_layers']}", weight_type)
+        kv = file_kv(f"whisper-{source.config['d_model']}x{source.config['encoder_layers']}", _main_type(tensors))
+        if preset is not None:  # the preset's own tag (Q4_K_M 15, not the Q4_K_S that its main type alone says)
+            kv = [KV(k.key, preset.file_type, k.value_type) if k.key == "general.file_type" else k for k in kv]
         model = GGUFModel(ARCH, kv + metadata(source), tensors)
     finally:
         source.wait_verified()  # a damaged checkpoint is named by its digest, and nothing is written from it
@@ -318,7 +382,8 @@ def export_transcribe_whisper(checkpoint: str | None, model: str | None, weight_
         raise GGUFExportError(f"--type {weight_type}: --target {TARGET} stores every matrix in its own lattice's type "
                               f"(nothing re-quantizes); leave --type out")
     source = as_source(checkpoint) if checkpoint is not None else float_model_source(model)
-    built = build(source)
+    preset = checkpoint_preset(checkpoint) if checkpoint is not None else None
+    built = build(source, preset)
     out = write_gguf(built, out_path)
     types = sorted({GGML_TYPE_NAMES[t.ggml_type] for t in built.tensors})
     return out, f"{TARGET} Whisper GGUF ({'/'.join(types)}), {len(built.tensors)} tensors, " \

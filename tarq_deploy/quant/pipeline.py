@@ -51,6 +51,7 @@ class QuantizeOptions:
     scheme: str = "symmetric"  # the lattice scheme (lattice.py); --type picks it with bits and group size
     scale_grid: str = "float16"  # "bfloat16": scales exact in bf16 too, for bf16 runtimes (lattice.py)
     tensor_types: tuple[tuple[str, str], ...] = ()  # (pattern, ggml type) overrides, first match wins (recipe.py)
+    preset: str | None = None  # transcribe.cpp's mix (quant/presets.py) that tensor_types was resolved from
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
     cost_ratio: float = 1.0
     source: str = "rare"
@@ -80,6 +81,8 @@ class QuantizeOptions:
         """The options that shape the result (not where it runs)."""
         knobs = asdict(self)
         knobs.pop("device")
+        if knobs["preset"] is None:  # a run without one keeps the knobs (and so the resume key) it always had
+            knobs.pop("preset")
         return knobs
 
 
