@@ -113,9 +113,11 @@ class WhisperBackbone:
         inner = self.model.model
         # Encoder and decoder run apart, as the whole model runs them, so that only the decoder's attention weights
         # are kept: asked of the whole model, output_attentions also keeps every encoder layer's [heads, 1500, 1500]
-        # (large-v3: 32 x 180 MB per window). No logits are needed either.
-        with torch.no_grad(), _eager_attention(self.model):
+        # (large-v3: 32 x 180 MB per window). The encoder runs with the model's own attention (SDPA, no weights
+        # formed); only the decoder needs eager attention for its weights. No logits are needed either.
+        with torch.no_grad():
             encoded = inner.encoder(features.to(self.device)).last_hidden_state
+        with torch.no_grad(), _eager_attention(self.model):
             out = inner.decoder(input_ids=input_ids[None, :-1].to(self.device), encoder_hidden_states=encoded,
                                 output_attentions=True, use_cache=False)
         weights = torch.stack([out.cross_attentions[layer][0, head] for layer, head in heads]).float().cpu()
