@@ -137,7 +137,7 @@ def lattice_choice(args: argparse.Namespace, preset_type: str | None = None) -> 
 def preset_choice(args: argparse.Namespace) -> str | None:
     """--tensor-type q4_k_m / q5_k_m (any case): transcribe.cpp's preset, whose per-tensor types need the model's
     shapes (resolved by with_preset_types); checked here against the target, the model and --type."""
-    named = [(text, find_preset(text)) for text in args.tensor_type if find_preset(text)]
+    named = [(text, key) for text in args.tensor_type if (key := find_preset(text))]
     if not named:
         return None
     given, key = named[0]

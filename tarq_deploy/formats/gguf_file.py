@@ -87,6 +87,12 @@ def file_kv(name: str, weight_type: int) -> list[KV]:
             KV("general.quantization_version", QUANTIZATION_VERSION, GGUFValueType.UINT32)]
 
 
+def most_weights_type(weights: dict[int, int]) -> int:
+    """The ggml type holding the most weight values (``weights``: type -> values), the lower type id on a tie: the
+    type a mix's general.file_type names."""
+    return max(weights, key=lambda t: (weights[t], -int(t)))
+
+
 def write_gguf(model: GGUFModel, out_path: str | os.PathLike) -> Path:
     """Write ``model`` through a temporary file in the same directory, renamed when complete; nothing is left
     behind on error."""

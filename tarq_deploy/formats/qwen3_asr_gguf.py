@@ -30,8 +30,8 @@ from .ggml_blocks import (GGML_TYPE_NAMES, LATTICE_TYPES, QUANTIZED_TYPES, GGMLT
                           type_for_spec)
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
                            compare_tensors, max_abs_diff, pack_float, stored_blocks_as_f16, stored_or_packed)
-from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, read_gguf,
-                        write_gguf)
+from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_metadata, file_kv, most_weights_type,
+                        read_gguf, write_gguf)
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
 
 TARGET_TYPES = {"f16": GGMLType.F16, **{t.name.lower(): t for t in LATTICE_TYPES}}
@@ -346,7 +346,7 @@ def default_target(source: Qwen3ASRSource) -> str:
         return "f16"
     if None in weights:
         raise GGUFExportError(f"{source.origin}: some lattice weights are on a lattice no ggml type stores; use f16")
-    return GGML_TYPE_NAMES[max(weights, key=lambda t: (weights[t], -int(t)))].lower()
+    return GGML_TYPE_NAMES[most_weights_type(weights)].lower()
 
 
 def is_mix(source: Qwen3ASRSource) -> bool:

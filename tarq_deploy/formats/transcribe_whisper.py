@@ -45,7 +45,7 @@ from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, type_for_spec
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlot, as_checkpoint,
                            compare_tensors, max_abs_diff, pack_float, stored_blocks_as_f16, stored_or_packed)
 from .gguf_file import (FILE_TYPES, KV, GGUFExportError, GGUFFile, GGUFModel, GGUFVerifyError, check_metadata,
-                        file_kv, read_gguf, write_gguf)
+                        file_kv, most_weights_type, read_gguf, write_gguf)
 from .whisper_cpp import OUTPUT_PROJECTION, WhisperSource, as_source, checkpoint_source
 
 ARCH = "whisper"
@@ -350,7 +350,7 @@ def _main_type(tensors: list[PackedTensor]) -> int:
     for t in tensors:
         if t.ggml_type in FILE_TYPES and t.ggml_type != GGMLType.F32 and len(t.shape) == 2:
             counts[t.ggml_type] = counts.get(t.ggml_type, 0) + int(np.prod(t.shape))
-    return max(counts, key=lambda t: (counts[t], -int(t))) if counts else GGMLType.F32
+    return most_weights_type(counts) if counts else GGMLType.F32
 
 
 def float_model_source(model_id: str) -> WhisperSource:
