@@ -2,10 +2,11 @@
 
 whisper.cpp writes one model file (see tarq_deploy.commands.export_whispercpp); qwen3-asr.cpp and CrispASR one
 Qwen3-ASR GGUF file each (tarq_deploy/formats/qwen3_asr_targets.py); CrispASR runs Whisper from whisper.cpp's model
-file (its whisper backend reads no GGUF: tarq_deploy/formats/crispasr_whisper.py); transcribe.cpp one Whisper GGUF
-whose matrices keep their own types (tarq_deploy/formats/transcribe_whisper.py); the GPU targets write a transformers
-checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy pre-packed Marlin) that runtimes repack
-to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold exactly is refused with the reason.
+file (its whisper backend reads no GGUF: tarq_deploy/formats/crispasr_whisper.py); transcribe.cpp one Whisper,
+Qwen3-ASR or Voxtral GGUF whose matrices keep their own types (formats/transcribe_whisper.py, transcribe_llm.py); the
+GPU targets write a transformers checkpoint directory (GPTQ v1, compressed-tensors pack-quantized, or legacy
+pre-packed Marlin) that runtimes repack to Marlin at load. Nothing re-quantizes: a lattice a target cannot hold
+exactly is refused with the reason.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ EXAMPLE = """  tarq-deploy export --checkpoint base-q4_0 --target whisper.cpp -o
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
 CRISPASR = "crispasr"
 GGUF_TARGETS = ("qwen3-asr.cpp", CRISPASR)
-TRANSCRIBE = "transcribe.cpp"  # Whisper GGUF with per-tensor types (formats/transcribe_whisper.py)
+TRANSCRIBE = "transcribe.cpp"  # Whisper / Qwen3-ASR / Voxtral GGUF with per-tensor types (transcribe_whisper/_llm.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,9 +156,11 @@ def _export_gguf(args: argparse.Namespace, voxtral: bool = False) -> int:
 
 
 def _export_transcribe(args: argparse.Namespace) -> int:
-    """Whisper GGUF for transcribe.cpp: a checkpoint (each matrix in its lattice's type) or --model (f16)."""
+    """Whisper, Qwen3-ASR or Voxtral GGUF for transcribe.cpp: a checkpoint (each matrix in its lattice's type) or
+    --model (f16)."""
     from tarq_deploy.formats.ggml_blocks import LatticeNotRepresentable
     from tarq_deploy.formats.model_files import ModelFilesError
+    from tarq_deploy.formats.transcribe_llm import export_transcribe_llm
     from tarq_deploy.formats.transcribe_whisper import export_transcribe_whisper
 
     from ..checkpoint import CheckpointError
@@ -169,11 +172,27 @@ def _export_transcribe(args: argparse.Namespace) -> int:
                         f"F16 float model (--model)")
     try:
         with naming_os_errors(args.output):
-            out, summary = export_transcribe_whisper(args.checkpoint, args.model, args.weight_type, args.output)
+            family = _transcribe_family(args)
+            if family is None:
+                out, summary = export_transcribe_whisper(args.checkpoint, args.model, args.weight_type, args.output)
+            else:
+                out, summary = export_transcribe_llm(family, args.checkpoint, args.model, args.weight_type,
+                                                     args.output)
     except (ModelFilesError, LatticeNotRepresentable, CheckpointError) as e:
         raise UserError(str(e)) from None
     print(f"wrote {out}: {summary}")
     return 0
+
+
+def _transcribe_family(args: argparse.Namespace):
+    """transcribe_llm's family of the source (Qwen3-ASR, Voxtral), None for Whisper (and for a source that cannot be
+    read: the Whisper exporter names what is wrong with it)."""
+    from tarq_deploy.formats.transcribe_llm import MODEL_TYPES
+
+    from ..model_source import resolve_source
+
+    found = resolve_source(args.checkpoint if args.checkpoint is not None else args.model)
+    return MODEL_TYPES.get(found.model_type or "")
 
 
 def _export_gpu(args: argparse.Namespace) -> int:

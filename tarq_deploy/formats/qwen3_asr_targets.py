@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
 
-from . import crispasr, crispasr_voxtral, qwen3_asr_cpp, transcribe_whisper
+from . import crispasr, crispasr_voxtral, qwen3_asr_cpp, transcribe_llm, transcribe_whisper
 from .ggml_blocks import GGML_TYPE_NAMES
 from .gguf_file import FILE_TYPE_NAMES, GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
@@ -36,9 +36,12 @@ def export_qwen3_asr_gguf(target: str, checkpoint: str | None, model: str | None
 
 
 def verify_gguf(model_file: str | os.PathLike, checkpoint: str | os.PathLike | LatticeCheckpoint) -> dict[str, float]:
-    """Verify a Qwen3-ASR GGUF of either flavour, or a CrispASR Voxtral GGUF (chosen by its general.architecture),
-    against a checkpoint."""
-    arch = read_gguf(model_file).arch
+    """Verify a Qwen3-ASR GGUF of any flavour, a Voxtral GGUF (CrispASR's or transcribe.cpp's) or a transcribe.cpp
+    Whisper GGUF (chosen by its general.architecture and keys) against a checkpoint."""
+    model = read_gguf(model_file)
+    arch = model.arch
+    if transcribe_llm.family_of_file(model) is not None:  # before CrispASR's Voxtral: the same architecture name
+        return transcribe_llm.verify(model_file, checkpoint)
     if arch == crispasr_voxtral.ARCH:
         return crispasr_voxtral.verify(model_file, checkpoint)
     if arch == transcribe_whisper.ARCH:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..model_source import ModelSource
+from ..model_source import ModelSource, resolve_source
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
 from .sources import checked_gguf, checked_whisper_cpp, is_gguf_of_arch, is_whisper_cpp_file
@@ -50,7 +50,18 @@ CRISPASR_DECODE = {"language": LANGUAGE, "temperature": 0.0, "frequency_penalty"
 def is_crispasr_file(source: str | ModelSource) -> bool:
     """A Qwen3-ASR GGUF in CrispASR's flavour, or a CrispASR Voxtral GGUF (the architecture key decides; a broken
     file is not claimed)."""
-    return is_gguf_of_arch(source, ARCH) or is_gguf_of_arch(source, VOXTRAL_ARCH)
+    return is_gguf_of_arch(source, ARCH) or is_crispasr_voxtral(source)
+
+
+def is_crispasr_voxtral(source: str | ModelSource) -> bool:
+    """A Voxtral GGUF of CrispASR's flavour: transcribe.cpp names its Voxtral architecture "voxtral" too (its files
+    carry stt.voxtral keys and are transcribe.cpp's)."""
+    if not is_gguf_of_arch(source, VOXTRAL_ARCH):
+        return False
+    from tarq_deploy.formats.gguf_file import read_gguf
+    from tarq_deploy.formats.transcribe_llm import is_transcribe_voxtral
+
+    return not is_transcribe_voxtral(read_gguf(resolve_source(source).path))
 
 
 def describe_crispasr_file(path: Path) -> ModelInfo:
@@ -136,6 +147,11 @@ class CrispASRTranscriber(WorkerTranscriber):
 def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscriber:
     if is_whisper_cpp_file(spec.source):
         return CrispASRTranscriber(checked_whisper_cpp(spec), options).start()
+    if is_gguf_of_arch(spec.source, VOXTRAL_ARCH) and not is_crispasr_voxtral(spec.source):
+        from ..errors import UserError
+
+        raise UserError(f"model {spec.label!r}: {spec.source} is transcribe.cpp's Voxtral GGUF (stt.voxtral keys); "
+                        f"CrispASR runs its own (tarq-deploy export --target crispasr), transcribe.cpp this one")
     if is_gguf_of_arch(spec.source, VOXTRAL_ARCH):
         return CrispASRTranscriber(checked_gguf(spec, VOXTRAL_ARCH, "CrispASR", "crispasr"), options).start()
     return CrispASRTranscriber(checked_gguf(spec, ARCH, "CrispASR", "crispasr"), options).start()

@@ -1,9 +1,12 @@
 """transcribe.cpp (PyPI ``transcribe-cpp`` + ``transcribe-cpp-native``, a ggml speech runtime called in process
-through ctypes) on Whisper GGUF files of architecture "whisper" (written by tarq_deploy/formats/transcribe_whisper.py;
-each weight matrix in its own type).
+through ctypes) on Whisper GGUF files of architecture "whisper" (written by tarq_deploy/formats/transcribe_whisper.py)
+and on Qwen3-ASR / Voxtral GGUF files of architecture "qwen3_asr" / "voxtral" (formats/transcribe_llm.py; a Voxtral
+file of CrispASR's flavour, same architecture name, is CrispASR's); each weight matrix in its own type.
 
-Decoding, as the whisper.cpp adapter decodes so results compare: language "en", transcribe, greedy with no
-temperature fallback (temperature 0, temperature_inc 0), no timestamps, fixed threads. A run that the runtime stops
+Decoding Whisper, as the whisper.cpp adapter decodes so results compare: language "en", transcribe, greedy with no
+temperature fallback (temperature 0, temperature_inc 0), no timestamps, fixed threads. Qwen3-ASR and Voxtral: the
+runtime's own greedy decoding with the language left to the model (``LLM_DECODE``: forcing "en" makes Qwen3-ASR's
+prompt need the ``<asr_text>`` token, which only the published vocabulary has). A run that the runtime stops
 for repetition or length (OutputTruncated) gives its partial transcript: a looping 4-bit model is a result to count,
 not a crash. Files are parsed by our strict GGUF reader first.
 
@@ -19,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..model_source import ModelSource
+from ..model_source import ModelSource, resolve_source
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
 from .sources import checked_gguf, is_gguf_of_arch
@@ -31,15 +34,32 @@ if TYPE_CHECKING:
 NAME = "transcribe.cpp"
 MODULE = "tarq_deploy.runtimes.transcribe_cpp"  # what worker and bench child import (there __name__ is __main__)
 ARCH = "whisper"
+LLM_ARCHS = ("qwen3_asr", "voxtral")  # transcribe_llm.py's families
 WORKER_FLAG = "--transcribe-cpp-worker"
 # part of a cached hypothesis's identity: the same greedy English decoding as the whisper.cpp adapter
 TRANSCRIBE_CPP_DECODE = {"language": "en", "task": "transcribe", "timestamps": "none", "temperature": 0.0,
                          "temperature_inc": 0.0}
+# Qwen3-ASR / Voxtral: greedy is the runtime's only decoding there; the Whisper-only knobs are not sent
+LLM_DECODE = {"language": None, "task": "transcribe", "timestamps": "none"}
 
 
 def is_transcribe_cpp_file(source: str | ModelSource) -> bool:
-    """A Whisper GGUF our strict reader accepts (the architecture key decides)."""
-    return is_gguf_of_arch(source, ARCH)
+    """A Whisper GGUF our strict reader accepts (the architecture key decides), or a Qwen3-ASR / Voxtral GGUF of
+    transcribe.cpp's flavour."""
+    return is_gguf_of_arch(source, ARCH) or llm_family(source) is not None
+
+
+def llm_family(source: str | ModelSource) -> Any:
+    """The transcribe_llm family of a transcribe.cpp Qwen3-ASR / Voxtral file our strict reader accepts, else None."""
+    from tarq_deploy.formats.gguf_file import GGUFFileError, read_gguf
+    from tarq_deploy.formats.transcribe_llm import family_of_file
+
+    if not any(is_gguf_of_arch(source, arch) for arch in LLM_ARCHS):
+        return None
+    try:
+        return family_of_file(read_gguf(resolve_source(source).path))
+    except GGUFFileError:
+        return None
 
 
 def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
@@ -51,6 +71,8 @@ def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
     from .whisper_cpp import whisper_backbone
 
     model = read_gguf(path)
+    if model.arch in LLM_ARCHS:
+        return _describe_llm(model)
     if model.arch != ARCH:
         raise GGUFFileError(path, f"architecture {model.arch!r}, expected {ARCH!r}")
     dims = [model.integer(f"stt.whisper.{key}") for key in ("encoder.n_layers", "encoder.d_model", "decoder.n_layers",
@@ -63,25 +85,52 @@ def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
                      {"arch": ARCH, "tensor_types": counts})
 
 
+def _describe_llm(model: Any) -> ModelInfo:
+    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
+    from tarq_deploy.formats.gguf_file import FILE_TYPE_NAMES, GGUFFileError
+    from tarq_deploy.formats.gguf_file import GGUFVerifyError
+    from tarq_deploy.formats.transcribe_llm import describe
+
+    try:
+        backbone, details = describe(model)
+    except GGUFVerifyError as e:  # a CrispASR Voxtral file: not ours to describe
+        raise GGUFFileError(model.path, str(e)) from None
+    counts: dict[str, int] = {}
+    for record in model.tensors.values():
+        counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
+    file_type = model.integer("general.file_type", default=-1)
+    return ModelInfo(backbone, FILE_TYPE_NAMES.get(file_type, f"file_type {file_type}"),
+                     {**details, "tensor_types": counts})
+
+
 def load_model(model_file: str) -> Any:
     import transcribe_cpp
 
     return transcribe_cpp.Model(model_file)
 
 
-def run_text(session: Any, audio: "np.ndarray", settings: dict = TRANSCRIBE_CPP_DECODE) -> Any:
+def decode_settings(arch: str, settings: dict = TRANSCRIBE_CPP_DECODE) -> dict:
+    """What a model of ``arch`` is decoded with: ``settings`` (Whisper's, or the bench's --decode) for Whisper, the
+    runtime's own greedy decoding for the LLM families."""
+    return settings if arch == ARCH else LLM_DECODE
+
+
+def run_text(session: Any, audio: "np.ndarray", settings: dict = TRANSCRIBE_CPP_DECODE, arch: str = ARCH) -> Any:
     """The Result of one utterance decoded with ``settings`` (the bench's --decode overrides TRANSCRIBE_CPP_DECODE);
     the partial one when the runtime stops the output (repetition, length)."""
     import numpy as np
     import transcribe_cpp
     from transcribe_cpp.errors import OutputTruncated
 
-    options = transcribe_cpp.WhisperRunOptions(temperature=float(settings["temperature"]),
-                                               temperature_inc=float(settings["temperature_inc"]))
+    settings = decode_settings(arch, settings)
+    options = None
+    if arch == ARCH:  # the Whisper family extension; other families refuse it
+        options = transcribe_cpp.WhisperRunOptions(temperature=float(settings["temperature"]),
+                                                   temperature_inc=float(settings["temperature_inc"]))
     try:
         return session.run(np.ascontiguousarray(audio, dtype=np.float32), language=settings["language"],
                            task=settings["task"], timestamps=settings["timestamps"], family=options)
-    except OutputTruncated as e:
+    except OutputTruncated as e:  # OutputRepetition too
         if e.partial_result is None:
             raise
         return e.partial_result
@@ -100,19 +149,23 @@ class TranscribeCppTranscriber(WorkerTranscriber):
                          ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads)])
 
     def describe(self) -> dict:
-        return {"loaded_as": "transcribe.cpp Whisper GGUF", "runtime": transcribe_cpp_info(),
-                "threads": self.options.threads, **TRANSCRIBE_CPP_DECODE}
+        family = llm_family(str(self.model_file))
+        kind, settings = (family.name, LLM_DECODE) if family is not None else ("Whisper", TRANSCRIBE_CPP_DECODE)
+        return {"loaded_as": f"transcribe.cpp {kind} GGUF", "runtime": transcribe_cpp_info(),
+                "threads": self.options.threads, **settings}
 
 
 def open_transcribe_cpp(spec: ModelSpec, options: DecodeOptions) -> TranscribeCppTranscriber:
-    return TranscribeCppTranscriber(checked_gguf(spec, ARCH, "transcribe.cpp", "transcribe.cpp"), options).start()
+    family = llm_family(spec.source)
+    arch = family.arch if family is not None else ARCH
+    return TranscribeCppTranscriber(checked_gguf(spec, arch, "transcribe.cpp", "transcribe.cpp"), options).start()
 
 
 def _worker_main(model_file: str, threads: int) -> int:
     """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
     model = load_model(model_file)
     session = model.session(n_threads=threads)
-    return serve_worker(lambda audio: run_text(session, audio).text.strip())
+    return serve_worker(lambda audio: run_text(session, audio, arch=model.arch).text.strip())
 
 
 # -------------------------------------------------------------------------------------------------- CPU bench
@@ -123,18 +176,21 @@ def measure_transcribe_cpp(spec: dict) -> dict:
     import transcribe_cpp  # noqa: F401  (timed: the import is part of what a run costs)
 
     def load(model_file: str) -> Any:
-        return load_model(model_file).session(n_threads=spec["threads"])
+        model = load_model(model_file)
+        return model.arch, model.session(n_threads=spec["threads"])
 
-    return measure_transcription(spec, started, transcribe_cpp_info, load,
-                                 transcribe=lambda session, audio: [run_text(session, audio, spec["settings"])],
-                                 count_tokens=lambda session, results: sum(len(r.tokens) for r in results))
+    return measure_transcription(
+        spec, started, transcribe_cpp_info, load,
+        transcribe=lambda loaded, audio: [run_text(loaded[1], audio, spec["settings"], arch=loaded[0])],
+        count_tokens=lambda loaded, results: sum(len(r.tokens) for r in results))
 
 
 ADAPTER = RuntimeAdapter(
-    NAME, "Whisper GGUF (arch whisper, a type per tensor) through the transcribe-cpp wheel (worker subprocess)",
+    NAME, "Whisper, Qwen3-ASR or Voxtral GGUF (arch whisper / qwen3_asr / voxtral, a type per tensor) through the "
+          "transcribe-cpp wheel (worker subprocess)",
     is_transcribe_cpp_file, open_transcribe_cpp, transcribe_cpp_info,
     BenchRuntime(NAME, describe_transcribe_cpp_file, f"{MODULE}:measure_transcribe_cpp", TRANSCRIBE_CPP_DECODE,
-                 "transcribe-cpp wheel, in process (model file: Whisper GGUF, arch whisper)"))
+                 "transcribe-cpp wheel, in process (model file: Whisper, Qwen3-ASR or Voxtral GGUF)"))
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
     sys.exit(_worker_main(sys.argv[2], int(sys.argv[3])))
