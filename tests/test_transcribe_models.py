@@ -197,6 +197,29 @@ def test_a_type_the_loader_rejects_is_refused_before_any_file_exists(qwen_dir, w
     assert not list(out.parent.iterdir())  # no file, no temporary
 
 
+def test_a_layers_gate_and_up_in_two_types_are_refused(voxtral_dir, work, capsys):
+    """The loader fuses them into one matrix; the export names both and writes nothing."""
+    ckpt = work / "voxtral-gate-q8_0"
+    assert cli(["quantize", "--model", str(voxtral_dir), "--method", "rtn", "--target", "crispasr", "--type", "q4_k",
+                "--tensor-type", "gate_proj=q8_0", "--out", str(ckpt)]) == 0
+    out = work / "gate" / "mixed.gguf"
+    out.parent.mkdir()
+    capsys.readouterr()
+    assert cli(["export", str(ckpt), "--target", "transcribe.cpp", "-o", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "gate_proj.weight is q8_0" in error and "up_proj.weight is q4_k" in error
+    assert not list(out.parent.iterdir())
+
+
+def test_float_models_export_f16_with_qwen3_asrs_tied_head_left_out(qwen_dir, work):
+    """A float Qwen3-ASR's state dict lists lm_head beside the embedding it shares: the file has no slot for it."""
+    out = work / "qwen3_asr-f16.gguf"
+    assert cli(["export", "--model", str(qwen_dir), "--target", "transcribe.cpp", "-o", str(out)]) == 0
+    kinds = {name: record.ggml_type for name, record in read_gguf(out).tensors.items()}
+    assert kinds["dec.token_embd.weight"] == kinds["enc.blocks.0.attn.q.weight"] == F16
+    assert "dec.output.weight" not in kinds
+
+
 # ------------------------------------------------------------------------------------------------------ fuzzing
 @pytest.fixture(scope="module")
 def voxtral_bytes(exports, checkpoints) -> tuple[bytes, object]:

@@ -21,7 +21,7 @@ TARGET_RUNTIMES = {"whisper.cpp": "whisper.cpp, CrispASR (its whisper backend re
                    "qwen3-asr.cpp": "qwen3-asr.cpp (with our loader patch)", "crispasr": "CrispASR (GGUF backends)",
                    "gptq": "transformers/vLLM (GPTQ, Marlin at load)", "compressed-tensors": "vLLM",
                    "marlin": "vLLM (pre-packed Marlin)",
-                   "transcribe.cpp": "transcribe.cpp (Whisper GGUF, a type per tensor)"}
+                   "transcribe.cpp": "transcribe.cpp (Whisper, Qwen3-ASR, Voxtral GGUF, a type per tensor)"}
 GPU_TARGETS = ("gptq", "compressed-tensors", "marlin")
 GPU_BITS = 4  # the GPU targets hold symmetric 4-bit lattices (groups 32, 64, 128)
 

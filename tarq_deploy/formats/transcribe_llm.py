@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from gguf.constants import GGUFValueType
 
 from tarq_deploy.checkpoint import LatticeCheckpoint
@@ -44,9 +45,9 @@ from .ggml_tensors import ROLE_MATRIX, CheckpointValues, PackedTensor, TensorSlo
 from .gguf_file import (KV, GGUFExportError, GGUFFile, GGUFModel, GGUFVerifyError, check_metadata, file_kv,
                         read_gguf, write_gguf)
 from .model_files import ModelTensors
-from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
-                             TOKEN_CONTROL, TOKEN_NORMAL, Qwen3ASRSource, check_nothing_left_over, gguf_vocab,
-                             qwen3_asr_slots)
+from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, HF_EMBEDDING,
+                             HF_LM_HEAD, PAD_TOKEN, TOKEN_CONTROL, TOKEN_NORMAL, Qwen3ASRSource,
+                             check_nothing_left_over, gguf_vocab, qwen3_asr_slots)
 from .transcribe_whisper import TARGET, _main_type, _table_diff, check_loader_types, matrix_type, pack_slot
 
 QWEN3_ASR_ARCH, VOXTRAL_ARCH = "qwen3_asr", "voxtral"
@@ -137,6 +138,21 @@ def qwen3_slots(source: Qwen3ASRSource) -> list[TensorSlot]:
     """Every model tensor, without the output head: transcribe.cpp projects with the token embedding."""
     slots = qwen3_asr_slots(source.hparams(), crispasr.NAMES)
     return renamed([slot for slot in slots if slot.name != "output.weight"])
+
+
+def qwen3_tied_head(source: Qwen3ASRSource) -> list[TensorSlot]:
+    """The output head the file leaves out (the loader projects with the token embedding): a float model's
+    state dict lists lm_head beside the embedding it shares; a head that differs from the embedding is refused, as
+    the file would lose it."""
+    slot = next(s for s in qwen3_asr_slots(source.hparams(), crispasr.NAMES) if s.name == "output.weight")
+    if not source.has(HF_LM_HEAD) or source.resolve(HF_LM_HEAD) == source.resolve(HF_EMBEDDING):
+        return [slot]
+    head, embedding = source.resolve(HF_LM_HEAD), source.resolve(HF_EMBEDDING)
+    if head in source.floats and embedding in source.floats and torch.equal(source.floats[head],
+                                                                              source.floats[embedding]):
+        return [slot]
+    raise GGUFExportError(f"{source.origin}: {HF_LM_HEAD} is not the token embedding; {TARGET}'s Qwen3-ASR projects "
+                          f"with the embedding (tied), so the file would lose the head")
 
 
 def qwen3_tables(source: Qwen3ASRSource) -> dict[str, np.ndarray]:
@@ -279,6 +295,8 @@ class Family:
     metadata: Callable[[Any], list[KV]]
     structural_keys: tuple[str, ...]  # keys verify compares with the checkpoint's
     size_keys: tuple[str, str, str, str]  # audio layers, audio d_model, text layers, text hidden
+    # source tensors the file deliberately leaves out (refusing when it cannot), so none counts as left over
+    unwritten: Callable[[Any], list[TensorSlot]] = lambda source: []
 
 
 def _voxtral_source(source: Any) -> VoxtralSource:
@@ -307,7 +325,7 @@ QWEN3_ASR = Family(
     _keys("stt.qwen3_asr", ("n_layers", "d_model", "n_heads", "ffn_dim", "num_mel_bins", "downsample_hidden"),
           ("n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size")),
     ("stt.qwen3_asr.encoder.n_layers", "stt.qwen3_asr.encoder.d_model", "stt.qwen3_asr.decoder.n_layers",
-     "stt.qwen3_asr.decoder.hidden_size"))
+     "stt.qwen3_asr.decoder.hidden_size"), qwen3_tied_head)
 VOXTRAL = Family(
     VOXTRAL_ARCH, "Voxtral", _voxtral_source, crispasr_voxtral.float_model_source, voxtral_slots, voxtral_tables,
     voxtral_metadata,
@@ -335,7 +353,7 @@ def build(family: Family, source: Any) -> GGUFModel:
     """Every tensor packed and every key computed; raises naming the tensor (a type the loader rejects, a shape,
     a missing or extra tensor) before anything is written."""
     slots = family.slots(source)
-    check_nothing_left_over(source, slots, TARGET)
+    check_nothing_left_over(source, slots + family.unwritten(source), TARGET)
     check_loader_types(source, slots)
     check_fused_pairs(source, slots)
     rounding = F16Rounding(source.origin)
