@@ -193,7 +193,7 @@ def test_a_type_the_loader_rejects_is_refused_before_any_file_exists(qwen_dir, w
     capsys.readouterr()
     assert cli(["export", str(ckpt), "--target", "transcribe.cpp", "-o", str(out)]) == 2
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "iq4_nl" in error and "transcribe.cpp" in error
+    assert len(error.splitlines()) == 1 and "iq4_nl" in error and "transcribe.cpp" in error and "--type" in error
     assert not list(out.parent.iterdir())  # no file, no temporary
 
 

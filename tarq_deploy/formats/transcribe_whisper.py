@@ -187,8 +187,8 @@ def matrix_type(source: WhisperSource, slot: TensorSlot) -> int:
         allowed = ", ".join(GGML_TYPE_NAMES[t].lower() for t in LOADER_TYPES)
         shown = GGML_TYPE_NAMES[ggml_type].lower() if ggml_type is not None else f"{source.lattice.spec_of(key)}"
         raise GGUFExportError(f"{source.origin}: {slot.hf_name} is on the {shown} lattice; {TARGET}'s loader takes "
-                              f"{allowed} for weight matrices, so the file would not load (quantize to one of "
-                              f"those types)")
+                              f"{allowed} for weight matrices, so the file would not load (quantize again with "
+                              f"--type / --tensor-type set to one of those)")
     return ggml_type
 
 
