@@ -1,5 +1,7 @@
 """Errors that describe bad user input; the CLI prints them without a traceback and exits with status 2."""
 
+import math
+
 
 # What json.loads raises on bad bytes: ValueError (not UTF-8, not JSON, an integer past Python's digit limit) and
 # RecursionError (arrays or objects nested thousands deep). Every reader of a JSON file it did not write catches these.
@@ -18,10 +20,16 @@ class CalibrationDataError(UserError, ValueError):
     """Too little calibration data for a layer (no positions reached it); the message names the layer."""
 
 
+def all_finite(tensor) -> bool:
+    """Whether a floating-point torch tensor holds no NaN or Inf. Its sum is finite when it does (one pass, no
+    mask); a sum that overflows (or a NaN or Inf) sends it to the element-wise check, which decides."""
+    return math.isfinite(float(tensor.detach().sum())) or bool(tensor.isfinite().all())
+
+
 def nonfinite_problem(tensor) -> str | None:
     """'3 NaN and 1 Inf values of 4096' when ``tensor`` (a torch tensor) is not all finite, else None. Takes the
     tensor's own methods, so this module imports nothing heavy."""
-    if not tensor.is_floating_point() or bool(tensor.isfinite().all()):
+    if not tensor.is_floating_point() or all_finite(tensor):
         return None
     nan = int(tensor.isnan().sum())
     inf = int(tensor.isinf().sum())

@@ -90,7 +90,7 @@ def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: 
     options = QuantizeOptions(method="gptq", n_calib=n_calib, seed=seed, group_size=GROUP_SIZE)
     chosen = select_calibration(load_corpus(calib), options)
     windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
-                                     options.encoder_tagging)
+                                     options.frame_tagging())
     tensors = {}
     for i, window in enumerate(windows):
         tensors[f"input_features.{i}"] = window.inputs["input_features"].to(torch.float32).contiguous()

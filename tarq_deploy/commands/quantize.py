@@ -67,8 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                             "holds fewer)")
     p.add_argument("--pool", choices=POOLS, default="random", help="how calibration utterances are chosen")
     p.add_argument("--seed", type=int, default=0, help="seed of the utterance selection and random reweighting")
-    p.add_argument("--encoder-tagging", choices=["align", "none"], default="align",
-                   help="tag rare words' encoder frames through the alignment heads, or tag no frames")
+    p.add_argument("--encoder-tagging", choices=["auto", "align", "none"], default="auto",
+                   help="tag rare words' encoder frames through the alignment heads, or tag no frames; auto: align "
+                        "for the methods that re-weight rare positions (tarq, rarebal), none for the others, whose "
+                        "metric sums the tags away")
     p.add_argument("--no-pack", action="store_true", help="one utterance per 30 s window instead of packing")
     p.add_argument("--head-identity-weight", type=float, default=1.0,
                    help="mu: weight of the token-lookup role in the tied head's metric")

@@ -58,7 +58,7 @@ class QuantizeOptions:
     n_calib: int = 128
     pool: str = "random"
     seed: int = 0
-    encoder_tagging: str = "align"
+    encoder_tagging: str = "auto"  # "align", "none", or auto: align only where the metric re-weights rare positions
     pack: bool = True
     head_identity_weight: float = 1.0
     percdamp: float = 0.01
@@ -70,6 +70,14 @@ class QuantizeOptions:
     def solver(self) -> TarqConfig:
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
                           scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule)
+
+    def frame_tagging(self) -> str:
+        """How encoder frames are tagged. The alignment pass (a full-precision run of the whole model per window) only
+        splits H into H_common and H_tail; a method whose metric is their sum (gptq, residual, imatrix) would add
+        them up again, so ``auto`` runs it only for the methods that re-weight the tail (tarq, rarebal)."""
+        if self.encoder_tagging != "auto":
+            return self.encoder_tagging
+        return "align" if self.solver().uses_rarebal else "none"
 
     def spec(self) -> LatticeSpec:
         return LatticeSpec(self.bits, self.group_size, self.scheme, self.scale_grid)
@@ -142,7 +150,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         stats = corpus_statistics(chosen, options.zipf_threshold)
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
-                                             options.encoder_tagging)
+                                             options.frame_tagging())
         peak_rss["windows"] = peak_rss_mb()
         if milestone:
             milestone("windows")

@@ -2,43 +2,57 @@
 metric weighs) and the input-error cross-moment H_delta (of the propagation-aware direction D).
 
 Memory is O(n^2) per layer whatever the number of calibration positions: each batch of activations is folded into
-the running sums and dropped. Each batch's product is formed in float32 (the paper stores its second moments in fp32;
-a float64 product costs 2-3x more on a CPU and far more on a GPU) and added to float64 running sums, so the rounding
-error of long sums stays at the per-batch level.
+the running sums and dropped.
+
+Arithmetic (the Hessian products are a third of a CPU calibration's time, so each is done once and no wider than
+needed):
+- one Gram product per batch, x^T x over *all* positions, and one over the tail positions (a small slice); the common
+  moment is their difference. Each Gram forms only its upper block triangle (``upper_gram_``), accumulated in place.
+- products are formed and summed in float32 (the paper keeps its second moments in fp32) for up to
+  ``FOLD_POSITIONS`` positions, then folded into float64 running sums: long sums keep float64's rounding, and the
+  n x n float32-to-float64 pass (as slow as the product itself for the decoder's short windows) runs once per fold
+  instead of once per window.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import CalibrationDataError, require_finite
 
 PRODUCT_DTYPE = torch.float32
+FOLD_POSITIONS = 16384  # positions summed in float32 before a fold into the float64 sums
+GRAM_PARTS = 4  # row blocks of the upper-triangular Gram product: 10 of 16 blocks formed instead of 16
 
 
-@dataclass
+def upper_gram_(buffer: torch.Tensor, x: torch.Tensor, parts: int = GRAM_PARTS) -> None:
+    """buffer += x^T x on the blocks on and above the diagonal only (x [N, n]); the rest of buffer is left as it was.
+
+    torch has no symmetric rank-k update (BLAS syrk). Cutting the rows of x^T x into ``parts`` blocks and forming
+    each block from the diagonal rightwards skips (parts - 1) / (2 parts) of the flops in GEMMs still large enough to
+    run at full speed (n = 2048: 50 ms against 75 ms for the whole product, 2 cores). BLAS's own syrk through SciPy
+    was as fast alone but slowed the model's next matmuls by a third: its idle threads spin on the cores torch needs."""
+    n = x.shape[1]
+    bounds = [round(i * n / parts) for i in range(parts + 1)] if n >= 512 else [0, n]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        buffer[start:stop, start:].addmm_(x[:, start:stop].T, x[:, start:])
+
+
 class LayerStats:
-    """Running H_common, H_tail and H_delta of one Linear with n inputs."""
+    """Running H_common, H_tail, H_delta and H_delta_tail of one Linear with n inputs; reading any of them folds
+    what is pending."""
 
-    n: int
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    H_common: torch.Tensor = field(init=False)
-    H_tail: torch.Tensor = field(init=False)
-    H_delta: torch.Tensor = field(init=False)
-    H_delta_tail: torch.Tensor = field(init=False)  # the tail positions' share of H_delta (rareBAL-weighted target)
-    n_common: int = 0
-    n_tail: int = 0
-    n_delta: int = 0
-
-    def __post_init__(self) -> None:
-        self.device = torch.device(self.device)
-        self.H_common, self.H_tail = self._zeros(), self._zeros()
+    def __init__(self, n: int, device: torch.device | str = "cpu") -> None:
+        self.n = n
+        self.device = torch.device(device)
+        self._H_common, self._H_tail = self._zeros(), self._zeros()
         # H_delta and H_delta_tail stay empty placeholders until a full-precision stream arrives: methods without
         # the residual step never fill them (fc2 of large-v3: 2 x 210 MB in float64 not held).
-        self.H_delta = self.H_delta_tail = torch.zeros((1, 1), dtype=torch.float64,
-                                                       device=self.device).expand(self.n, self.n)
+        self._H_delta = self._H_delta_tail = torch.zeros((1, 1), dtype=torch.float64,
+                                                         device=self.device).expand(n, n)
+        self.n_common = self.n_tail = self.n_delta = 0
+        self._pending: dict[str, torch.Tensor] = {}  # float32 sums not yet folded: gram, gram_tail, cross, cross_tail
+        self._pending_positions = 0
 
     def _zeros(self) -> torch.Tensor:
         return torch.zeros((self.n, self.n), dtype=torch.float64, device=self.device)
@@ -50,24 +64,107 @@ class LayerStats:
         mask = tail_mask.reshape(-1).to(torch.bool)
         if mask.shape[0] != x_q.shape[0]:
             raise ValueError(f"tail mask has {mask.shape[0]} positions, activations have {x_q.shape[0]}")
-        work = PRODUCT_DTYPE
-        x_q = x_q.to(self.device, work)
+        x_q = x_q.to(self.device, PRODUCT_DTYPE).contiguous()
         mask = mask.to(self.device)
-        x_tail, x_common = x_q[mask], x_q[~mask]
-        self.H_tail += (x_tail.T @ x_tail).to(torch.float64)
-        self.H_common += (x_common.T @ x_common).to(torch.float64)
+        x_tail = x_q[mask]
+        self._accumulate_gram("gram", x_q)
+        if x_tail.shape[0]:
+            self._accumulate_gram("gram_tail", x_tail)
         self.n_tail += int(x_tail.shape[0])
-        self.n_common += int(x_common.shape[0])
+        self.n_common += int(x_q.shape[0] - x_tail.shape[0])
         if x_fp is not None:
-            x_fp = x_fp.reshape(-1, self.n).to(self.device, work)
+            x_fp = x_fp.reshape(-1, self.n).to(self.device, PRODUCT_DTYPE)
             if x_fp.shape != x_q.shape:
                 raise ValueError(f"x_fp has shape {tuple(x_fp.shape)}, x_q has {tuple(x_q.shape)}")
-            delta = x_fp - x_q
-            if self.n_delta == 0:
-                self.H_delta, self.H_delta_tail = self._zeros(), self._zeros()
-            self.H_delta += (delta.T @ x_q).to(torch.float64)
-            self.H_delta_tail += (delta[mask].T @ x_tail).to(torch.float64)
+            delta = x_fp - x_q  # formed first: H_delta is small beside x_fp^T x_q, a difference of those would cancel
+            self._accumulate_product("cross", delta, x_q)
+            if x_tail.shape[0]:
+                self._accumulate_product("cross_tail", delta[mask], x_tail)
             self.n_delta += int(x_q.shape[0])
+        self._pending_positions += int(x_q.shape[0])
+        if self._pending_positions >= FOLD_POSITIONS:
+            self._fold()
+
+    def _accumulate_gram(self, key: str, x: torch.Tensor) -> None:
+        """pending[key] += x^T x, its upper triangle (see upper_gram_)."""
+        if key not in self._pending:
+            self._pending[key] = torch.zeros((self.n, self.n), dtype=PRODUCT_DTYPE, device=self.device)
+        upper_gram_(self._pending[key], x)
+
+    def _accumulate_product(self, key: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        """pending[key] += a^T b."""
+        if key not in self._pending:
+            self._pending[key] = torch.zeros((self.n, self.n), dtype=PRODUCT_DTYPE, device=self.device)
+        self._pending[key].addmm_(a.T, b)
+
+    def _fold(self) -> None:
+        """Add the pending float32 sums to the float64 ones: H_tail += tail Gram, H_common += Gram - tail Gram."""
+        if not self._pending:
+            return
+        pending, self._pending, self._pending_positions = self._pending, {}, 0
+        gram, gram_tail = (self._full(pending.get(k)) for k in ("gram", "gram_tail"))
+        if gram is not None:
+            self._H_common.add_(gram)
+        if gram_tail is not None:
+            self._H_common.sub_(gram_tail)
+            self._H_tail.add_(gram_tail)
+        for key, attribute in (("cross", "_H_delta"), ("cross_tail", "_H_delta_tail")):
+            if key in pending:
+                self._widen_delta()
+                getattr(self, attribute).add_(pending[key])
+
+    @staticmethod
+    def _full(buffer: torch.Tensor | None) -> torch.Tensor | None:
+        """The whole symmetric matrix of a Gram buffer, from its upper triangle."""
+        if buffer is None:
+            return None
+        upper = torch.triu(buffer)
+        return upper + torch.triu(upper, diagonal=1).T
+
+    def _widen_delta(self) -> None:
+        if self._H_delta.stride() == (0, 0):  # still the placeholder
+            self._H_delta, self._H_delta_tail = self._zeros(), self._zeros()
+
+    # The moments, folded on reading. Assigning one (a test planting a metric) replaces it.
+    @property
+    def H_common(self) -> torch.Tensor:
+        self._fold()
+        return self._H_common
+
+    @H_common.setter
+    def H_common(self, value: torch.Tensor) -> None:
+        self._fold()
+        self._H_common = value
+
+    @property
+    def H_tail(self) -> torch.Tensor:
+        self._fold()
+        return self._H_tail
+
+    @H_tail.setter
+    def H_tail(self, value: torch.Tensor) -> None:
+        self._fold()
+        self._H_tail = value
+
+    @property
+    def H_delta(self) -> torch.Tensor:
+        self._fold()
+        return self._H_delta
+
+    @H_delta.setter
+    def H_delta(self, value: torch.Tensor) -> None:
+        self._fold()
+        self._H_delta = value
+
+    @property
+    def H_delta_tail(self) -> torch.Tensor:
+        self._fold()
+        return self._H_delta_tail
+
+    @H_delta_tail.setter
+    def H_delta_tail(self, value: torch.Tensor) -> None:
+        self._fold()
+        self._H_delta_tail = value
 
     def check_usable(self, name: str) -> None:
         """CalibrationDataError when no calibration position reached the layer ``name`` (a layer with no *tail*
@@ -76,7 +173,10 @@ class LayerStats:
             raise CalibrationDataError(f"{name}: no calibration positions reached this layer, so it cannot be "
                                        f"calibrated (give more or longer utterances, or use --method rtn)")
         for label in ("H_common", "H_tail", "H_delta", "H_delta_tail"):
-            require_finite(f"{name}: calibration statistic {label}", getattr(self, label),
+            moment = getattr(self, label)
+            if moment.stride() == (0, 0):  # a placeholder: one value stands for all
+                moment = moment[:1, :1]
+            require_finite(f"{name}: calibration statistic {label}", moment,
                            " (its inputs hold NaN or Inf: a non-finite weight or audio sample upstream of it)")
 
     @property

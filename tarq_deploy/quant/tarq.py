@@ -214,9 +214,11 @@ def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> 
     group."""
     # float32 products summed in float64: a log figure, where a float64 product of the 51864-row head costs seconds.
     dW = W.float() - W_hat.dequantize().to(W.device)
-    common = float(((dW @ stats.H_common.to(dW.device, torch.float32)) * dW).sum(dtype=torch.float64))
-    tail = float(((dW @ stats.H_tail.to(dW.device, torch.float32)) * dW).sum(dtype=torch.float64))
-    return common / max(stats.n_common, 1), tail / max(stats.n_tail, 1)
+
+    def loss(H: torch.Tensor, count: int) -> float:  # an empty group (no tail frames untagged) costs no product
+        return float(((dW @ H.to(dW.device, torch.float32)) * dW).sum(dtype=torch.float64)) / count if count else 0.0
+
+    return loss(stats.H_common, stats.n_common), loss(stats.H_tail, stats.n_tail)
 
 
 def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: float, tr_common: float,
