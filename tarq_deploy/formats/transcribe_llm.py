@@ -25,6 +25,7 @@ keys (``is_transcribe_voxtral``).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, replace
@@ -264,8 +265,13 @@ def _special_id(vocab: TekkenVocab, token: str, origin: str) -> int:
 
 def _byte_level(piece: bytes) -> str:
     """GPT-2's byte-level spelling of ``piece`` (the alphabet tokenizer.ggml.tokens of a "gpt2" model uses)."""
-    table = {b: c for c, b in crispasr_voxtral._unicode_to_byte().items()}
+    table = _byte_to_unicode()
     return "".join(table[b] for b in piece)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_to_unicode() -> dict[int, str]:
+    return {b: c for c, b in crispasr_voxtral._unicode_to_byte().items()}
 
 
 def tekken_merges(vocab: TekkenVocab) -> list[str]:
