@@ -49,6 +49,7 @@ from .model_files import ModelTensors
 from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, HF_EMBEDDING,
                              HF_LM_HEAD, PAD_TOKEN, TOKEN_CONTROL, TOKEN_NORMAL, Qwen3ASRSource,
                              check_nothing_left_over, gguf_vocab, qwen3_asr_slots)
+from .qwen3_asr_gguf import as_source as qwen3_as_source, float_model_source as qwen3_float_source
 from .transcribe_whisper import TARGET, _main_type, _table_diff, check_loader_types, matrix_type, pack_slot
 
 QWEN3_ASR_ARCH, VOXTRAL_ARCH = "qwen3_asr", "voxtral"
@@ -305,36 +306,20 @@ class Family:
     unwritten: Callable[[Any], list[TensorSlot]] = lambda source: []
 
 
-def _voxtral_source(source: Any) -> VoxtralSource:
-    return crispasr_voxtral.as_source(source)
-
-
-def _qwen3_source(source: Any) -> Qwen3ASRSource:
-    from .qwen3_asr_gguf import as_source
-
-    return as_source(source)
-
-
 def _keys(prefix: str, encoder: tuple[str, ...], decoder: tuple[str, ...]) -> tuple[str, ...]:
     return (*(f"{prefix}.encoder.{k}" for k in encoder), *(f"{prefix}.decoder.{k}" for k in decoder),
             f"{prefix}.audio_token_id", "stt.frontend.num_mels", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
 
 
-def _float_qwen3(directory: str) -> Qwen3ASRSource:
-    from .qwen3_asr_gguf import float_model_source
-
-    return float_model_source(directory)
-
-
 QWEN3_ASR = Family(
-    QWEN3_ASR_ARCH, "Qwen3-ASR", _qwen3_source, _float_qwen3, qwen3_slots, qwen3_tables, qwen3_metadata,
+    QWEN3_ASR_ARCH, "Qwen3-ASR", qwen3_as_source, qwen3_float_source, qwen3_slots, qwen3_tables, qwen3_metadata,
     _keys("stt.qwen3_asr", ("n_layers", "d_model", "n_heads", "ffn_dim", "num_mel_bins", "downsample_hidden"),
           ("n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size")),
     ("stt.qwen3_asr.encoder.n_layers", "stt.qwen3_asr.encoder.d_model", "stt.qwen3_asr.decoder.n_layers",
      "stt.qwen3_asr.decoder.hidden_size"), qwen3_tied_head)
 VOXTRAL = Family(
-    VOXTRAL_ARCH, "Voxtral", _voxtral_source, crispasr_voxtral.float_model_source, voxtral_slots, voxtral_tables,
-    voxtral_metadata,
+    VOXTRAL_ARCH, "Voxtral", crispasr_voxtral.as_source, crispasr_voxtral.float_model_source, voxtral_slots,
+    voxtral_tables, voxtral_metadata,
     _keys("stt.voxtral", ("n_layers", "d_model", "n_heads", "ffn_dim", "num_mel_bins", "max_source_positions"),
           ("n_layers", "hidden_size", "intermediate_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size")),
     ("stt.voxtral.encoder.n_layers", "stt.voxtral.encoder.d_model", "stt.voxtral.decoder.n_layers",
