@@ -101,7 +101,7 @@ def _quiet_transformers() -> None:
 def open_torch(spec: ModelSpec, options: DecodeOptions) -> TorchTranscriber:
     found = resolve_source(spec.source)
     bundle, loaded_as = load_torch_bundle(spec, found)
-    whisper_cpp = found.kind is SourceKind.WHISPER_CPP
+    whisper_cpp = found.kind is SourceKind.WHISPER_CPP or _is_transcribe_whisper(found)
     origin = {"loaded_as": loaded_as, **({"tokenizer": spec.tokenizer} if whisper_cpp else {})}
     return TorchTranscriber(bundle, options, origin)
 
@@ -120,6 +120,8 @@ def load_torch_bundle(spec: ModelSpec, found: ModelSource | None = None) -> tupl
             return load_dequantized_whisper(source), "lattice checkpoint, dequantized (s * q)"
         if found.kind is SourceKind.WHISPER_CPP:
             return load_whisper_cpp_in_torch(source, spec.tokenizer), "whisper.cpp file, dequantized"
+        if _is_transcribe_whisper(found):
+            return load_transcribe_whisper_in_torch(source, spec.tokenizer), "transcribe.cpp file, dequantized"
         from ..models.loader import load_whisper
 
         return load_whisper(found), "float model"
@@ -153,6 +155,39 @@ def load_whisper_cpp_in_torch(path: str, companion: str | None):
     if missing or unexpected:
         raise UserError(f"{path}: tensors do not fit the Whisper model (missing {missing[:3]}, unexpected "
                         f"{unexpected[:3]})")
+    return model.float().eval(), processor, generation_config
+
+
+def _is_transcribe_whisper(found: ModelSource) -> bool:
+    from tarq_deploy.formats.transcribe_whisper import ARCH
+
+    return found.kind is SourceKind.GGUF and found.architecture == ARCH
+
+
+def load_transcribe_whisper_in_torch(path: str, companion: str | None):
+    """A transformers Whisper whose every tensor is the transcribe.cpp GGUF's value (dequantized by gguf-py), so the
+    teacher-forced figures of a sweep's score step measure the file a user runs; config and tokenizer from
+    ``companion`` as for a whisper.cpp file."""
+    import torch
+
+    from tarq_deploy.formats.gguf_file import read_gguf
+    from tarq_deploy.formats.transcribe_whisper import tensor_slots
+
+    if companion is None:
+        raise UserError(f"{path}: the torch backend needs a tokenizer and config for a transcribe.cpp file; give "
+                        f"--tokenizer SOURCE (e.g. packaged:base)")
+    model, processor, generation_config = _load_companion(companion)
+    gguf = read_gguf(path)
+    wanted = model.state_dict()
+    state = {}
+    for slot in tensor_slots(model.config.to_dict()):
+        record = gguf.tensors.get(slot.name)
+        if record is None or record.shape != tuple(slot.shape) or slot.hf_name not in wanted:
+            raise UserError(f"{path}: tensor {slot.name} is missing or not of --tokenizer {companion}'s shape "
+                            f"{tuple(slot.shape)}")
+        state[slot.hf_name] = torch.from_numpy(gguf.dequantize(slot.name).copy()).reshape(wanted[slot.hf_name].shape)
+    state["proj_out.weight"] = state["model.decoder.embed_tokens.weight"]  # tied: the runtime's logits use it
+    model.load_state_dict(state, strict=False)
     return model.float().eval(), processor, generation_config
 
 

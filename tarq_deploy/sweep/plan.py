@@ -8,11 +8,15 @@ by their key and an interrupted sweep resumes where it stopped. Steps with the s
 read the calibration corpus, so its cells under two corpora share their steps.
 
     [sweep]
-    target = "whisper.cpp"            # export target of every cell (whisper.cpp or crispasr)
+    target = "whisper.cpp"            # export target of every cell (whisper.cpp, crispasr or transcribe.cpp)
     methods = ["gptq", "tarq"]        # quantize --method values
     types = ["q4_0", "q8_0"]          # lattice types (see TYPES); "q4_0-g128": a symmetric type whose lattice has
                                       # one scale per 128 input columns (quantize --group-size 128; the file holds
-                                      # q4_0 blocks, each carrying its group's scale)
+                                      # q4_0 blocks, each carrying its group's scale); for transcribe.cpp
+                                      # also its presets "q4_k_m", "q5_k_m" (quantize --tensor-type q4_k_m)
+                                      # and the names of [mixes]
+    type_methods = { q8_0 = ["ggml"] } # the methods that make a type where not all of `methods` should (a type
+                                      # not named here is made by every method)
     baseline = "gptq"                 # the report's paired differences: every method minus this one (or a list:
                                       # every method minus each of them)
     steps = ["quantize", "export", "verify", "eval", "score", "bench"]
@@ -30,6 +34,11 @@ rare and common positions, both files loaded in PyTorch; ``eval --teacher-forced
 
     [evaluation]                      # name = manifest
     dev = "corpora/synth/eval.jsonl"
+
+    [mixes]                           # GGUF targets: name = {type = body type, tensor_type = [PATTERN=TYPE,
+                                      # ...]} (quantize --type, --tensor-type each; first match wins); a name
+                                      # listed in [sweep] types is one grid type
+    "q4_k-emb_q6_k" = { type = "q4_k", tensor_type = ["proj_out=q6_k"] }
 
     [quantize]                        # more `quantize` options for every cell (option = value; true = a flag)
     seed = 0
@@ -80,14 +89,16 @@ class LatticeType:
     name: str
     bits: int
     group_size: int
+    body: str = ""  # a preset's or mix's --type (its weight matrices' type, less the overrides); "" = from name
+    tensor_types: tuple[str, ...] = ()  # its --tensor-type values: a preset's name, or PATTERN=TYPE rules
 
     @property
     def ggml_type(self) -> str:
-        return ggml_type_of(self.name)
+        return self.body or ggml_type_of(self.name)
 
     @property
     def group_option(self) -> int | None:
-        return None if self.name == self.ggml_type else self.group_size
+        return None if self.body or self.name == self.ggml_type else self.group_size
 
 
 # The ggml types a lattice is made for (quant/choices.py; each written bit-exactly, quant/ggml_types.py).
@@ -103,7 +114,11 @@ def ggml_type_of(type_name: str) -> str:
 # methods that run ggml's own quantizer, which writes each type at its own grouping only
 NATIVE_GROUP_METHODS = frozenset({"ggml", "imatrix"})
 # target -> (runtime that evaluates its files, file suffix)
-TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf")}
+TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf"),
+                                       "transcribe.cpp": ("transcribe.cpp", ".gguf")}
+PRESET_TARGET = "transcribe.cpp"  # the target whose own presets (quant/presets.py) a sweep may name as types
+MIX_TARGETS = ("crispasr", "transcribe.cpp")  # the sweep targets whose files hold a type per tensor
+MIX_KEYS = ("type", "tensor_type")
 EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list}
 BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int}
 
@@ -168,6 +183,11 @@ class Sweep:
     quantize_options: dict[str, Any]
     eval_options: dict[str, Any]
     bench_options: dict[str, Any]
+    type_methods: dict[str, tuple[str, ...]] = field(default_factory=dict)  # type -> its methods, where restricted
+
+    def makes(self, method: str, type_name: str) -> bool:
+        """Whether the grid has a cell of ``method`` at ``type_name`` ([sweep] type_methods)."""
+        return method in self.type_methods.get(type_name, self.methods)
 
     @property
     def runtime(self) -> str:
@@ -203,7 +223,9 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     for method in methods:
         if method not in KNOWN_METHODS:
             raise UserError(f"{source}: [sweep] methods: unknown method {method!r} (known: {', '.join(KNOWN_METHODS)})")
-    types = tuple(_lattice_type(name, source) for name in _strings(head, "types", source, default=["q4_0"]))
+    mixes = _mixes(_table(doc, "mixes", source), target, source)
+    types = tuple(mixes[name] if name in mixes else _lattice_type(name, target, source)
+                  for name in _strings(head, "types", source, default=["q4_0"]))
     grouped = [t.name for t in types if t.group_option is not None]
     if grouped and any(k.replace("-", "_") == "group_size" for k in _table(doc, "quantize", source)):
         raise UserError(f"{source}: [quantize] group_size and [sweep] types {', '.join(grouped)} both set a group "
@@ -248,16 +270,17 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baselines, reference,
                  _quantize_options(_table(doc, "quantize", source), source),
                  eval_options,
-                 _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source))
+                 _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source),
+                 _type_methods(head.get("type_methods", {}), types, methods, source))
 
 
 # ----------------------------------------------------------------------------------------- names, read strictly
 # Every table and key the reader takes; anything else is a typo that would otherwise leave a default in force.
-SWEEP_KEYS = ("target", "methods", "types", "baseline", "steps", "reference")
-TABLES = ("sweep", "models", "calibration", "evaluation", "quantize", "eval", "bench")
+SWEEP_KEYS = ("target", "methods", "types", "type_methods", "baseline", "steps", "reference")
+TABLES = ("sweep", "models", "calibration", "evaluation", "mixes", "quantize", "eval", "bench")
 CORPUS_KEYS = ("manifest", "n")
 # quantize options a cell sets itself from the grid and the [calibration] table: a [quantize] value would override it
-CELL_OPTIONS = frozenset({"model", "method", "target", "type", "calib", "n_calib", "out"})
+CELL_OPTIONS = frozenset({"model", "method", "target", "type", "tensor_type", "calib", "n_calib", "out"})
 
 
 def _check_layout(doc: dict, source: Path) -> None:
@@ -281,6 +304,9 @@ def _check_layout(doc: dict, source: Path) -> None:
     for name, value in _table(doc, "calibration", source).items():
         if isinstance(value, dict):
             _check_keys(value, CORPUS_KEYS, f"[calibration] {name}", source)
+    for name, value in _table(doc, "mixes", source).items():
+        if isinstance(value, dict):
+            _check_keys(value, MIX_KEYS, f"[mixes] {name}", source)
 
 
 def _check_keys(table: dict, allowed: Iterable[str], where: str, source: Path) -> None:
@@ -302,7 +328,7 @@ def _check_quantize_keys(table: dict, source: Path) -> None:
     for key in table:
         if key.replace("-", "_") in CELL_OPTIONS:
             raise UserError(f"{source}: [quantize]: `{key}` is set for each cell by the sweep itself ([sweep] "
-                            f"methods, types and target, [models], [calibration] with its n); leave it out here")
+                            f"methods, types and target, [mixes], [models], [calibration] with its n); leave it out here")
     _check_keys({key.replace("-", "_"): value for key, value in table.items()}, sorted(_quantize_actions()),
                 "[quantize]", source)
 
@@ -389,14 +415,23 @@ def _strings(table: dict, key: str, source: Path, default: list[str] | None = No
     return list(dict.fromkeys(value))
 
 
-def _lattice_type(name: str, source: Path) -> LatticeType:
-    """A ggml type by name, or TYPE-gN: a symmetric type at another of the solvers' group sizes."""
+def _lattice_type(name: str, target: str, source: Path) -> LatticeType:
+    """A ggml type by name, TYPE-gN: a symmetric type at another of the solvers' group sizes, or for transcribe.cpp
+    one of its presets (q4_k_m: its per-tensor types, quantize --tensor-type q4_k_m)."""
     from ..quant.lattice import SUPPORTED_GROUP_SIZES
+    from ..quant.presets import PRESETS
 
+    if name in PRESETS:
+        if target != PRESET_TARGET:
+            raise UserError(f"{source}: [sweep] types: {name!r} is {PRESET_TARGET}'s preset; it needs target = "
+                            f"\"{PRESET_TARGET}\" (this file's target is {target!r})")
+        main = PRESETS[name].main
+        return LatticeType(name, TYPES[main].bits, TYPES[main].group_size, main, (name,))
     base, _, group = name.partition(GROUP_SUFFIX)
     if base not in TYPES:
-        raise UserError(f"{source}: [sweep] types: unknown type {name!r} (known: {', '.join(TYPES)}, or TYPE-gN for "
-                        f"a symmetric type at group size N)")
+        presets = f", {PRESET_TARGET}'s presets {', '.join(PRESETS)}" if target == PRESET_TARGET else ""
+        raise UserError(f"{source}: [sweep] types: unknown type {name!r} (known: {', '.join(TYPES)}{presets}, a "
+                        f"[mixes] name, or TYPE-gN for a symmetric type at group size N)")
     if not group:
         return TYPES[base]
     sizes = [g for g in SUPPORTED_GROUP_SIZES if g > 0]
@@ -405,6 +440,57 @@ def _lattice_type(name: str, source: Path) -> LatticeType:
         raise UserError(f"{source}: [sweep] types: {name!r}: a group size is for the symmetric types "
                         f"({', '.join(symmetric)}), as TYPE-gN with N one of {', '.join(map(str, sizes))}")
     return LatticeType(name, TYPES[base].bits, int(group))
+
+
+def _type_methods(value: Any, types: tuple[LatticeType, ...], methods: tuple[str, ...],
+                  source: Path) -> dict[str, tuple[str, ...]]:
+    """[sweep] type_methods: {type = [method, ...]}, each type one of types, each method one of methods."""
+    where = f"{source}: [sweep] type_methods"
+    if not isinstance(value, dict):
+        raise UserError(f"{where} must be a table {{type = [method, ...]}}, not {value!r}")
+    names = [t.name for t in types]
+    restricted = {}
+    for type_name, chosen in value.items():
+        if type_name not in names:
+            raise UserError(f"{where}: {type_name!r} is not one of [sweep] types ({', '.join(names)})")
+        if not isinstance(chosen, list) or not chosen or not all(isinstance(m, str) for m in chosen):
+            raise UserError(f"{where}: {type_name} must be a non-empty list of methods")
+        for method in chosen:
+            if method not in methods:
+                raise UserError(f"{where}: {type_name}: {method!r} is not one of [sweep] methods")
+        restricted[type_name] = tuple(dict.fromkeys(chosen))
+    return restricted
+
+
+def _mixes(table: dict, target: str, source: Path) -> dict[str, LatticeType]:
+    """[mixes]: name = {type = BODY, tensor_type = [PATTERN=TYPE, ...]}, each rule checked as quantize checks it."""
+    from ..quant.presets import PRESETS
+    from ..quant.recipe import parse_tensor_type
+
+    if table and target not in MIX_TARGETS:
+        raise UserError(f"{source}: [mixes]: target {target!r} holds one type for every weight matrix; mixes are for "
+                        f"{', '.join(MIX_TARGETS)}")
+    mixes = {}
+    for name, value in table.items():
+        where = f"{source}: [mixes] {name}"
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: expected {{type = \"q4_k\", tensor_type = [\"PATTERN=TYPE\", ...]}}")
+        if name in TYPES or name in PRESETS or GROUP_SUFFIX in name or "/" in name or not name.strip():
+            raise UserError(f"{where}: a mix needs a name of its own (not a type or preset, no '/' or "
+                            f"'{GROUP_SUFFIX}')")
+        body = value.get("type")
+        if body not in TYPES:
+            raise UserError(f"{where}: type {body!r} must be the body's ggml type, one of {', '.join(TYPES)}")
+        rules = value.get("tensor_type")
+        if not isinstance(rules, list) or not rules or not all(isinstance(r, str) for r in rules):
+            raise UserError(f"{where}: tensor_type must be a non-empty list of \"PATTERN=TYPE\" strings")
+        for rule in rules:
+            try:
+                parse_tensor_type(rule)
+            except ValueError as error:
+                raise UserError(f"{where}: tensor_type {error}") from None
+        mixes[name] = LatticeType(name, TYPES[body].bits, TYPES[body].group_size, body, tuple(rules))
+    return mixes
 
 
 def _path(value: Any, base: Path) -> Path:
@@ -494,6 +580,8 @@ def plan_cells(sweep: Sweep, model_hashes: Mapping[str, str], corpus_hashes: Map
                 if index and method in METHODS_WITHOUT_DATA:
                     continue  # one cell, whatever the corpus
                 for lattice in sweep.types:
+                    if not sweep.makes(method, lattice.name):
+                        continue
                     cells.append(_cell(sweep, model, source, corpus, method, lattice, model_hashes[model],
                                        corpus_hashes, code, steps))
     if "bench" in sweep.steps:
@@ -517,6 +605,7 @@ def _cell(sweep: Sweep, model: str, source: str, corpus: Corpus, method: str, la
     group = {} if lattice.group_option is None else {"group_size": lattice.group_option}
     quantize = {"model": source, "model_hash": model_key, "method": method, "target": sweep.target,
                 "type": lattice.ggml_type, **group, "options": sweep.quantize_options,
+                **({"tensor_type": list(lattice.tensor_types)} if lattice.tensor_types else {}),
                 **({"calib": str(corpus.manifest), "corpus_hash": corpus_hashes[corpus.manifest], "n_calib": corpus.n}
                    if uses_data else {})}
     chain = {"quantize": _add(steps, "quantize", quantize, (), code)}

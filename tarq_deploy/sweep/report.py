@@ -30,7 +30,8 @@ def build_sweep_report(sweep: Sweep, run: SweepRun) -> dict[str, Any]:
     status = describe(run.cells, run.results)
     return {"sweep": {"file": sweep.path.name, "target": sweep.target, "methods": list(sweep.methods),
                       "types": [t.name for t in sweep.types], "baseline": list(sweep.baselines), "steps": list(sweep.steps),
-                      "eval_options": sweep.eval_options},
+                      "eval_options": sweep.eval_options,
+                      **({"bodies": bodies} if (bodies := {t.name: t.body for t in sweep.types if t.body}) else {})},
             "cells": [{**status(c), "file_mib": _file_mib(c, run)} for c in run.cells],
             "models": [_model_section(sweep, run, model) for model in sweep.models]}
 
@@ -148,6 +149,7 @@ def frontier_rows(report: dict) -> list[dict[str, Any]]:
     decoded figures (WER, rare-WER raw and capped, loops), retention and the teacher-forced KLDs, when measured: the
     size / quality frontier as a table."""
     mib = {c["cell"]: c["file_mib"] for c in report["cells"]}
+    bodies = report["sweep"].get("bodies", {})  # a preset's or mix's body type: its bits/weight column
     rows = []
     for model in report["models"]:
         for dataset in (model["evaluation"] or {}).get("datasets", []):
@@ -158,7 +160,7 @@ def frontier_rows(report: dict) -> list[dict[str, Any]]:
                 tf = figures.get(row["label"], {})
                 rows.append({"model": model["model"], "dataset": dataset["name"], "cell": row["label"],
                              "backend": row["backend"], "type": type_name, "method": method, "file_mib": mib[row["label"]],
-                             "type_bpw": type_bits_per_weight(type_name),
+                             "type_bpw": type_bits_per_weight(bodies.get(type_name, type_name)),
                              **{k: row[k]["value"] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")},
                              "loops": row["loops"], "retention": retention.get(row["key"]),
                              **{k: tf[k]["value"] if k in tf else None for k in ("kld_rare", "kld_common")}})

@@ -184,7 +184,8 @@ def _quantize(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int)
         if "calib" in p else []
     _tarq_deploy(["quantize", "--model", p["model"], "--method", p["method"], "--target", p["target"],
                   "--type", p["type"], *(["--group-size", str(p["group_size"])] if "group_size" in p else []),
-                  *data, *_flags(p["options"]),
+                  *data, *(arg for rule in p.get("tensor_type", ()) for arg in ("--tensor-type", rule)),
+                  *_flags(p["options"]),
                   "--out", str(checkpoint)], folder, cpus)
     return {"checkpoint": str(checkpoint)}
 
