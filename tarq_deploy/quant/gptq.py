@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy.linalg.lapack import dpotri
+from threadpoolctl import threadpool_limits
 
 from ..errors import all_finite
 from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
@@ -70,18 +71,17 @@ def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool 
     return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm)
 
 
-LAPACK_INVERSE_FROM = 1024  # n from which the CPU inverse goes through SciPy's LAPACK (see _inverse_from_cholesky)
-
-
 def _inverse_from_cholesky(L: torch.Tensor) -> torch.Tensor:
     """(L L^T)^-1 from its lower Cholesky factor L (float64).
 
-    On the CPU, from n = 1024, LAPACK's dpotri through SciPy: torch's cholesky_inverse took 0.83 s at n = 2048 where
-    dpotri takes 0.11 s (2 cores), and a calibration inverts one such metric per MLP. Below that size the BLAS
-    threads dpotri leaves spinning cost the next matmuls more than it saves."""
-    if L.device.type != "cpu" or L.shape[0] < LAPACK_INVERSE_FROM:
+    On the CPU, LAPACK's dpotri through SciPy on one BLAS thread. torch's cholesky_inverse took 0.83 s at n = 2048
+    on the idle 2-core EPYC where dpotri takes 0.11 s, and 18 s against 0.5 s with the cores oversubscribed; on two
+    threads dpotri's spinning workers slowed the next matmuls and were no faster under load. One thread also keeps
+    the bytes independent of the thread count."""
+    if L.device.type != "cpu":
         return torch.cholesky_inverse(L)
-    inverse, info = dpotri(L.numpy(), lower=1)
+    with threadpool_limits(limits=1, user_api="blas"):
+        inverse, info = dpotri(L.numpy(), lower=1)
     if info != 0:
         raise torch.linalg.LinAlgError(f"dpotri failed (info {info}) on a factor that Cholesky accepted")
     lower = torch.from_numpy(inverse).tril()
