@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from tarq_deploy.bench.calibration import (DIMS, _progress, beyond_a_stopped_cell, cell_figures, main,
+from tarq_deploy.bench.calibration import (DIMS, _progress, beyond_a_stopped_cell, cell_figures, child_launch, main,
                                          speedups_over_baseline, tarq_over_gptq)
 
 
@@ -89,3 +92,23 @@ def test_speedups_pair_each_cell_with_its_baseline_run():
                                              "calibration": 2.25, "peak_rss": 1.5}]
     assert tarq_over_gptq([r for r in rows if r.get("code") != "baseline"]) == [
         {"dims": "base", "n": 128, "ratio": pytest.approx(1.2)}]
+
+
+def test_a_baseline_child_imports_the_baseline_package(tmp_path, monkeypatch):
+    """Started from this repository's root (where `python -m` would find the current package first), the baseline
+    cell's child imports the package of --baseline-code: here a stand-in whose calibration module names itself."""
+    stand_in = tmp_path / "old-checkout" / "tarq_deploy"
+    (stand_in / "bench").mkdir(parents=True)
+    (stand_in / "__init__.py").write_text("")
+    (stand_in / "bench" / "__init__.py").write_text("")
+    (stand_in / "bench" / "calibration.py").write_text("import tarq_deploy\nprint('PACKAGE', tarq_deploy.__file__)\n")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    args = argparse.Namespace(model="packaged:base", processor="packaged:tiny.en", device="cpu", group_size=32,
+                              threads=1, type=None, source_dtype="float16", baseline_code=str(stand_in.parent))
+    for baseline, expected in ((True, stand_in), (False, Path(__file__).resolve().parents[1] / "tarq_deploy")):
+        cmd, env, cwd = child_launch(args, "gptq", tmp_path / "calib.jsonl", None, 8, baseline)
+        done = subprocess.run(cmd if baseline else [sys.executable, "-c", "import tarq_deploy; print('PACKAGE', "
+                                                    "tarq_deploy.__file__)"],
+                              env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+        printed = next(line for line in done.stdout.splitlines() if line.startswith("PACKAGE"))
+        assert Path(printed.split(" ", 1)[1]).resolve().parent == expected.resolve(), (baseline, done.stdout)

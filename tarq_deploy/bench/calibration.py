@@ -169,7 +169,10 @@ def cell_figures(args: argparse.Namespace, stages: dict[str, dict], timing: dict
     import torch
 
     solve = sum(layer["seconds"] or 0.0 for layer in timing["layers"])
+    import tarq_deploy
+
     figures = {"method": args.method, "dims": args.dims or args.model, "n": args.n, "type": args.type or "",
+               "package": str(Path(tarq_deploy.__file__).resolve().parent),
                "wall_s": stages["done"]["at_s"], "calibration_s": timing["seconds"],
                "stage_s": {"model": stages["model"]["at_s"],
                            "windows": stages["windows"]["at_s"] - stages["model"]["at_s"],
@@ -196,22 +199,36 @@ def _peak_rss_mb(status: Path = Path("/proc/self/status")) -> float:
     return float("nan")
 
 
+def child_launch(args: argparse.Namespace, method: str, manifest: Path, dims: str | None, n: int,
+                 baseline: bool = False) -> tuple[list[str], dict[str, str], str | None]:
+    """The command, environment and working directory of a cell's child. A baseline child runs in --baseline-code:
+    ``python -m`` puts its working directory first on sys.path, so one started from this repository's root would
+    import this package, whatever PYTHONPATH says, and time the current code twice (which the rows before this was
+    found did; each row now names the package its child imported)."""
+    model, processor = (str(Path(v).resolve()) if Path(v).exists() else v for v in (args.model, args.processor))
+    cmd = [sys.executable, "-m", "tarq_deploy.bench.calibration", "--child", "--method", method,
+           "--manifest", str(Path(manifest).resolve()), "--model", model, "--n", str(n), "--device", args.device,
+           "--group-size", str(args.group_size), "--threads", str(args.threads or 0),
+           *(["--type", args.type] if args.type else [])]
+    if dims:
+        cmd += ["--dims", dims, "--processor", processor, *([] if baseline else ["--source-dtype", args.source_dtype])]
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    if not baseline:
+        return cmd, env, None
+    code = str(Path(args.baseline_code).resolve())
+    env["PYTHONPATH"] = os.pathsep.join([code, env.get("PYTHONPATH", "")])
+    return cmd, env, code
+
+
 def run_child(args: argparse.Namespace, method: str, manifest: Path, dims: str | None, n: int,
               baseline: bool = False) -> dict:
     """One cell in a fresh child. A child over --max-seconds is stopped and its row says how far it got (last stage,
     RSS high-water mark read just before the stop); one that dies (out of memory, most likely) is a failed row.
     ``baseline``: the child imports the package from --baseline-code (an older checkout) instead."""
-    cmd = [sys.executable, "-m", "tarq_deploy.bench.calibration", "--child", "--method", method, "--manifest", str(manifest),
-           "--model", args.model, "--n", str(n), "--device", args.device, "--group-size", str(args.group_size),
-           "--threads", str(args.threads or 0), *(["--type", args.type] if args.type else [])]
-    if dims:
-        cmd += ["--dims", dims, "--processor", args.processor, *([] if baseline else ["--source-dtype", args.source_dtype])]
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    if baseline:
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(args.baseline_code).resolve()), env.get("PYTHONPATH", "")])
+    cmd, env, cwd = child_launch(args, method, manifest, dims, n, baseline)
     load = settled_load(args.settle_seconds)
     cell = {**cell_name(args, method, dims, n), **load, **({"code": "baseline"} if baseline else {})}
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=args.max_seconds)
         except subprocess.TimeoutExpired:
