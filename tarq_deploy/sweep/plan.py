@@ -328,7 +328,8 @@ def _check_quantize_keys(table: dict, source: Path) -> None:
     for key in table:
         if key.replace("-", "_") in CELL_OPTIONS:
             raise UserError(f"{source}: [quantize]: `{key}` is set for each cell by the sweep itself ([sweep] "
-                            f"methods, types and target, [mixes], [models], [calibration] with its n); leave it out here")
+                            f"methods, types and target, [mixes], [models], [calibration] with its n); leave it out "
+                            f"here")
     _check_keys({key.replace("-", "_"): value for key, value in table.items()}, sorted(_quantize_actions()),
                 "[quantize]", source)
 
