@@ -234,7 +234,7 @@ def test_second_sweep_into_one_out_is_refused_naming_the_holder(tmp_path, capsys
 # ------------------------------------------------------------------------------------------ sweep file, strictly
 @pytest.mark.parametrize("sweep_keys, tables, fragments", [
     ('methdos = ["gptq"]', "", ("[sweep]: unknown key `methdos`", "did you mean `methods`?",
-                                "allowed: target, methods, types, baseline, steps, reference")),
+                                "allowed: target, methods, types, type_methods, baseline, steps, reference")),
     ('basline = "rtn"', "", ("unknown key `basline`", "did you mean `baseline`?")),
     ("refrence = false", "", ("unknown key `refrence`", "did you mean `reference`?")),
     ("", "[eval]\nresampels = 100", ("[eval]: unknown key `resampels`", "did you mean `resamples`?")),
