@@ -10,9 +10,10 @@ import pytest
 
 from tarq_deploy.errors import UserError
 from tarq_deploy.sweep import steps as sweep_steps
-from tarq_deploy.sweep.plan import load_sweep, plan_cells
+from tarq_deploy.sweep.plan import load_sweep
 from tarq_deploy.sweep.report import frontier_rows
 from tarq_deploy.sweep.steps import StepResult
+from test_sweep_score import _plan  # the plan of a sweep file, over placeholder hashes
 
 SWEEP = """
 [sweep]
@@ -43,13 +44,6 @@ def _write(tmp_path: Path, text: str = SWEEP) -> Path:
     path = tmp_path / "sweep.toml"
     path.write_text(text)
     return path
-
-
-def _plan(path: Path):
-    sweep = load_sweep(path)
-    corpora = {p: f"hash-{p.name}" for p in [*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()]}
-    cells, steps = plan_cells(sweep, {"base": "model-hash"}, corpora, "code")
-    return sweep, cells, steps
 
 
 def test_plan_presets_and_mixes_are_types_of_the_grid(tmp_path):

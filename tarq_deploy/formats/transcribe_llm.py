@@ -50,7 +50,8 @@ from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN
                              HF_LM_HEAD, PAD_TOKEN, TOKEN_CONTROL, TOKEN_NORMAL, Qwen3ASRSource,
                              check_nothing_left_over, gguf_vocab, qwen3_asr_slots)
 from .qwen3_asr_gguf import as_source as qwen3_as_source, float_model_source as qwen3_float_source
-from .transcribe_whisper import TARGET, _main_type, _table_diff, check_loader_types, matrix_type, pack_slot
+from .transcribe_whisper import (TARGET, _main_type, _table_diff, check_export_options, check_loader_types,
+                                 matrix_type, pack_slot)
 
 QWEN3_ASR_ARCH, VOXTRAL_ARCH = "qwen3_asr", "voxtral"
 VOXTRAL_KEY = "stt.voxtral.encoder.n_layers"  # present in transcribe.cpp's Voxtral files, absent in CrispASR's
@@ -372,14 +373,7 @@ def export_transcribe_llm(family: Family, checkpoint: str | None, model: str | N
                           out_path: str | os.PathLike) -> tuple[Path, str]:
     """The export command for a Qwen3-ASR or Voxtral source: a lattice checkpoint (each matrix in its own type) or a
     float transformers directory (F16)."""
-    if (checkpoint is None) == (model is None):
-        raise GGUFExportError("give either CHECKPOINT_DIR or --model SOURCE (exactly one)")
-    if checkpoint is not None and weight_type is not None:
-        raise GGUFExportError(f"--type {weight_type}: --target {TARGET} stores every matrix in its own lattice's type "
-                              f"(nothing re-quantizes); leave --type out")
-    if model is not None and weight_type not in (None, "f16"):
-        raise GGUFExportError(f"--type {weight_type} from a float model: --target {TARGET} writes a float model as "
-                              f"f16; a lattice is exported from its checkpoint directory")
+    check_export_options(checkpoint, model, weight_type)
     source = family.source(checkpoint) if checkpoint is not None else family.source(family.float_source(model))
     built = build(family, source)
     out = write_gguf(built, out_path)

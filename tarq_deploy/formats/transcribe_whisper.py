@@ -370,9 +370,9 @@ def float_model_source(model_id: str) -> WhisperSource:
     return source
 
 
-def export_transcribe_whisper(checkpoint: str | None, model: str | None, weight_type: str | None,
-                              out_path: str | os.PathLike) -> tuple[Path, str]:
-    """The export command: a Whisper lattice checkpoint, or a float model as F16, to a transcribe.cpp GGUF."""
+def check_export_options(checkpoint: str | None, model: str | None, weight_type: str | None) -> None:
+    """GGUFExportError unless exactly one of a checkpoint or a float model is given, and --type is absent (a
+    checkpoint: each matrix keeps its lattice's type) or f16 (a float model). Every transcribe.cpp family's export."""
     if (checkpoint is None) == (model is None):
         raise GGUFExportError("give either CHECKPOINT_DIR or --model SOURCE (exactly one)")
     if model is not None and weight_type not in (None, "f16"):
@@ -381,6 +381,12 @@ def export_transcribe_whisper(checkpoint: str | None, model: str | None, weight_
     if checkpoint is not None and weight_type is not None:
         raise GGUFExportError(f"--type {weight_type}: --target {TARGET} stores every matrix in its own lattice's type "
                               f"(nothing re-quantizes); leave --type out")
+
+
+def export_transcribe_whisper(checkpoint: str | None, model: str | None, weight_type: str | None,
+                              out_path: str | os.PathLike) -> tuple[Path, str]:
+    """The export command: a Whisper lattice checkpoint, or a float model as F16, to a transcribe.cpp GGUF."""
+    check_export_options(checkpoint, model, weight_type)
     source = as_source(checkpoint) if checkpoint is not None else float_model_source(model)
     preset = checkpoint_preset(checkpoint) if checkpoint is not None else None
     built = build(source, preset)

@@ -38,6 +38,22 @@ def upper_gram_(buffer: torch.Tensor, x: torch.Tensor, parts: int = GRAM_PARTS) 
         buffer[start:stop, start:].addmm_(x[:, start:stop].T, x[:, start:])
 
 
+class _Folded:
+    """A moment of LayerStats, stored as ``_<name>``: reading it folds the pending float32 sums first; assigning it
+    (a test planting a metric) replaces it after the fold."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, stats: "LayerStats", owner: type | None = None) -> torch.Tensor:
+        stats._fold()
+        return getattr(stats, self.slot)
+
+    def __set__(self, stats: "LayerStats", value: torch.Tensor) -> None:
+        stats._fold()
+        setattr(stats, self.slot, value)
+
+
 class LayerStats:
     """Running H_common, H_tail, H_delta and H_delta_tail of one Linear with n inputs; reading any of them folds
     what is pending."""
@@ -125,46 +141,11 @@ class LayerStats:
         if self._H_delta.stride() == (0, 0):  # still the placeholder
             self._H_delta, self._H_delta_tail = self._zeros(), self._zeros()
 
-    # The moments, folded on reading. Assigning one (a test planting a metric) replaces it.
-    @property
-    def H_common(self) -> torch.Tensor:
-        self._fold()
-        return self._H_common
-
-    @H_common.setter
-    def H_common(self, value: torch.Tensor) -> None:
-        self._fold()
-        self._H_common = value
-
-    @property
-    def H_tail(self) -> torch.Tensor:
-        self._fold()
-        return self._H_tail
-
-    @H_tail.setter
-    def H_tail(self, value: torch.Tensor) -> None:
-        self._fold()
-        self._H_tail = value
-
-    @property
-    def H_delta(self) -> torch.Tensor:
-        self._fold()
-        return self._H_delta
-
-    @H_delta.setter
-    def H_delta(self, value: torch.Tensor) -> None:
-        self._fold()
-        self._H_delta = value
-
-    @property
-    def H_delta_tail(self) -> torch.Tensor:
-        self._fold()
-        return self._H_delta_tail
-
-    @H_delta_tail.setter
-    def H_delta_tail(self, value: torch.Tensor) -> None:
-        self._fold()
-        self._H_delta_tail = value
+    # The moments, folded on reading (see _Folded).
+    H_common = _Folded()
+    H_tail = _Folded()
+    H_delta = _Folded()
+    H_delta_tail = _Folded()
 
     def check_usable(self, name: str) -> None:
         """CalibrationDataError when no calibration position reached the layer ``name`` (a layer with no *tail*
