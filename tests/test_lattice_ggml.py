@@ -101,6 +101,22 @@ def test_act_order_keeps_contiguous_groups_and_static_scales() -> None:
     assert loss(ordered) < loss(quantize_rtn(W, spec))
 
 
+@pytest.mark.parametrize("spec", [LatticeSpec(4, 32), LatticeSpec(8, 32), LatticeSpec(3, 16, "k-symmetric"),
+                                  LatticeSpec(4, 32, "nonlinear")], ids=lambda s: f"{s.scheme}{s.bits}")
+def test_the_scale_search_gives_the_same_scales_in_any_row_chunks(spec, monkeypatch) -> None:
+    """The search runs over row chunks in reused buffers (the output head's 51,865 rows); chunks of 1, 7 or all
+    rows must give the very same float32 scales, with per-column and per-weight importance."""
+    from tarq_deploy.quant import lattice
+
+    W = _weights(11, m=37, n=256)
+    for h in (torch.rand(256, generator=torch.Generator().manual_seed(12)), torch.rand(37, 256) ** 3):
+        whole = lattice.searched_scales(W, spec, h)
+        for rows in (1, 7):
+            monkeypatch.setattr(lattice, "SEARCH_CHUNK_VALUES", rows * 256)
+            assert torch.equal(lattice.searched_scales(W, spec, h), whole), rows
+        monkeypatch.undo()
+
+
 def test_scale_search_matches_a_plain_loop_over_the_whole_grid() -> None:
     """Every divisor 8 + 0.1 k, k = -9..9 (the sign of the max rule's), rounding, least-squares refit, smallest
     weighted error first: written out as plain loops for a few groups."""

@@ -1,24 +1,36 @@
-"""`tarq-deploy sweep` on a real local Ray: real Whisper tiny.en, 2 methods (ggml's rounding and GPTQ) × 2 calibration
-corpora, one of them with a corrupt clip, through whisper.cpp, at Q4_0 (the plan is also checked for two types; the
-runs keep one, for time).
+"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): real Whisper tiny.en, 2 methods
+(ggml's rounding and GPTQ) × 2 calibration corpora, one of them with a corrupt clip, through whisper.cpp, at Q4_0 (the
+plan is also checked for two types; the runs keep one, for time), calibrating on the CPU the sweep file names.
 
-One uninterrupted sweep makes the reference report. A second sweep of the same file into another folder is killed
+One uninterrupted sweep on an embedded Ray makes the reference report for both kinds of interruption below. A second sweep of the same file into another folder is killed
 (SIGKILL to its whole process group: driver, Ray head and workers) once some steps have finished and others are
 running, then re-run: it must write the same report bytes, and the cell log must show that no step finished before
 the kill ran again. The cells calibrated on the corrupt corpus fail, are named in the report with the clip, and do
 not stop the others.
+
+On the cluster (tests/ray_cluster.py: a head and a node B with a declared GPU, one CPU each, on this machine):
+- Steps run on both nodes, and each step's ``done.json`` and start event name its Ray node and host.
+- Node B is killed (SIGKILL to every process of its session: its raylet, agents, workers and their commands) while
+  it runs a step, after it has finished one: the sweep fails the steps it was running, finishes the rest on the
+  head, and exits 1. The re-run finishes them on the head alone, re-runs nothing that was finished, and writes
+  report.md / report.json / size-quality.png byte for byte as the uninterrupted sweep on an embedded Ray did (the
+  report holds no machine or node record: it describes the outputs, not where they were made).
+- A calibration that asks for a GPU (``device = "cuda"`` in the sweep file) is placed on the node that declares one
+  and is run with that device (which then fails here: there is no CUDA).
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from ray_cluster import ENV, Cluster, cluster  # noqa: F401 (cluster: a fixture of the tests below)
 
 from tarq_deploy.sweep.plan import load_sweep
 
@@ -42,10 +54,16 @@ broken = "broken.jsonl"
 [evaluation]
 dev = "eval.jsonl"
 
+[quantize]
+device = "cpu"
+
 [eval]
+limit = 2
 resamples = 200
 """
 KILL_TIMEOUT_S = 600
+SWEEP_TIMEOUT_S = 900
+BROKEN_CELL = "tiny.en/broken/gptq/q4_0"
 
 
 def _manifest(path: Path, rows: list[dict]) -> None:
@@ -66,8 +84,13 @@ def sweep_file(tmp_path_factory, real_clips) -> Path:
     return root / "sweep.toml"
 
 
-def _sweep_command(sweep_file: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "tarq_deploy.cli", "sweep", str(sweep_file), "--out", str(out), "--quiet"]
+def _sweep_command(sweep_file: Path, out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "tarq_deploy.cli", "sweep", str(sweep_file), "--out", str(out), "--quiet", *args]
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=SWEEP_TIMEOUT_S,
+                          start_new_session=True)
 
 
 def _log(out: Path) -> list[dict]:
@@ -155,15 +178,84 @@ def test_a_corrupt_clip_fails_its_cells_only(uninterrupted: Path):
     report = json.loads((uninterrupted / "report.json").read_text())
     cells = {c["cell"]: c for c in report["cells"]}
     failed = {name for name, c in cells.items() if "error" in c}
-    assert failed == {"tiny.en/broken/gptq/q4_0"}
+    assert failed == {BROKEN_CELL}
     for name in failed:
         assert cells[name]["failed_step"] == "quantize" and "corrupt.wav" in cells[name]["error"]
         assert cells[name]["steps"]["eval"] == "skipped"
     markdown = (uninterrupted / "report.md").read_text()
-    assert "## Failed cells" in markdown and "tiny.en/broken/gptq/q4_0" in markdown
+    assert "## Failed cells" in markdown and BROKEN_CELL in markdown
     evaluated = [row["label"] for row in report["models"][0]["evaluation"]["datasets"][0]["models"]]
     assert evaluated == [n for n in cells if n not in failed]
     differences = {(d["model"], d["versus"]) for d in report["models"][0]["evaluation"]["datasets"][0]["differences"]}
     assert ("tiny.en/-/rtn/q4_0", "tiny.en/clips/gptq/q4_0") in differences
     sizes = {p["cell"]: p["file_mib"] for p in report["size_quality"]}
     assert sizes["tiny.en/-/rtn/q4_0"] == sizes["tiny.en/clips/gptq/q4_0"] < sizes["tiny.en/-/f16/f16"] / 2
+
+
+# ------------------------------------------------------------------------------------- on a two-node cluster
+def test_a_gpu_calibration_goes_to_the_node_that_declares_a_gpu(cluster: Cluster, sweep_file: Path):
+    """Runs first, while node B (the one with a GPU) is up."""
+    gpu_file = sweep_file.with_name("gpu.toml")
+    gpu_file.write_text(SWEEP.replace('broken = "broken.jsonl"\n', "").replace('device = "cpu"', 'device = "cuda"')
+                        .replace('methods = ["rtn", "gptq"]', 'methods = ["gptq"]')
+                        .replace('steps = ["quantize", "export", "verify", "eval"]', 'steps = ["quantize"]'))
+    out = sweep_file.parent / "run-gpu"
+    done = _run(_sweep_command(gpu_file, out, "--address", cluster.address))
+    assert done.returncode == 1, done.stderr[-3000:]  # the calibration fails: there is no CUDA behind B's GPU
+    starts = [e for e in _log(out) if e["event"] == "start"]
+    assert [e["step"] for e in starts] == ["quantize"]
+    assert starts[0]["machine"]["ray_node_id"] == cluster.node_ids["b"]
+    log = next((out / "steps" / "quantize").glob("*/log.txt")).read_text()
+    assert "--device cuda" in log.splitlines()[0]
+
+
+def test_a_sweep_survives_losing_a_node(cluster: Cluster, sweep_file: Path, uninterrupted: Path):
+    head, b = cluster.node_ids["head"], cluster.node_ids["b"]
+    out = sweep_file.parent / "run-cluster"
+    driver = subprocess.Popen(_sweep_command(sweep_file, out, "--address", cluster.address), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
+    try:
+        node_of: dict[str, str] = {}
+        deadline = time.monotonic() + KILL_TIMEOUT_S
+        while time.monotonic() < deadline and driver.poll() is None:
+            events = _log(out)
+            node_of = {e["key"]: e["machine"]["ray_node_id"] for e in events if e["event"] == "start"}
+            ended = {e["key"] for e in events if e["event"] != "start"}
+            on_b = {k for k, node in node_of.items() if node == b}
+            if on_b & ended and on_b - ended:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, "the sweep ended before node B had finished one step and started another"
+        killed = cluster.kill("b")
+        assert killed
+        stdout, stderr = driver.communicate(timeout=SWEEP_TIMEOUT_S)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == 1, stderr[-3000:]  # the steps B was running failed (and the corrupt corpus's)
+    before = _log(out)
+    finished_before = {e["key"] for e in before if e["event"] == "done"}
+    started_before = {e["key"]: e for e in before if e["event"] == "start"}
+    interrupted = set(started_before) - {e["key"] for e in before if e["event"] != "start"}
+    assert interrupted and all(started_before[k]["machine"]["ray_node_id"] == b for k in interrupted)
+    report = json.loads((out / "report.json").read_text())
+    failed = {c["cell"] for c in report["cells"] if "failed" in c["steps"].values()}
+    assert {cell for key in interrupted for cell in started_before[key]["cells"]} <= failed
+
+    resumed = _run(_sweep_command(sweep_file, out, "--address", cluster.address))
+    assert resumed.returncode == 1, resumed.stderr[-3000:]  # 1: the corrupt corpus's cell, as in the reference
+    after = _log(out)[len(before):]
+    restarted = {e["key"]: e for e in after if e["event"] == "start"}
+    assert interrupted <= set(restarted)
+    assert not set(restarted) & finished_before, "a step finished before the kill ran again"
+    assert {e["machine"]["ray_node_id"] for e in restarted.values()} == {head}
+    assert finished_before <= {e["key"] for e in after if e["event"] == "cached"}
+
+    records = [json.loads(p.read_text())["machine"] for p in (out / "steps").rglob("done.json")]
+    assert {m["ray_node_id"] for m in records} == {head, b}, "steps did not run on both nodes"
+    assert all(m["host"] == socket.gethostname() and m["cpu_model"] and m["ray_node_ip"] for m in records)
+
+    for name in ("report.md", "report.json", "size-quality.png"):
+        assert (out / name).read_bytes() == (uninterrupted / name).read_bytes(), name
+    assert b not in (out / "report.json").read_text() and "ray_node" not in (out / "report.json").read_text()

@@ -84,6 +84,7 @@ FP16_MAX = 65504.0
 BF16_FP16_MAX = 65280.0  # the largest value exact in both bfloat16 and float16
 # make_qx_quants' grid: divisors 2^(b-1) + 0.1 k, k = -9..9, around the max rule (k = 0).
 SEARCH_STEPS = tuple(0.1 * k for k in range(-9, 10))
+SEARCH_CHUNK_VALUES = 1 << 20  # weights per row chunk of the scale search (three 4 MiB float32 buffers)
 
 
 @dataclass(frozen=True)
@@ -289,22 +290,56 @@ def search_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) 
 
 def searched_scales(w: torch.Tensor, spec: LatticeSpec, importance: torch.Tensor) -> torch.Tensor:
     """:func:`search_scales` before the fp16 rounding (float32 [m, n_groups]): what Q6_K's sub-block scales start
-    from before they become codes under the super-block scale."""
+    from before they become codes under the super-block scale.
+
+    Rows are searched in chunks of about SEARCH_CHUNK_VALUES weights into buffers reused across the candidates:
+    the same element-wise operations and per-group sums as over the whole matrix at once (so the same scales), but
+    the working set stays in cache; for the 51,865-row output head this is ~5x faster than whole-matrix passes."""
     x = _grouped(w, spec)
     h = importance.float().expand(w.shape).reshape(x.shape)
     peak, top = _max_rule(x, spec)
+    m, n_groups, width = x.shape
+    rows = max(1, SEARCH_CHUNK_VALUES // (n_groups * width))
+    buffers = _SearchBuffers(min(rows, m), n_groups, width, x.device)
+    return torch.cat([_search_rows(x[r : r + rows], h[r : r + rows], peak[r : r + rows], top, spec, buffers)
+                      for r in range(0, m, rows)])
+
+
+class _SearchBuffers:
+    """Three [rows, G, g] float32 work buffers for :func:`_search_rows` (codes, h q, and a product)."""
+
+    def __init__(self, rows: int, n_groups: int, width: int, device: torch.device) -> None:
+        self.codes, self.hq, self.product = (torch.empty((rows, n_groups, width), device=device) for _ in range(3))
+
+    def views(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.codes[:rows], self.hq[:rows], self.product[:rows]
+
+
+def _search_rows(x: torch.Tensor, h: torch.Tensor, peak: torch.Tensor, top: int, spec: LatticeSpec,
+                 buffers: _SearchBuffers) -> torch.Tensor:
+    """The candidate search of :func:`searched_scales` for the groups x [r, G, g] of a chunk of rows."""
+    codes, hq, product = buffers.views(x.shape[0])
     best_scale = peak / top
     best_gain = torch.full_like(best_scale, -1.0)
     for step in (SEARCH_STEPS if spec.codebook is None else CODEBOOK_SEARCH_STEPS):
         d = (peak / (top + step * math.copysign(1.0, top))).unsqueeze(2)  # step > 0: the divisor moves outward
-        q = nearest_codes(x / torch.where(d == 0, torch.ones_like(d), d), spec)
-        hq = h * q
-        sum_xq, sum_qq = (hq * x).sum(dim=2), (hq * q).sum(dim=2)
+        torch.div(x, torch.where(d == 0, torch.ones_like(d), d), out=codes)
+        q = _nearest_codes_(codes, spec)
+        torch.mul(h, q, out=hq)
+        sum_xq = torch.mul(hq, x, out=product).sum(dim=2)
+        sum_qq = torch.mul(hq, q, out=product).sum(dim=2)
         gain = torch.where(sum_qq > 0, sum_xq * sum_xq / sum_qq.clamp(min=1e-30), torch.zeros_like(sum_qq))
         better = gain > best_gain
         best_gain = torch.where(better, gain, best_gain)
         best_scale = torch.where(better & (sum_qq > 0), sum_xq / sum_qq.clamp(min=1e-30), best_scale)
     return best_scale
+
+
+def _nearest_codes_(y: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    """:func:`nearest_codes`, in place where the lattice is integer (a codebook's lookup makes a new tensor)."""
+    if spec.codebook is None:
+        return torch.round(y, out=y).clamp_(spec.qmin, spec.qmax)
+    return nearest_codes(y, spec)
 
 
 def choose_scales(w: torch.Tensor, spec: LatticeSpec, rule: str, importance: torch.Tensor | None) -> torch.Tensor:

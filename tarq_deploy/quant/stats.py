@@ -38,6 +38,12 @@ def upper_gram_(buffer: torch.Tensor, x: torch.Tensor, parts: int = GRAM_PARTS) 
         buffer[start:stop, start:].addmm_(x[:, start:stop].T, x[:, start:])
 
 
+def symmetric_from_upper(buffer: torch.Tensor) -> torch.Tensor:
+    """The whole symmetric matrix whose upper triangle ``buffer`` holds (what upper_gram_ filled)."""
+    upper = torch.triu(buffer)
+    return upper + torch.triu(upper, diagonal=1).T
+
+
 class _Folded:
     """A moment of LayerStats, stored as ``_<name>``: reading it folds the pending float32 sums first; assigning it
     (a test planting a metric) replaces it after the fold."""
@@ -118,7 +124,7 @@ class LayerStats:
         if not self._pending:
             return
         pending, self._pending, self._pending_positions = self._pending, {}, 0
-        gram, gram_tail = (self._full(pending.get(k)) for k in ("gram", "gram_tail"))
+        gram, gram_tail = (None if k not in pending else symmetric_from_upper(pending[k]) for k in ("gram", "gram_tail"))
         if gram is not None:
             self._H_common.add_(gram)
         if gram_tail is not None:
@@ -128,14 +134,6 @@ class LayerStats:
             if key in pending:
                 self._widen_delta()
                 getattr(self, attribute).add_(pending[key])
-
-    @staticmethod
-    def _full(buffer: torch.Tensor | None) -> torch.Tensor | None:
-        """The whole symmetric matrix of a Gram buffer, from its upper triangle."""
-        if buffer is None:
-            return None
-        upper = torch.triu(buffer)
-        return upper + torch.triu(upper, diagonal=1).T
 
     def _widen_delta(self) -> None:
         if self._H_delta.stride() == (0, 0):  # still the placeholder
