@@ -1,12 +1,13 @@
-"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): real Whisper tiny.en, 2 methods
-(ggml's rounding and GPTQ) × 2 calibration corpora, one of them with a corrupt clip, through whisper.cpp, at Q4_0 (the
-plan is also checked for two types; the runs keep one, for time), calibrating on the CPU the sweep file names.
+"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): real Whisper tiny.en, 2
+methods (ggml's rounding and GPTQ) × 2 calibration corpora, one of them with a corrupt clip, through whisper.cpp, at
+Q4_0 (the plan is also checked for two types; the runs keep one, for time), calibrating on the CPU the sweep file
+names.
 
-One uninterrupted sweep on an embedded Ray makes the reference report for both kinds of interruption below. A second sweep of the same file into another folder is killed
-(SIGKILL to its whole process group: driver, Ray head and workers) once some steps have finished and others are
-running, then re-run: it must write the same report bytes, and the cell log must show that no step finished before
-the kill ran again. The cells calibrated on the corrupt corpus fail, are named in the report with the clip, and do
-not stop the others.
+One uninterrupted sweep on an embedded Ray makes the reference report for both kinds of interruption below. A second
+sweep of the same file into another folder is killed (SIGKILL to its whole process group: driver, Ray head and
+workers) once some steps have finished and others are running, then re-run: it must write the same report bytes, and
+the cell log must show that no step finished before the kill ran again. The cells calibrated on the corrupt corpus
+fail, are named in the report with the clip, and do not stop the others.
 
 On the cluster (tests/ray_cluster.py: a head and a node B with a declared GPU, one CPU each, on this machine):
 - Steps run on both nodes, and each step's ``done.json`` and start event name its Ray node and host.

@@ -124,7 +124,7 @@ class LayerStats:
         if not self._pending:
             return
         pending, self._pending, self._pending_positions = self._pending, {}, 0
-        gram, gram_tail = (None if k not in pending else symmetric_from_upper(pending[k]) for k in ("gram", "gram_tail"))
+        gram, gram_tail = (symmetric_from_upper(pending[k]) if k in pending else None for k in ("gram", "gram_tail"))
         if gram is not None:
             self._H_common.add_(gram)
         if gram_tail is not None:
