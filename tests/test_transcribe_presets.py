@@ -24,7 +24,7 @@ from tarq_deploy.cli import main
 from tarq_deploy.data.normalize import normalized_words
 from tarq_deploy.data.real_clips import JFK_TEXT
 from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-from tarq_deploy.formats.gguf_file import read_gguf
+from tarq_deploy.formats.gguf_file import file_type_name, read_gguf
 from tarq_deploy.formats.transcribe_whisper import preset_plan, preset_tensor_types
 from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
 from tarq_deploy.quant.presets import PRESETS, find_preset
@@ -78,6 +78,12 @@ def test_the_plan_follows_transcribe_cpps_policy(model, preset):
     assert types[r"^model\.decoder\.layers\.0\.encoder_attn\.out_proj\.weight$"] == "q8_0"
     assert types[r"^model\.encoder\.layers\.0\.fc2\.weight$"] == plan["enc.blocks.0.ffn.fc2.weight"]
     assert len(types) == matrix_count(config) + 1
+
+
+def test_file_types_are_named_for_one_type_files_and_for_the_preset_mixes():
+    """The bench and the model descriptions name a file by general.file_type: a preset's file type is llama.cpp's
+    mix (15 Q4_K_M, 17 Q5_K_M), not "file_type 15"."""
+    assert [file_type_name(t) for t in (1, 2, 15, 17, 99)] == ["F16", "Q4_0", "Q4_K_M", "Q5_K_M", "file_type 99"]
 
 
 def test_preset_names_in_any_case():

@@ -387,7 +387,7 @@ def verify(model_file: str | os.PathLike, checkpoint: str | os.PathLike | Lattic
 
 def describe_voxtral_gguf(path: str | os.PathLike) -> tuple[str, str, dict]:
     """(backbone name, precision, details) of a CrispASR Voxtral GGUF."""
-    from .gguf_file import FILE_TYPE_NAMES, GGUFFileError
+    from .gguf_file import GGUFFileError, file_type_name
 
     model = read_gguf(path)
     if model.arch != ARCH:
@@ -400,7 +400,7 @@ def describe_voxtral_gguf(path: str | os.PathLike) -> tuple[str, str, dict]:
         counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
     details = {"arch": ARCH, "audio_layers": dims[0], "audio_d_model": dims[1], "text_layers": dims[2],
                "text_hidden": dims[3], "tensor_types": counts}
-    return name, FILE_TYPE_NAMES.get(file_type, f"file_type {file_type}"), details
+    return name, file_type_name(file_type), details
 
 
 def export_voxtral_gguf(target: str, checkpoint: str | None, model: str | None, weight_type: str | None,

@@ -10,7 +10,7 @@ from tarq_deploy.checkpoint import LatticeCheckpoint
 
 from . import crispasr, crispasr_voxtral, qwen3_asr_cpp, transcribe_llm, transcribe_whisper
 from .ggml_blocks import GGML_TYPE_NAMES
-from .gguf_file import FILE_TYPE_NAMES, GGUFExportError, GGUFFileError, GGUFVerifyError, read_gguf, write_gguf
+from .gguf_file import GGUFExportError, GGUFFileError, GGUFVerifyError, file_type_name, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
 
 
@@ -67,4 +67,4 @@ def describe_qwen3_asr_gguf(path: str | os.PathLike, arch: str) -> tuple[str, st
         counts[kind] = counts.get(kind, 0) + 1
     details = {"arch": arch, "audio_layers": dims[0], "audio_d_model": dims[1], "text_layers": dims[2],
                "text_hidden": dims[3], "tensor_types": counts}
-    return name, FILE_TYPE_NAMES.get(file_type, f"file_type {file_type}"), details
+    return name, file_type_name(file_type), details

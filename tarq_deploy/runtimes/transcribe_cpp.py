@@ -66,7 +66,7 @@ def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
     """Validate with our strict reader (GGUFFileError is a ValueError naming the problem); the backbone is named by
     its dimensions as for a whisper.cpp file, the precision by the file type."""
     from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-    from tarq_deploy.formats.gguf_file import FILE_TYPE_NAMES, GGUFFileError, read_gguf
+    from tarq_deploy.formats.gguf_file import GGUFFileError, file_type_name, read_gguf
 
     from .whisper_cpp import whisper_backbone
 
@@ -81,13 +81,13 @@ def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
     for record in model.tensors.values():
         counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
     file_type = model.integer("general.file_type", default=-1)
-    return ModelInfo(whisper_backbone(*dims), FILE_TYPE_NAMES.get(file_type, f"file_type {file_type}"),
+    return ModelInfo(whisper_backbone(*dims), file_type_name(file_type),
                      {"arch": ARCH, "tensor_types": counts})
 
 
 def _describe_llm(model: Any) -> ModelInfo:
     from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-    from tarq_deploy.formats.gguf_file import FILE_TYPE_NAMES, GGUFFileError
+    from tarq_deploy.formats.gguf_file import GGUFFileError, file_type_name
     from tarq_deploy.formats.gguf_file import GGUFVerifyError
     from tarq_deploy.formats.transcribe_llm import describe
 
@@ -99,7 +99,7 @@ def _describe_llm(model: Any) -> ModelInfo:
     for record in model.tensors.values():
         counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
     file_type = model.integer("general.file_type", default=-1)
-    return ModelInfo(backbone, FILE_TYPE_NAMES.get(file_type, f"file_type {file_type}"),
+    return ModelInfo(backbone, file_type_name(file_type),
                      {**details, "tensor_types": counts})
 
 

@@ -220,6 +220,7 @@ def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["model"], r["dataset"], r["backend"]) for r in rows})
+    colour = {method: f"C{i}" for i, method in enumerate(sorted({r["method"] for r in rows}))}  # alike in every panel
     metrics = [("rare_wer", "rare-WER (%)", 100.0)]
     if any(r["kld_rare"] is not None for r in rows):
         metrics.append(("kld_rare", "rare KLD vs F16 (nats)", 1.0))
@@ -235,7 +236,7 @@ def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
                 if not points:
                     continue
                 xs, ys, types = zip(*points)
-                axis.plot(xs, ys, marker="o", label=method)
+                axis.plot(xs, ys, marker="o", label=method, color=colour[method])
                 for x, y, type_name in points:
                     axis.annotate(type_name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
             axis.set(xlabel="file size (MiB)", ylabel=label, title=f"{model} on {dataset} ({backend})")
