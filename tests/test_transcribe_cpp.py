@@ -9,7 +9,9 @@ The wheel runs in a child process: a native abort on a bad file must fail one te
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import jiwer
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tarq_deploy.cli import main
 from tarq_deploy.data.corpus import Utterance, write_manifest
@@ -183,3 +187,34 @@ def test_verify_names_a_damaged_file(files, tarq_mix, work, capsys, damage):
         assert status == 1 and "MISMATCH" in out and "enc.blocks.0.ffn.fc1.weight" in out, out[-2000:]
     else:
         assert status == 2 and len(err.strip().splitlines()) == 1 and str(damaged) in err, err
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_verify_and_the_runtime_gate_survive_any_damage(files, tarq_mix, tmp_path_factory, data):
+    """The Whisper flavour of transcribe.cpp's GGUF, fuzzed (as the Qwen3-ASR and Voxtral ones are): a truncated file,
+    or one with bytes changed where keys and tensor infos lie, is verified (exit 0 or 1) or refused in one line naming
+    the file (exit 2); the runtime gate describes it or raises the reader's named error. Never another exception."""
+    from tarq_deploy.formats.gguf_file import GGUFFileError
+    from tarq_deploy.runtimes.transcribe_cpp import describe_transcribe_cpp_file
+
+    damaged = bytearray(files["tarq"].read_bytes())
+    if data.draw(st.booleans(), label="truncate"):
+        damaged = damaged[:data.draw(st.integers(0, len(damaged) - 1), label="length")]
+    else:
+        header = min(r.offset for r in read_gguf(files["tarq"]).tensors.values())  # keys and tensor infos
+        for _ in range(data.draw(st.integers(1, 4), label="edits")):
+            damaged[data.draw(st.integers(0, header - 1), label="at")] = data.draw(st.integers(0, 255), label="byte")
+    path = tmp_path_factory.mktemp("fuzz") / "damaged.gguf"
+    path.write_bytes(bytes(damaged))
+    try:
+        describe_transcribe_cpp_file(path)
+    except (GGUFFileError, ValueError):
+        pass
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["verify", str(path), "--checkpoint", str(tarq_mix)])
+    err = err.getvalue()
+    assert status in (0, 1, 2)
+    if status == 2:
+        assert len(err.strip().splitlines()) == 1 and str(path) in err, err
