@@ -129,8 +129,8 @@ def test_whisper_cpp_and_torch_agree_on_f16_text(evaluated: Path):
     near_ties = sum(r["near_ties"] for r in rows)
     assert total == N_REAL_EVAL + N_SYNTH_EVAL
     assert all(len(r["margins"]) == r["utterances"] - r["identical"] for r in rows)  # every difference was scored
-    # measured 19 identical + 1 near-tie of 20 under threads 1/2, seeds 0/1, AVX-512/AVX2 on an Intel Xeon
-    # (results/test_bounds/eval-intel.json): the bound fails on the second real disagreement
+    # measured 19 identical + 1 near-tie of 20 (then 12 real + 8 synthetic) under threads 1/2, seeds 0/1, AVX-512/AVX2
+    # on an Intel Xeon (results/test_bounds/eval-intel.json); of 12 it fails on the second real disagreement
     assert identical / (total - near_ties) >= 0.9, rows
 
 
