@@ -37,17 +37,6 @@ FILE_TYPES = {GGMLType.F32: LlamaFileType.ALL_F32, GGMLType.F16: LlamaFileType.M
               GGMLType.Q3_K: LlamaFileType.MOSTLY_Q3_K_S, GGMLType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
               GGMLType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL, GGMLType.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS}
 FILE_TYPE_NAMES = {int(file_type): GGML_TYPE_NAMES[t] for t, file_type in FILE_TYPES.items()}
-
-
-def file_type_name(file_type: int) -> str:
-    """``general.file_type`` by name: the type of a one-type file ("Q4_K"), llama.cpp's name of a preset mix
-    ("Q4_K_M": transcribe.cpp's presets write it), else the number ("file_type 99")."""
-    if file_type in FILE_TYPE_NAMES:
-        return FILE_TYPE_NAMES[file_type]
-    try:
-        return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
-    except ValueError:
-        return f"file_type {file_type}"
 QUANTIZATION_VERSION = 2
 _SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
                    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
@@ -71,6 +60,17 @@ class GGUFFileError(TensorFileError):
 
 class GGUFVerifyError(VerifyError):
     """The GGUF file does not belong to the checkpoint it is verified against (metadata, vocabulary or layout)."""
+
+
+def file_type_name(file_type: int) -> str:
+    """``general.file_type`` by name: the type of a one-type file ("Q4_K"), llama.cpp's name of a preset mix
+    ("Q4_K_M": transcribe.cpp's presets write it), else the number ("file_type 99")."""
+    if file_type in FILE_TYPE_NAMES:
+        return FILE_TYPE_NAMES[file_type]
+    try:
+        return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return f"file_type {file_type}"
 
 
 # ------------------------------------------------------------------------------------------------------ writing

@@ -87,8 +87,7 @@ def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
 
 def _describe_llm(model: Any) -> ModelInfo:
     from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-    from tarq_deploy.formats.gguf_file import GGUFFileError, file_type_name
-    from tarq_deploy.formats.gguf_file import GGUFVerifyError
+    from tarq_deploy.formats.gguf_file import GGUFFileError, GGUFVerifyError, file_type_name
     from tarq_deploy.formats.transcribe_llm import describe
 
     try:
