@@ -99,10 +99,29 @@ def package_versions() -> dict[str, str | None]:
 def peak_rss_mb() -> float | None:
     """This process's resident-memory high-water mark (VmHWM) in MiB; None where /proc does not tell. A progress
     figure for logs, never part of the output bytes."""
+    kib = _status_kib("VmHWM")
+    return kib / 1024 if kib is not None else None
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (VmRSS) in bytes; None where /proc does not tell."""
+    kib = _status_kib("VmRSS")
+    return kib * 1024 if kib is not None else None
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's memory in bytes; None where the system does not tell."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _status_kib(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
     return None

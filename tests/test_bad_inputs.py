@@ -317,6 +317,17 @@ def test_bad_lattice_options(models, corpus, tmp_path, capsys, monkeypatch, opti
     nothing_left(out)
 
 
+@pytest.mark.parametrize("value", ["8XB", "-1GB", "lots", "nan"])
+def test_bad_max_memory_is_refused_by_name(models, corpus, tmp_path, capsys, monkeypatch, value):
+    _forbid_loading(monkeypatch)
+    out = tmp_path / "ckpt"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:  # argparse refuses it (cli.Parser: one line, exit 2)
+        cli.main([str(a) for a in quantize_args(models["clean"], out, f"--max-memory={value}", calib=corpus)])
+    assert_user_error(stopped.value.code, capsys.readouterr().err.strip(), "--max-memory", repr(value))
+    nothing_left(out)
+
+
 def test_group_size_that_does_not_divide_a_layer(models, corpus, tmp_path, capsys):
     out = tmp_path / "ckpt"  # d_model 32: a 64-column group fits no attention projection
     status, err = run_cli(capsys, *quantize_args(models["clean"], out, "--group-size", "64", calib=corpus))

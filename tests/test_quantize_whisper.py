@@ -148,15 +148,33 @@ class _Interrupt(Exception):
 
 
 def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path, monkeypatch) -> None:
-    options = QuantizeOptions(method="tarq", n_calib=2)
+    """Also: the fp encoder kept from the alignment pass (a budget it fits, whatever the machine's memory) and the
+    one recomputed block by block (--max-memory 0) give the same bytes."""
+    options = QuantizeOptions(method="tarq", n_calib=2, max_memory=1 << 40)
+    kept_blocks: list[str] = []
+    take_kept = calibrate.SequentialCalibrator._kept_fp_stream
 
-    def run(work: Path, out: Path) -> Path:
+    def spy(self, block):
+        kept = take_kept(self, block)
+        if kept is not None:
+            kept_blocks.append(block.name)
+        return kept
+
+    monkeypatch.setattr(calibrate.SequentialCalibrator, "_kept_fp_stream", spy)
+
+    def run(work: Path | None, out: Path, options: QuantizeOptions = options) -> Path:
         model, processor, gc = load_whisper("packaged:tiny.en")
         ckpt, _ = quantize_backbone(WhisperBackbone(model, processor, gc), clips["calib"], options, "packaged:tiny.en",
                                    work, log=lambda _: None)
         return save_checkpoint(ckpt, out)
 
     reference = run(tmp_path / "ref.partial", tmp_path / "ref")
+    assert kept_blocks == [f"model.encoder.layers.{i}" for i in range(4)]  # tiny.en's whole encoder was reused
+    kept_blocks.clear()
+    recomputed = run(None, tmp_path / "recomputed", QuantizeOptions(method="tarq", n_calib=2, max_memory=0))
+    assert kept_blocks == []
+    for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
+        assert (recomputed / name).read_bytes() == (reference / name).read_bytes(), name
     original = calibrate.SequentialCalibrator._calibrate_block
     calls = {"n": 0}
 

@@ -149,6 +149,29 @@ def test_streaming_stats_equal_one_shot_sums() -> None:
     assert torch.equal(restored.H_delta, stream.H_delta) and restored.n_tail == stream.n_tail
 
 
+def test_projected_cross_moment_is_W_times_H_delta() -> None:
+    """A lone narrow Linear (fc2) gathers W H_delta directly; it is W @ H_delta up to float32 rounding, and the
+    residual step reads it through weighted_residual as it reads the full moment."""
+    generator = torch.Generator().manual_seed(11)
+    X, X_fp = torch.randn(400, 64, generator=generator), torch.randn(400, 64, generator=generator)
+    tail = torch.rand(400, generator=generator) < 0.25
+    W = torch.randn(16, 64, generator=generator)
+    full, projected = LayerStats(64), LayerStats(64, projection=W)
+    for chunk in range(0, 400, 90):
+        for stats in (full, projected):
+            stats.add(X[chunk:chunk + 90], tail[chunk:chunk + 90], X_fp[chunk:chunk + 90])
+    assert projected.H_delta.shape == (16, 64) and projected.H_common.shape == (64, 64)
+    assert torch.equal(projected.H_common, full.H_common) and torch.equal(projected.H_tail, full.H_tail)
+    for lam in (1.0, 3.5):
+        expected = W.double() @ (full.H_delta + (lam - 1.0) * full.H_delta_tail)
+        got = projected.weighted_residual(W, lam).double()
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+        assert torch.allclose(full.weighted_residual(W, lam).double(), expected, rtol=1e-4,
+                              atol=1e-4 * expected.abs().max().item())
+    with pytest.raises(ValueError, match="another weight"):
+        projected.weighted_residual(W + 1.0)
+
+
 def test_rarebal_equalises_trace_mass() -> None:
     X = correlated_activations(64, 1000, 1)
     tail = torch.arange(1000) % 13 == 0
@@ -306,3 +329,27 @@ def test_the_numpy_column_sweep_gives_the_torch_sweeps_codes_and_scales(type_nam
         assert torch.equal(a.codes, b.codes), (rule, int((a.codes != b.codes).sum()))
         assert a.params().keys() == b.params().keys()
         assert all(torch.equal(v, b.params()[k]) for k, v in a.params().items()), rule
+
+
+def test_float32_compute_widens_looked_up_rows_not_the_table() -> None:
+    """Under float32_compute an embedding returns its rows in float32 (the values a widened table gives) while its
+    float16 table stays as it is; a Linear is widened while it runs and narrowed after."""
+    from torch import nn
+
+    from tarq_deploy.quant.precision import float32_compute
+
+    torch.manual_seed(0)
+    embedding, linear = nn.Embedding(50, 8).half(), nn.Linear(8, 4).half()
+    model = nn.Sequential(embedding, linear)
+    seen: dict[str, torch.dtype] = {}
+    embedding.register_forward_hook(lambda m, a, o: seen.update(table=m.weight.dtype))  # update: returns None
+    linear.register_forward_hook(lambda m, a, o: seen.update(linear=m.weight.dtype))
+    ids = torch.tensor([[3, 7, 49]])
+    with float32_compute(model):
+        out = model(ids)
+        rows = embedding(ids)
+    assert seen == {"table": torch.float16, "linear": torch.float32}
+    assert rows.dtype == torch.float32 and torch.equal(rows, embedding.weight.float()[ids])
+    assert out.dtype == torch.float32 and linear.weight.dtype == torch.float16
+    expected = nn.functional.linear(embedding.weight.float()[ids], linear.weight.float(), linear.bias.float())
+    assert torch.equal(out, expected)

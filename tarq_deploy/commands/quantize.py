@@ -12,7 +12,7 @@ from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_sou
 from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
                              GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
 from ..quant.presets import PRESETS, find_preset
-from .options import add_out, thread_count
+from .options import add_out, memory_size, thread_count
 
 HELP = "calibrate a model (RTN, GPTQ, rareBAL, residual or TARQ) and write a lattice checkpoint"
 EXAMPLE = """  tarq-deploy corpus real -o clips
@@ -92,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-imatrix", metavar="FILE",
                    help="--method imatrix: also write the importance matrix it gathered as a llama.cpp-format imatrix "
                         "GGUF (reusable with --imatrix; such a run does not resume)")
+    p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                   help="memory the calibration may use, e.g. 8GB or 6GiB (default: 8 GB or half the machine's, the "
+                        "smaller): where the work of one pass fits in it, it is kept for reuse instead of being "
+                        "computed again (Whisper + tarq/rarebal: the alignment pass's encoder). It never changes the "
+                        "result")
     p.add_argument("--threads", type=thread_count, metavar="N",
                    help="CPU threads of the calibration (default: torch's, one per core); the same inputs, seed, "
                         "processor kind and threads give the same bytes")
@@ -113,7 +118,7 @@ def options_from(args: argparse.Namespace):
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
         alpha_rule=args.alpha_rule,
-        device=args.device,
+        device=args.device, max_memory=args.max_memory,
     )
 
 

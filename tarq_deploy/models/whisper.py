@@ -26,14 +26,17 @@ During calibration the decoder input embedding stays full precision in both stre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
-from ..quant.calibrate import Block, Window, input_of
+from ..quant.calibrate import Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
+from ..quant.precision import widened
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
 
 ENCODER_FRAMES_PER_SECOND = 50
@@ -68,10 +71,30 @@ class WhisperBackbone:
         return ids + [gc.no_timestamps_token_id]
 
     def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
-                      encoder_tagging: str = "align") -> list[Window]:
-        return [self._window(group, k, encoder_tagging) for group in pack_utterances(utterances, pack)]
+                      encoder_tagging: str = "align", keep_fp_bytes: int = 0) -> list[Window]:
+        """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
+        encoder is the calibration's full-precision stream through the encoder blocks, value for value; when every
+        encoder Linear's input for every window fits (``fp_encoder_bytes``), the windows keep them
+        (``Window.fp_stream``) and the calibration does not run the fp encoder a second time."""
+        if encoder_tagging not in ("align", "none"):
+            raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
+        pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
+        if encoder_tagging == "align":
+            kept = self.fp_encoder_bytes(len(pending))
+            # all or nothing, with room for the blocks' working set (about one layer's worth): partly kept, the
+            # encoders of large-v3 and turbo would pass their measured peaks
+            keep = self.device.type == "cpu" and kept + kept // self.model.config.encoder_layers <= keep_fp_bytes
+            self._tag_rare_frames(pending, keep)
+        return [p.window for p in pending]
 
-    def _window(self, group: list[TextAudio], k: float, encoder_tagging: str) -> Window:
+    def fp_encoder_bytes(self, n_windows: int) -> int:
+        """What the fp encoder's Linear inputs and block outputs of ``n_windows`` windows take in float32: per frame
+        and layer, q/k/v's input, out_proj's, fc1's (d each), fc2's (the MLP width) and the output (d)."""
+        config = self.model.config
+        per_frame = 4 * config.d_model + config.encoder_ffn_dim
+        return 4 * per_frame * config.max_source_positions * config.encoder_layers * n_windows
+
+    def _window(self, group: list[TextAudio], k: float) -> "_PendingWindow":
         audio, text = joined(group)
         features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         tagged = rare_token_mask(self.processor.tokenizer, self.prompt_ids(), decoder_text(text), k,
@@ -80,43 +103,68 @@ class WhisperBackbone:
         token_mask = torch.tensor(tagged.mask[:-1])
         n_frames = self.model.config.max_source_positions
         speech_frames = min(n_frames, int(np.ceil(len(audio) / SAMPLE_RATE * ENCODER_FRAMES_PER_SECOND)))
-        frame_mask = torch.zeros(n_frames, dtype=torch.bool)
-        if encoder_tagging == "align":
-            rare_spans = [w.token_positions for w in tagged.words if w.rare and w.token_positions]
-            frame_mask = self._rare_frames(features, torch.tensor(tagged.input_ids), rare_spans, speech_frames)
-        elif encoder_tagging != "none":
-            raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
         info = {"ids": [u.id for u in group], "seconds": len(audio) / SAMPLE_RATE, "speech_frames": speech_frames,
-                "tokens": int(ids.numel()), "rare_tokens": int(token_mask.sum()), "rare_frames": int(frame_mask.sum()),
+                "tokens": int(ids.numel()), "rare_tokens": int(token_mask.sum()), "rare_frames": 0,
                 "words": len(tagged.words), "rare_words": sum(w.rare for w in tagged.words)}
-        return Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
-                      masks={"tokens": token_mask, "frames": frame_mask}, info=info)
+        window = Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
+                        masks={"tokens": token_mask, "frames": torch.zeros(n_frames, dtype=torch.bool)}, info=info)
+        rare_spans = [w.token_positions for w in tagged.words if w.rare and w.token_positions]
+        return _PendingWindow(window, torch.tensor(tagged.input_ids), rare_spans, speech_frames)
 
     # -- encoder frame tags ------------------------------------------------------------------------------------------
-    def _rare_frames(self, features: torch.Tensor, input_ids: torch.Tensor, rare_spans: list[tuple[int, ...]],
-                     speech_frames: int) -> torch.Tensor:
+    def _tag_rare_frames(self, pending: list["_PendingWindow"], keep: bool) -> None:
+        """Tag the frames of each window's rare words (the windows without one need no alignment, unless the fp
+        encoder is kept for the calibration)."""
+        aligned = pending if keep else [p for p in pending if p.rare_spans]
+        for p, encoded in zip(aligned, self._encode(aligned, keep)):
+            if p.rare_spans:
+                mask = self._rare_frames(encoded, p)
+                p.window.masks["frames"] = mask
+                p.window.info["rare_frames"] = int(mask.sum())
+
+    def _encode(self, pending: list["_PendingWindow"], keep: bool) -> list[torch.Tensor]:
+        """The full-precision encoder output of each window, layer by layer over all windows (each layer widened to
+        float32 once), by the encoder stage's own code: the values of the calibration's fp stream. With ``keep``,
+        each window also keeps every layer's Linear inputs and output (Window.fp_stream)."""
+        stage = _EncoderStage(self, [])
+        with torch.no_grad():
+            hidden = [stage.enter(p.window, {}) for p in pending]
+            for index, layer in enumerate(self.model.model.encoder.layers):
+                with widened(layer):
+                    for j, p in enumerate(pending):
+                        def run(h: torch.Tensor = hidden[j], window: Window = p.window) -> torch.Tensor:
+                            return stage.call_block(layer, h, window, {})
+                        if keep:
+                            inputs, hidden[j] = run_capturing_inputs(layer, ENCODER_GROUPS, run)
+                            p.window.fp_stream[f"model.encoder.layers.{index}"] = (inputs, hidden[j])
+                        else:
+                            hidden[j] = run()
+            encoded = []
+            for h, p in zip(hidden, pending):
+                stream: dict = {}
+                stage.leave(h, p.window, stream)
+                encoded.append(stream["encoder_out"])
+        return encoded
+
+    def _rare_frames(self, encoded: torch.Tensor, p: "_PendingWindow") -> torch.Tensor:
         mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.bool)
-        if not rare_spans:
-            return mask
-        starts = token_start_frames(self._alignment_matrix(features, input_ids, speech_frames))
+        starts = token_start_frames(self._alignment_matrix(encoded, p.input_ids, p.speech_frames))
         n_prompt = len(self.prompt_ids())
-        for span in rare_spans:
+        for span in p.rare_spans:
             first, last = span[0] - n_prompt, span[-1] - n_prompt  # indices among the text tokens
             begin = starts[first]
-            end = starts[last + 1] if last + 1 < len(starts) else speech_frames
+            end = starts[last + 1] if last + 1 < len(starts) else p.speech_frames
             mask[begin : max(end, begin + 1)] = True
         return mask
 
-    def _alignment_matrix(self, features: torch.Tensor, input_ids: torch.Tensor, speech_frames: int) -> np.ndarray:
-        """[text tokens + 1, speech frames] alignment-head attention, standardised and median-filtered."""
+    def _alignment_matrix(self, encoded: torch.Tensor, input_ids: torch.Tensor, speech_frames: int) -> np.ndarray:
+        """[text tokens + 1, speech frames] alignment-head attention over the encoder output ``encoded``,
+        standardised and median-filtered."""
         heads = self.generation_config.alignment_heads
         inner = self.model.model
-        # Encoder and decoder run apart, as the whole model runs them, so that only the decoder's attention weights
-        # are kept: asked of the whole model, output_attentions also keeps every encoder layer's [heads, 1500, 1500]
-        # (large-v3: 32 x 180 MB per window). The encoder runs with the model's own attention (SDPA, no weights
-        # formed); only the decoder needs eager attention for its weights. No logits are needed either.
-        with torch.no_grad():
-            encoded = inner.encoder(features.to(self.device)).last_hidden_state
+        # The encoder runs apart (``_encode``), as the whole model runs it, so that only the decoder's attention
+        # weights are kept: asked of the whole model, output_attentions also keeps every encoder layer's [heads, 1500,
+        # 1500] (large-v3: 32 x 180 MB per window). Only the decoder needs eager attention for its weights; no logits.
         with torch.no_grad(), _eager_attention(self.model):
             out = inner.decoder(input_ids=input_ids[None, :-1].to(self.device), encoder_hidden_states=encoded,
                                 output_attentions=True, use_cache=False)
@@ -156,6 +204,17 @@ class WhisperBackbone:
             ids = self.model.generate(features.to(self.device), decoder_input_ids=prompt, max_new_tokens=max_new_tokens,
                                       do_sample=False, num_beams=1, generation_config=self.generation_config)
         return self.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+
+
+@dataclass
+class _PendingWindow:
+    """A window whose encoder frames are still to be tagged: the whole teacher-forced token ids (the label too),
+    the token positions of each rare word, and how many encoder frames hold speech."""
+
+    window: Window
+    input_ids: torch.Tensor
+    rare_spans: list[tuple[int, ...]]
+    speech_frames: int
 
 
 def round_conv_kernels_to_f16(model: nn.Module) -> int:

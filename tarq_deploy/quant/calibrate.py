@@ -51,6 +51,10 @@ class Window:
     inputs: dict[str, torch.Tensor]
     masks: dict[str, torch.Tensor]  # domain ("frames", "tokens") -> bool [positions]
     info: dict[str, Any] = field(default_factory=dict)
+    # The full-precision stream through blocks the backbone already ran while building the window (Whisper's
+    # alignment pass runs the whole fp encoder): block name -> (its Linears' inputs x_fp, its output). The driver
+    # takes an entry instead of running that fp block again; the values are those the run would compute.
+    fp_stream: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -379,10 +383,8 @@ class SequentialCalibrator:
                                  streams: dict[str, list[dict]]) -> tuple[dict[str, QuantizedWeight], list[dict], dict]:
         x_fp, h_fp_next = None, None
         if self.paired:
-            fp_module = copy.deepcopy(block.module)
-            all_linears = [rel for group in block.groups for rel in group]
-            x_fp, h_fp_next = self._capture_fp_inputs(stage, block, fp_module, all_linears, h["fp"], streams["fp"])
-            del fp_module
+            x_fp, h_fp_next = self._kept_fp_stream(block) or \
+                self._capture_fp_inputs(stage, block, h["fp"], streams["fp"])
         lattice: dict[str, QuantizedWeight] = {}
         records: list[dict] = []
         programs = [stage.steps(block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])] \
@@ -433,8 +435,11 @@ class SequentialCalibrator:
 
     def _replay_widened_block(self, stage: Stage, block: Block, restored: dict[str, QuantizedWeight],
                               h: dict[str, list[torch.Tensor]], streams: dict[str, list[dict]]) -> dict:
-        h_fp_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])] \
-            if self.paired else None
+        h_fp_next = None
+        if self.paired:
+            kept = self._kept_fp_stream(block)
+            h_fp_next = kept[1] if kept else \
+                [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])]
         for name, q in restored.items():
             rel = next(r for g in block.groups for r in g if f"{block.full_name(r)}.weight" == name)
             _assign(block.linear(rel), q)
@@ -445,16 +450,26 @@ class SequentialCalibrator:
         with torch.no_grad():
             return stage.call_block(module, h, window, stream)
 
-    def _capture_fp_inputs(self, stage: Stage, block: Block, fp_module: nn.Module, linears: list[str],
-                           h_fp: list[torch.Tensor], streams: list[dict]) -> tuple[list[dict], list[torch.Tensor]]:
-        """Run the full-precision block once per window, keeping every Linear's input (x_fp) and the output."""
+    def _kept_fp_stream(self, block: Block) -> tuple[list[dict], list[torch.Tensor]] | None:
+        """(x_fp per window, the block's fp outputs) when every window kept them from the backbone's own pass (see
+        ``Window.fp_stream``); taken out of the windows, so each is let go once the block is done."""
+        kept = [window.fp_stream.pop(block.name, None) for window in self.windows]
+        if any(entry is None for entry in kept):
+            return None
+        return [inputs for inputs, _ in kept], [output for _, output in kept]
+
+    def _capture_fp_inputs(self, stage: Stage, block: Block, h_fp: list[torch.Tensor],
+                           streams: list[dict]) -> tuple[list[dict], list[torch.Tensor]]:
+        """Run a full-precision copy of the block once per window, keeping every Linear's input (x_fp) and the
+        output."""
+        fp_module = copy.deepcopy(block.module)
         captured: list[dict[str, torch.Tensor]] = []
         outputs: list[torch.Tensor] = []
         for hidden, window, stream in zip(h_fp, self.windows, streams):
-            inputs: dict[str, torch.Tensor] = {}
-            with _input_hooks(fp_module, linears, lambda rel, x: inputs.__setitem__(rel, x)):
-                outputs.append(self._forward(stage, fp_module, hidden, window, stream))
+            inputs, output = run_capturing_inputs(fp_module, block.groups,
+                                                  lambda: self._forward(stage, fp_module, hidden, window, stream))
             captured.append(inputs)
+            outputs.append(output)
         return captured, outputs
 
     def _group_stats(self, block: Block, group: list[str], x_fp: list[dict] | None, streams: dict[str, list[dict]],
@@ -465,7 +480,7 @@ class SequentialCalibrator:
         Two shortcuts, both exact: Linears fed the very same tensor (q/k/v of an attention, k/v of cross-attention)
         share one LayerStats; and a Linear fed a stream tensor that is fixed for the whole stage (the decoder's
         cross-attention k/v read the encoder output in every block) reuses the statistics the first block gathered."""
-        stats = {rel: LayerStats(block.linear(rel).in_features, device=self.device) for rel in group}
+        stats = {rel: self._new_stats(block.linear(rel), len(group), x_fp is not None) for rel in group}
         shares: dict[str, str] = {}  # rel -> the rel whose statistics it shares, fixed on the first window
         sources: dict[str, tuple | None] = {}  # rel -> (stream key, domain) when its input is a stage constant
         for w_index in range(len(self.windows)):
@@ -500,6 +515,14 @@ class SequentialCalibrator:
             stats[rel] = stats[owner]
         return stats
 
+    def _new_stats(self, linear: nn.Linear, group_size: int, paired: bool) -> LayerStats:
+        """Statistics for a Linear; a lone Linear with fewer outputs than inputs (fc2) gathers W H_delta itself,
+        which is cheaper than H_delta (stats.py). Its weight is that of the solve: a group is solved after its
+        statistics are complete."""
+        narrow = paired and group_size == 1 and linear.out_features < linear.in_features
+        return LayerStats(linear.in_features, device=self.device,
+                          projection=linear.weight.detach() if narrow else None)
+
     def _stream_source(self, rel: str, block: Block, x_q: torch.Tensor, x_fp: list[dict] | None, w_index: int,
                        streams: dict[str, list[dict]]) -> tuple | None:
         """(stream key, domain) when x_q is a tensor of the window's quantized stream (and x_fp the same key of its
@@ -533,6 +556,16 @@ def _finish(program) -> torch.Tensor:
         except StopIteration as done:
             return done.value
     raise RuntimeError("a block's steps yielded more groups than the block has")
+
+
+def run_capturing_inputs(module: nn.Module, groups: list[list[str]],
+                         run: Callable[[], torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(every named Linear's input, flattened to [positions, n]; the output) of ``run()``, a forward of ``module``
+    (the fp stream through a block: what a backbone computing it ahead of the driver keeps, see Window.fp_stream)."""
+    inputs: dict[str, torch.Tensor] = {}
+    with _input_hooks(module, [rel for group in groups for rel in group], inputs.__setitem__):
+        output = run()
+    return inputs, output
 
 
 def input_of(linear: nn.Module, run: Callable[[], object]) -> torch.Tensor:

@@ -20,7 +20,7 @@ from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longe
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError, require_finite
 from ..hashing import chunks_sha256
-from ..machine import machine_record, peak_rss_mb
+from ..machine import machine_record, peak_rss_mb, physical_memory_bytes, resident_bytes
 from ..models.common import WINDOW_SECONDS, TextAudio
 from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
 from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
@@ -38,7 +38,8 @@ class Backbone(Protocol):
     architecture: str
     model: torch.nn.Module
 
-    def build_windows(self, utterances: list[TextAudio], k: float, pack: bool, encoder_tagging: str) -> list: ...
+    def build_windows(self, utterances: list[TextAudio], k: float, pack: bool, encoder_tagging: str,
+                      keep_fp_bytes: int = 0) -> list: ...
     def stages(self) -> list: ...
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint: ...
 
@@ -66,6 +67,9 @@ class QuantizeOptions:
     act_order: bool = True
     alpha_rule: str = "one"
     device: str = "cpu"
+    # Bytes of memory the calibration may take (None: DEFAULT_MAX_MEMORY, or half the machine's memory if that is
+    # less). It decides whether work is kept for reuse (Whisper: the alignment pass's fp encoder), never the result.
+    max_memory: int | None = None
 
     def solver(self) -> TarqConfig:
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
@@ -89,6 +93,7 @@ class QuantizeOptions:
         """The options that shape the result (not where it runs)."""
         knobs = asdict(self)
         knobs.pop("device")
+        knobs.pop("max_memory")
         if knobs["preset"] is None:  # a run without one keeps the knobs (and so the resume key) it always had
             knobs.pop("preset")
         return knobs
@@ -150,7 +155,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         stats = corpus_statistics(chosen, options.zipf_threshold)
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
-                                             options.frame_tagging())
+                                             options.frame_tagging(), keep_fp_bytes=reusable_bytes(options))
         peak_rss["windows"] = peak_rss_mb()
         if milestone:
             milestone("windows")
@@ -174,6 +179,26 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
+
+
+DEFAULT_MAX_MEMORY = 8 * 10**9
+SOLVE_RESERVE_BYTES = 512 << 20  # the statistics and solver temporaries of the widest Linear, with room to spare
+
+
+def max_memory_bytes(options: QuantizeOptions) -> int:
+    """The memory budget: --max-memory, else 8 GB or half the machine's memory, whichever is less."""
+    if options.max_memory is not None:
+        return options.max_memory
+    physical = physical_memory_bytes()
+    return min(DEFAULT_MAX_MEMORY, physical // 2) if physical else DEFAULT_MAX_MEMORY
+
+
+def reusable_bytes(options: QuantizeOptions) -> int:
+    """What the budget leaves for work kept for reuse, beyond what the process holds now and the solver's reserve.
+    The backbone keeps its reusable work only where all of it (and the blocks' working set) fits; kept or not, the
+    same arithmetic gives the same bytes."""
+    held = resident_bytes() or 0
+    return max(0, max_memory_bytes(options) - held - SOLVE_RESERVE_BYTES)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ hold (float16 and bfloat16 widen to float32 exactly), so the same source gives t
 
 * ``float32_compute(model)``: every module with parameters of its own is widened to float32 just before it runs and
   narrowed back just after (forward hooks), so a whole-model pass (the rare-word alignment, a stage's entry) holds
-  one module's float32 copy at a time;
+  one module's float32 copy at a time; an embedding widens the rows it looked up instead of its table;
 * ``widened(module)``: a module held in float32 for a stretch of work (the block being calibrated: its weights take
   lattice values that its stored dtype may not hold, and must keep them until the streams have left the block).
 
@@ -74,8 +74,15 @@ def float32_compute(model: nn.Module) -> Iterator[nn.Module]:
     def after(module: nn.Module, _args: tuple, _output: object) -> None:
         _narrow(pending[id(module)].pop())
 
+    def widened_rows(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        return output.to(torch.float32) if output.dtype in NARROW_DTYPES else None
+
     for module in model.modules():
-        if any(True for _ in _tensors(module, recurse=False)):
+        if isinstance(module, nn.Embedding):
+            # A lookup reads a few rows: those are widened, not the table (Whisper's 51,865 x 512 token table was
+            # widened and narrowed again for every window of every pass). The same values either way.
+            handles.append(module.register_forward_hook(widened_rows))
+        elif any(True for _ in _tensors(module, recurse=False)):
             handles.append(module.register_forward_pre_hook(before))
             handles.append(module.register_forward_hook(after, always_call=True))
     try:

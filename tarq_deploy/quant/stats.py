@@ -8,6 +8,9 @@ Arithmetic (the Hessian products are a third of a CPU calibration's time, so eac
 needed):
 - one Gram product per batch, x^T x over *all* positions, and one over the tail positions (a small slice); the common
   moment is their difference. Each Gram forms only its upper block triangle (``upper_gram_``), accumulated in place.
+- a Linear that alone reads its input and has fewer outputs than inputs (an MLP's down projection, fc2: m = n / 4)
+  gets W H_delta instead of H_delta (``projection``): the residual step needs nothing else, and
+  sum (W delta)^T x_q costs 2 m n per position where delta^T x_q costs n^2 (fc2: half);
 - products are formed and summed in float32 (the paper keeps its second moments in fp32) for up to
   ``FOLD_POSITIONS`` positions, then folded into float64 running sums: long sums keep float64's rounding, and the
   n x n float32-to-float64 pass (as slow as the product itself for the decoder's short windows) runs once per fold
@@ -62,16 +65,19 @@ class _Folded:
 
 class LayerStats:
     """Running H_common, H_tail, H_delta and H_delta_tail of one Linear with n inputs; reading any of them folds
-    what is pending."""
+    what is pending. With ``projection`` (the Linear's weight W [m, n]) the cross-moments are held as W H_delta and
+    W H_delta_tail [m, n] (``W_H_delta``, ``W_H_delta_tail``), and H_delta itself is not formed."""
 
-    def __init__(self, n: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, n: int, device: torch.device | str = "cpu", projection: torch.Tensor | None = None) -> None:
         self.n = n
         self.device = torch.device(device)
+        self.projection = projection.to(self.device, PRODUCT_DTYPE) if projection is not None else None
         self._H_common, self._H_tail = self._zeros(), self._zeros()
         # H_delta and H_delta_tail stay empty placeholders until a full-precision stream arrives: methods without
         # the residual step never fill them (fc2 of large-v3: 2 x 210 MB in float64 not held).
+        rows = self.projection.shape[0] if self.projection is not None else n
         self._H_delta = self._H_delta_tail = torch.zeros((1, 1), dtype=torch.float64,
-                                                         device=self.device).expand(n, n)
+                                                         device=self.device).expand(rows, n)
         self.n_common = self.n_tail = self.n_delta = 0
         self._pending: dict[str, torch.Tensor] = {}  # float32 sums not yet folded: gram, gram_tail, cross, cross_tail
         self._pending_positions = 0
@@ -99,6 +105,8 @@ class LayerStats:
             if x_fp.shape != x_q.shape:
                 raise ValueError(f"x_fp has shape {tuple(x_fp.shape)}, x_q has {tuple(x_q.shape)}")
             delta = x_fp - x_q  # formed first: H_delta is small beside x_fp^T x_q, a difference of those would cancel
+            if self.projection is not None:
+                delta = delta @ self.projection.T  # W delta: only W H_delta = sum (W delta)^T x_q is needed
             self._accumulate_product("cross", delta, x_q)
             if x_tail.shape[0]:
                 self._accumulate_product("cross_tail", delta[mask], x_tail)
@@ -116,7 +124,7 @@ class LayerStats:
     def _accumulate_product(self, key: str, a: torch.Tensor, b: torch.Tensor) -> None:
         """pending[key] += a^T b."""
         if key not in self._pending:
-            self._pending[key] = torch.zeros((self.n, self.n), dtype=PRODUCT_DTYPE, device=self.device)
+            self._pending[key] = torch.zeros((a.shape[1], b.shape[1]), dtype=PRODUCT_DTYPE, device=self.device)
         self._pending[key].addmm_(a.T, b)
 
     def _fold(self) -> None:
@@ -137,13 +145,26 @@ class LayerStats:
 
     def _widen_delta(self) -> None:
         if self._H_delta.stride() == (0, 0):  # still the placeholder
-            self._H_delta, self._H_delta_tail = self._zeros(), self._zeros()
+            self._H_delta, self._H_delta_tail = (torch.zeros(self._H_delta.shape, dtype=torch.float64,
+                                                             device=self.device) for _ in range(2))
 
-    # The moments, folded on reading (see _Folded).
+    # The moments, folded on reading (see _Folded). With a projection, H_delta and H_delta_tail hold W H_delta and
+    # W H_delta_tail: read them through weighted_residual.
     H_common = _Folded()
     H_tail = _Folded()
     H_delta = _Folded()
     H_delta_tail = _Folded()
+
+    def weighted_residual(self, W: torch.Tensor, tail_weight: float = 1.0) -> torch.Tensor:
+        """W H_delta,w in float32: W (H_delta + (tail_weight - 1) H_delta_tail), the cross-moment weighted as the
+        metric weighs positions (tail_weight = lam; 1: plain H_delta). ``W`` [m, n] must be the projection when
+        there is one (its product is already formed)."""
+        H_delta = self.H_delta if tail_weight == 1.0 else self.H_delta + (tail_weight - 1.0) * self.H_delta_tail
+        if self.projection is not None:
+            if not torch.equal(W.to(self.device, PRODUCT_DTYPE), self.projection):
+                raise ValueError("these statistics hold W H_delta for another weight")
+            return H_delta.to(W.device, torch.float32)
+        return W.float() @ H_delta.to(W.device, torch.float32)
 
     def check_usable(self, name: str) -> None:
         """CalibrationDataError when no calibration position reached the layer ``name`` (a layer with no *tail*

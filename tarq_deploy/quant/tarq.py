@@ -104,13 +104,16 @@ def rarebal_metric(H_common: torch.Tensor, H_tail: torch.Tensor, c: float = 1.0)
 
 def residual_direction(W: torch.Tensor, H_delta: torch.Tensor, metric: PreparedMetric) -> tuple[torch.Tensor, torch.Tensor]:
     """The propagation-aware direction D = W H_delta G with G = (H + delta I)^-1 (the damped inverse the sweep
-    already holds).
+    already holds), and D H (see ``direction_of``)."""
+    return direction_of(W.float() @ H_delta.to(W.device, torch.float32), metric)
 
-    Also returns D H, needed by the closed-form alpha, without another m x n x n product: since G (H + delta I) = I,
-    D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them does not matter).
-    float32 products: alpha from them agrees with a float64 brute-force search (tests/test_solvers.py)."""
-    W_H_delta = W.float() @ H_delta.to(W.device, torch.float32)
-    D = W_H_delta @ metric.H_inv.to(W.device, torch.float32)
+
+def direction_of(W_H_delta: torch.Tensor, metric: PreparedMetric) -> tuple[torch.Tensor, torch.Tensor]:
+    """D = (W H_delta) G, and D H, needed by the closed-form alpha, without another m x n x n product: since
+    G (H + delta I) = I, D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them
+    does not matter). float32 products: alpha from them agrees with a float64 brute-force search
+    (tests/test_solvers.py)."""
+    D = W_H_delta @ metric.H_inv.to(W_H_delta.device, torch.float32)
     return D, W_H_delta - metric.damp * D
 
 
@@ -184,12 +187,11 @@ def tarq_solve(
     if config.alpha_rule == "one":  # no pilot sweep needed: the step size does not depend on it
         # The exact minimiser of sum_t w_t |W x_fp,t - V x_t|^2 (w_t = lam on tail positions, 1 elsewhere) is
         # V = W + W H_delta,w (H_w)^-1: the full residual direction, with H_delta weighted like the metric.
-        H_delta = stats.H_delta + ((lam or 1.0) - 1.0) * stats.H_delta_tail
-        D, _ = residual_direction(W, H_delta.to(W.device), metric)
+        D, _ = direction_of(stats.weighted_residual(W, lam or 1.0), metric)
         alpha = 1.0
     else:
         W_hat0 = GPTQ(W)  # pilot (the whole answer without the residual step)
-        D, DH = residual_direction(W, stats.H_delta, metric)
+        D, DH = direction_of(stats.weighted_residual(W), metric)
         E = W_hat0.dequantize() - W
         alpha = optimal_alpha(E, D, DH)
     info.alpha = alpha
