@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tarq_deploy.commands.options import memory_size
 from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
 
 DIMS = WHISPER_DIMS  # real Whisper dimensions, random weights (no such checkpoints offline)
@@ -149,7 +150,7 @@ def child(args: argparse.Namespace) -> None:
     scheme, bits, native_group = GGML_TYPES[args.type] if args.type else ("symmetric", 4, args.group_size)
     group = args.group_size if scheme == "symmetric" else native_group
     options = QuantizeOptions(method=args.method, n_calib=args.n, device=args.device, group_size=group, bits=bits,
-                              scheme=scheme)
+                              scheme=scheme, max_memory=args.max_memory)
     utterances = load_corpus(args.manifest)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -181,6 +182,8 @@ def cell_figures(args: argparse.Namespace, stages: dict[str, dict], timing: dict
                "peak_rss_mb": stages["done"]["peak_rss_mb"], "parameters": sum(p.numel() for p in model.parameters()),
                "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                "blocks": sum(1 for name in stages if name.startswith("block ")),
+               # blocks whose full-precision stream the alignment pass had computed and kept (--max-memory)
+               "fp_blocks_reused": timing.get("fp_blocks_reused", 0),
                # the high-water mark after each calibrated block: where in the sweep the memory peaks
                "peak_rss_mb_after_block": [round(v["peak_rss_mb"]) for k, v in stages.items() if k.startswith("block ")]}
     if args.device == "cuda":
@@ -212,6 +215,8 @@ def child_launch(args: argparse.Namespace, method: str, manifest: Path, dims: st
            *(["--type", args.type] if args.type else [])]
     if dims:
         cmd += ["--dims", dims, "--processor", processor, *([] if baseline else ["--source-dtype", args.source_dtype])]
+    if args.max_memory is not None and not baseline:
+        cmd += ["--max-memory", str(args.max_memory)]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     if not baseline:
         return cmd, env, None
@@ -317,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="gptq,tarq")
     parser.add_argument("--calib", help="a calibration manifest to use instead of the cycled real clips")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in the children (0: default)")
+    parser.add_argument("--max-memory", type=memory_size, metavar="SIZE",
+                        help="the current code's children: quantize's --max-memory (default: quantize's default)")
     parser.add_argument("--source-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                         help="--dims: the precision the random weights are stored and held in (float16, as the hub's)")
     parser.add_argument("--settle-seconds", type=float, default=120.0,
