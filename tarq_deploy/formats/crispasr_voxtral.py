@@ -387,20 +387,17 @@ def verify(model_file: str | os.PathLike, checkpoint: str | os.PathLike | Lattic
 
 def describe_voxtral_gguf(path: str | os.PathLike) -> tuple[str, str, dict]:
     """(backbone name, precision, details) of a CrispASR Voxtral GGUF."""
-    from .gguf_file import GGUFFileError, file_type_name
+    from .gguf_file import GGUFFileError, file_types
 
     model = read_gguf(path)
     if model.arch != ARCH:
         raise GGUFFileError(path, f"architecture {model.arch!r}, expected {ARCH!r}")
     dims = tuple(model.integer(key) for key in SIZE_KEYS)
     name = "voxtral-mini-3b" if dims == (32, 1280, 30, 3072) else f"voxtral-a{dims[0]}x{dims[1]}-t{dims[2]}x{dims[3]}"
-    file_type = model.integer("general.file_type", default=-1)
-    counts: dict[str, int] = {}
-    for record in model.tensors.values():
-        counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
+    precision, counts = file_types(model)
     details = {"arch": ARCH, "audio_layers": dims[0], "audio_d_model": dims[1], "text_layers": dims[2],
                "text_hidden": dims[3], "tensor_types": counts}
-    return name, file_type_name(file_type), details
+    return name, precision, details
 
 
 def export_voxtral_gguf(target: str, checkpoint: str | None, model: str | None, weight_type: str | None,

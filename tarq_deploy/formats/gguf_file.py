@@ -73,6 +73,16 @@ def file_type_name(file_type: int) -> str:
         return f"file_type {file_type}"
 
 
+def file_types(model: Any) -> tuple[str, dict[str, int]]:
+    """A read GGUF's ``general.file_type`` by name (file_type_name) and how many of its tensors hold each ggml
+    type ({"Q4_K": 120, "F32": 88, ...}): what a describe function reports about a file's types."""
+    counts: dict[str, int] = {}
+    for record in model.tensors.values():
+        name = GGML_TYPE_NAMES[record.ggml_type]
+        counts[name] = counts.get(name, 0) + 1
+    return file_type_name(model.integer("general.file_type", default=-1)), counts
+
+
 # ------------------------------------------------------------------------------------------------------ writing
 @dataclass(frozen=True)
 class KV:

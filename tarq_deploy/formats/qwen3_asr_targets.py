@@ -10,7 +10,7 @@ from tarq_deploy.checkpoint import LatticeCheckpoint
 
 from . import crispasr, crispasr_voxtral, qwen3_asr_cpp, transcribe_llm, transcribe_whisper
 from .ggml_blocks import GGML_TYPE_NAMES
-from .gguf_file import GGUFExportError, GGUFFileError, GGUFVerifyError, file_type_name, read_gguf, write_gguf
+from .gguf_file import GGUFExportError, GGUFFileError, GGUFVerifyError, file_types, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
 
 
@@ -60,11 +60,7 @@ def describe_qwen3_asr_gguf(path: str | os.PathLike, arch: str) -> tuple[str, st
         raise GGUFFileError(path, f"architecture {model.arch!r}, expected {arch!r}")
     dims = tuple(model.integer(key) for key in ARCH_TARGETS[arch].size_keys)
     name = QWEN3_ASR_SIZES.get(dims, f"qwen3-asr-a{dims[0]}x{dims[1]}-t{dims[2]}x{dims[3]}")
-    file_type = model.integer("general.file_type", default=-1)
-    counts: dict[str, int] = {}
-    for record in model.tensors.values():
-        kind = GGML_TYPE_NAMES[record.ggml_type]
-        counts[kind] = counts.get(kind, 0) + 1
+    precision, counts = file_types(model)
     details = {"arch": arch, "audio_layers": dims[0], "audio_d_model": dims[1], "text_layers": dims[2],
                "text_hidden": dims[3], "tensor_types": counts}
-    return name, file_type_name(file_type), details
+    return name, precision, details

@@ -81,8 +81,8 @@ class WhisperBackbone:
         pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
         if encoder_tagging == "align":
             kept = self.fp_encoder_bytes(len(pending))
-            # all or nothing, with room for the blocks' working set (about one layer's worth): partly kept, the
-            # encoders of large-v3 and turbo would pass their measured peaks
+            # All or nothing, with room for the blocks' working set (about one layer's worth). Keeping some layers
+            # would raise the peaks measured for large-v3 and turbo, which keep none.
             keep = self.device.type == "cpu" and kept + kept // self.model.config.encoder_layers <= keep_fp_bytes
             self._tag_rare_frames(pending, keep)
         return [p.window for p in pending]

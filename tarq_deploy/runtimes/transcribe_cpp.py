@@ -65,8 +65,7 @@ def llm_family(source: str | ModelSource) -> Any:
 def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
     """Validate with our strict reader (GGUFFileError is a ValueError naming the problem); the backbone is named by
     its dimensions as for a whisper.cpp file, the precision by the file type."""
-    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-    from tarq_deploy.formats.gguf_file import GGUFFileError, file_type_name, read_gguf
+    from tarq_deploy.formats.gguf_file import GGUFFileError, file_types, read_gguf
 
     from .whisper_cpp import whisper_backbone
 
@@ -77,29 +76,20 @@ def describe_transcribe_cpp_file(path: Path) -> ModelInfo:
         raise GGUFFileError(path, f"architecture {model.arch!r}, expected {ARCH!r}")
     dims = [model.integer(f"stt.whisper.{key}") for key in ("encoder.n_layers", "encoder.d_model", "decoder.n_layers",
                                                             "decoder.vocab_size", "encoder.num_mel_bins")]
-    counts: dict[str, int] = {}
-    for record in model.tensors.values():
-        counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
-    file_type = model.integer("general.file_type", default=-1)
-    return ModelInfo(whisper_backbone(*dims), file_type_name(file_type),
-                     {"arch": ARCH, "tensor_types": counts})
+    precision, counts = file_types(model)
+    return ModelInfo(whisper_backbone(*dims), precision, {"arch": ARCH, "tensor_types": counts})
 
 
 def _describe_llm(model: Any) -> ModelInfo:
-    from tarq_deploy.formats.ggml_blocks import GGML_TYPE_NAMES
-    from tarq_deploy.formats.gguf_file import GGUFFileError, GGUFVerifyError, file_type_name
+    from tarq_deploy.formats.gguf_file import GGUFFileError, GGUFVerifyError, file_types
     from tarq_deploy.formats.transcribe_llm import describe
 
     try:
         backbone, details = describe(model)
     except GGUFVerifyError as e:  # a CrispASR Voxtral file: not ours to describe
         raise GGUFFileError(model.path, str(e)) from None
-    counts: dict[str, int] = {}
-    for record in model.tensors.values():
-        counts[GGML_TYPE_NAMES[record.ggml_type]] = counts.get(GGML_TYPE_NAMES[record.ggml_type], 0) + 1
-    file_type = model.integer("general.file_type", default=-1)
-    return ModelInfo(backbone, file_type_name(file_type),
-                     {**details, "tensor_types": counts})
+    precision, counts = file_types(model)
+    return ModelInfo(backbone, precision, {**details, "tensor_types": counts})
 
 
 def load_model(model_file: str) -> Any:
