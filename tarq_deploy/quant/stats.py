@@ -65,13 +65,14 @@ class _Folded:
 
 class LayerStats:
     """Running H_common, H_tail, H_delta and H_delta_tail of one Linear with n inputs; reading any of them folds
-    what is pending. With ``projection`` (the Linear's weight W [m, n]) the cross-moments are held as W H_delta and
-    W H_delta_tail [m, n] (``W_H_delta``, ``W_H_delta_tail``), and H_delta itself is not formed."""
+    what is pending. With ``projection`` (the Linear's weight W [m, n]) the cross-moments H_delta and H_delta_tail
+    hold W H_delta and W H_delta_tail [m, n] instead (read them through ``weighted_residual``)."""
 
     def __init__(self, n: int, device: torch.device | str = "cpu", projection: torch.Tensor | None = None) -> None:
         self.n = n
         self.device = torch.device(device)
-        self.projection = projection.to(self.device, PRODUCT_DTYPE) if projection is not None else None
+        # a copy: the Linear's own weight takes its lattice values once solved
+        self.projection = projection.to(self.device, PRODUCT_DTYPE, copy=True) if projection is not None else None
         self._H_common, self._H_tail = self._zeros(), self._zeros()
         # H_delta and H_delta_tail stay empty placeholders until a full-precision stream arrives: methods without
         # the residual step never fill them (fc2 of large-v3: 2 x 210 MB in float64 not held).
