@@ -27,6 +27,7 @@ During calibration the decoder input embedding stays full precision in both stre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -94,7 +95,7 @@ class WhisperBackbone:
         per_frame = 4 * config.d_model + config.encoder_ffn_dim
         return 4 * per_frame * config.max_source_positions * config.encoder_layers * n_windows
 
-    def _window(self, group: list[TextAudio], k: float) -> "_PendingWindow":
+    def _window(self, group: list[TextAudio], k: float) -> _PendingWindow:
         audio, text = joined(group)
         features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         tagged = rare_token_mask(self.processor.tokenizer, self.prompt_ids(), decoder_text(text), k,
@@ -112,7 +113,7 @@ class WhisperBackbone:
         return _PendingWindow(window, torch.tensor(tagged.input_ids), rare_spans, speech_frames)
 
     # -- encoder frame tags ------------------------------------------------------------------------------------------
-    def _tag_rare_frames(self, pending: list["_PendingWindow"], keep: bool) -> None:
+    def _tag_rare_frames(self, pending: list[_PendingWindow], keep: bool) -> None:
         """Tag the frames of each window's rare words (the windows without one need no alignment, unless the fp
         encoder is kept for the calibration)."""
         aligned = pending if keep else [p for p in pending if p.rare_spans]
@@ -122,7 +123,7 @@ class WhisperBackbone:
                 p.window.masks["frames"] = mask
                 p.window.info["rare_frames"] = int(mask.sum())
 
-    def _encode(self, pending: list["_PendingWindow"], keep: bool) -> list[torch.Tensor]:
+    def _encode(self, pending: list[_PendingWindow], keep: bool) -> list[torch.Tensor]:
         """The full-precision encoder output of each window, layer by layer over all windows (each layer widened to
         float32 once), by the encoder stage's own code: the values of the calibration's fp stream. With ``keep``,
         each window also keeps every layer's Linear inputs and output (Window.fp_stream)."""
@@ -132,8 +133,7 @@ class WhisperBackbone:
             for index, layer in enumerate(self.model.model.encoder.layers):
                 with widened(layer):
                     for j, p in enumerate(pending):
-                        def run(h: torch.Tensor = hidden[j], window: Window = p.window) -> torch.Tensor:
-                            return stage.call_block(layer, h, window, {})
+                        run = partial(stage.call_block, layer, hidden[j], p.window, {})
                         if keep:
                             inputs, hidden[j] = run_capturing_inputs(layer, ENCODER_GROUPS, run)
                             p.window.fp_stream[f"model.encoder.layers.{index}"] = (inputs, hidden[j])
@@ -146,7 +146,7 @@ class WhisperBackbone:
                 encoded.append(stream["encoder_out"])
         return encoded
 
-    def _rare_frames(self, encoded: torch.Tensor, p: "_PendingWindow") -> torch.Tensor:
+    def _rare_frames(self, encoded: torch.Tensor, p: _PendingWindow) -> torch.Tensor:
         mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.bool)
         starts = token_start_frames(self._alignment_matrix(encoded, p.input_ids, p.speech_frames))
         n_prompt = len(self.prompt_ids())

@@ -144,7 +144,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     source_sha = state_sha256(backbone.model)
     spec = options.spec()
     calibration: dict = {}
-    reused: list[str] = []  # blocks whose fp stream the windows brought along (Window.fp_stream)
+    fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
     if options.method in DATA_FREE_METHODS or importance is not None:
         lattice = _round_to_nearest(backbone, options.recipe(), options.method, importance)
         result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
@@ -158,7 +158,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options))
         peak_rss["windows"] = peak_rss_mb()
-        reused = sorted({name for window in windows for name in window.fp_stream})  # for the timing log only
+        fp_blocks_reused = len({name for window in windows for name in window.fp_stream})
         if milestone:
             milestone("windows")
         calibration = _calibration_summary(chosen, stats, windows, options)
@@ -178,7 +178,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     }
     checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
     peak_rss["calibration"] = peak_rss_mb()
-    timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss, "fp_blocks_reused": len(reused),
+    timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss, "fp_blocks_reused": fp_blocks_reused,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
 
