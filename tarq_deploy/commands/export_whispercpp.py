@@ -20,7 +20,7 @@ EXIT_OK, EXIT_ERROR = 0, 2
 # The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names
 # mirror tarq_deploy.formats.whisper_cpp.TARGET_TYPES / BASELINES (tests/test_bad_inputs.py checks that they agree).
 WEIGHT_TYPES = ("f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_nl",
-                "iq4_xs")
+                "iq4_xs", "iq3_s", "iq3_xxs", "iq2_s", "iq2_xs")
 BASELINES = ("rtn",)
 # --baseline on the command line: "ggml" (ggml's own quantizer, as `quantize --method ggml`); "rtn", its first
 # spelling, is kept as an alias for one release (`quantize --method rtn` means our lattice's nearest codes).

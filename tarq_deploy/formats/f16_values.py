@@ -17,6 +17,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as GGMLType
 
+from tarq_deploy.quant.ggml_types import GRID_TYPES, unpack
 from tarq_deploy.quant.lattice import CODEBOOKS
 
 MIN_PART_VALUES = 1 << 20  # a tensor is shared among the cores from two parts of this size on
@@ -51,9 +52,20 @@ def _decoder(ggml_type: GGMLType) -> Callable[[np.ndarray, np.ndarray], int]:
                 GGMLType.Q2_K: f16_kernels.decode_q2_k,
                 GGMLType.IQ4_NL: lambda raw, out: f16_kernels.decode_iq4_nl(raw, out, _IQ4_NL_TABLE),
                 GGMLType.IQ4_XS: lambda raw, out: f16_kernels.decode_iq4_xs(raw, out, _IQ4_NL_TABLE)}
+    if ggml_type in GRID_TYPES:  # vector codebooks: decoded by the codec itself (numpy), then rounded by the kernel
+        return functools.partial(_decode_by_unpacking, ggml_type=ggml_type)
     if ggml_type not in decoders:
         raise ValueError(f"no decoder for {GGMLType(ggml_type).name} blocks")
     return decoders[ggml_type]
+
+
+def _decode_by_unpacking(raw: np.ndarray, out: np.ndarray, ggml_type: GGMLType) -> int:
+    """A decoder for blocks raw [blocks, type size] through ggml_types.unpack (each block a row of one super-block):
+    exactly the lattice's values, rounded to fp16 in ``out``; how many fp16 changed."""
+    from . import f16_kernels
+
+    values = unpack(raw, ggml_type).dequantize().numpy().reshape(-1)
+    return f16_kernels.to_f16(values, out)
 
 
 _IQ4_NL_TABLE = np.array(CODEBOOKS[("nonlinear", 4)], dtype=np.int8)

@@ -34,7 +34,8 @@ QNT_VERSION_FACTOR = 1000  # GGML_QNT_VERSION_FACTOR
 FTYPE_OF_TYPE = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q8_0: 7,
                  GGMLType.Q5_0: 8, GGMLType.Q5_1: 9, GGMLType.Q4_K: 12, GGMLType.Q5_K: 13, GGMLType.Q6_K: 14,
                  GGMLType.Q2_K: 10, GGMLType.Q3_K: 11, GGMLType.IQ4_NL: 19,
-                 GGMLType.IQ4_XS: 22}
+                 GGMLType.IQ4_XS: 22, GGMLType.IQ3_XXS: 17, GGMLType.IQ3_S: 20, GGMLType.IQ2_XS: 16,
+                 GGMLType.IQ2_S: 21}
 TYPE_OF_FTYPE = {ftype: t for t, ftype in FTYPE_OF_TYPE.items()}
 N_FFT_BINS = 201  # whisper.cpp's WHISPER_N_FFT 400 -> 201 frequency bins
 MAX_TOKEN_BYTES = 1024  # no real BPE token comes near; a larger length means a corrupt vocabulary

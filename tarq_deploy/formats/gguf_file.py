@@ -35,7 +35,9 @@ FILE_TYPES = {GGMLType.F32: LlamaFileType.ALL_F32, GGMLType.F16: LlamaFileType.M
               GGMLType.Q5_1: LlamaFileType.MOSTLY_Q5_1, GGMLType.Q4_K: LlamaFileType.MOSTLY_Q4_K_S,
               GGMLType.Q5_K: LlamaFileType.MOSTLY_Q5_K_S, GGMLType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
               GGMLType.Q3_K: LlamaFileType.MOSTLY_Q3_K_S, GGMLType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
-              GGMLType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL, GGMLType.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS}
+              GGMLType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL, GGMLType.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS,
+              GGMLType.IQ3_S: LlamaFileType.MOSTLY_IQ3_S, GGMLType.IQ3_XXS: LlamaFileType.MOSTLY_IQ3_XXS,
+              GGMLType.IQ2_S: LlamaFileType.MOSTLY_IQ2_S, GGMLType.IQ2_XS: LlamaFileType.MOSTLY_IQ2_XS}
 FILE_TYPE_NAMES = {int(file_type): GGML_TYPE_NAMES[t] for t, file_type in FILE_TYPES.items()}
 QUANTIZATION_VERSION = 2
 _SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",

@@ -3,9 +3,10 @@ model file against a lattice checkpoint.
 
 Targets (``target`` = the ggml type of the weight matrices):
 
-* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q2_k`` ... ``q6_k``, ``iq4_nl``, ``iq4_xs`` -- a lattice
-  checkpoint of that type, every weight matrix and the tied token embedding stored exactly (the lattice's codes
-  and group parameters become the type's blocks; see quant/ggml_types.py). whisper.cpp holds one type for all
+* ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``q8_0``, ``q2_k`` ... ``q6_k``, ``iq4_nl``, ``iq4_xs``, ``iq3_s``,
+  ``iq3_xxs``, ``iq2_s``, ``iq2_xs`` -- a lattice checkpoint of that type, every weight matrix and the tied token
+  embedding stored exactly (the lattice's codes and group parameters become the type's blocks; see
+  quant/ggml_types.py). whisper.cpp holds one type for all
   weight matrices, so a checkpoint whose matrices are on different lattices is refused; the K-quants need d_model a
   multiple of 256.
 * ``f16``  -- a float model, or a checkpoint's dequantized values s * q rounded to fp16 (fp16 cannot hold every
@@ -49,7 +50,8 @@ log = logging.getLogger(__name__)
 TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1,
                 "q5_0": GGMLType.Q5_0, "q5_1": GGMLType.Q5_1, "q4_k": GGMLType.Q4_K, "q5_k": GGMLType.Q5_K,
                 "q6_k": GGMLType.Q6_K, "q3_k": GGMLType.Q3_K, "q2_k": GGMLType.Q2_K,
-                "iq4_nl": GGMLType.IQ4_NL, "iq4_xs": GGMLType.IQ4_XS}
+                "iq4_nl": GGMLType.IQ4_NL, "iq4_xs": GGMLType.IQ4_XS, "iq3_s": GGMLType.IQ3_S,
+                "iq3_xxs": GGMLType.IQ3_XXS, "iq2_s": GGMLType.IQ2_S, "iq2_xs": GGMLType.IQ2_XS}
 K_SUPER_BLOCK = 256
 BASELINES = ("rtn",)
 EOT_TOKEN = "<|endoftext|>"  # the last token of the base vocabulary whisper.cpp reads from the file

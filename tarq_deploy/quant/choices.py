@@ -17,12 +17,14 @@ DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "t
 
 # The ggml types a lattice can be made for: name -> (scheme, bits, group size) of the lattice the type stores
 # (quant/lattice.py's schemes; quant/ggml_types.py holds the byte layouts). whisper.cpp's published models are
-# q5_0, q5_1 and q8_0; the K-quants need rows of a multiple of 256 values.
+# q5_0, q5_1 and q8_0; the K-quants and the grid types (iq3_s, iq3_xxs, iq2_s, iq2_xs: vector codebooks, which
+# whisper.cpp loads though its quantize tool writes none) need rows of a multiple of 256 values.
 GGML_TYPES = {"q4_0": ("symmetric", 4, 32), "q4_1": ("affine", 4, 32), "q5_0": ("symmetric", 5, 32),
               "q5_1": ("affine", 5, 32), "q8_0": ("symmetric", 8, 32), "q4_k": ("k-affine", 4, 32),
               "q5_k": ("k-affine", 5, 32), "q6_k": ("k-symmetric", 6, 16), "q3_k": ("k-symmetric", 3, 16),
               "q2_k": ("k-affine", 2, 16), "iq4_nl": ("nonlinear", 4, 32),
-              "iq4_xs": ("k-nonlinear", 4, 32)}
+              "iq4_xs": ("k-nonlinear", 4, 32), "iq3_s": ("grid-iq3_s", 3, 32), "iq3_xxs": ("grid-iq3_xxs", 3, 32),
+              "iq2_s": ("grid-iq2_s", 2, 16), "iq2_xs": ("grid-iq2_xs", 2, 16)}
 K_QUANT_ROW = 256
 # these files hold a per-tensor mix of types (transcribe.cpp: Whisper, formats/transcribe_whisper.py)
 GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr", "transcribe.cpp")

@@ -29,6 +29,7 @@ class GgmlUnavailable(RuntimeError):
 
 
 LM_ID_NEWLM, RTLD_NOW = -1, 2
+NEEDS_IMPORTANCE = (GGMLType.IQ2_XS,)  # ggml_quantize_requires_imatrix (of the types we write)
 _CHUNK_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 
@@ -62,6 +63,8 @@ def ggml_bytes(W: torch.Tensor, ggml_type: GGMLType, importance: torch.Tensor | 
     rounding without data."""
     m, n = W.shape
     block_size, type_size = GGML_QUANT_SIZES[ggml_type]
+    if importance is None and ggml_type in NEEDS_IMPORTANCE:  # ggml asserts (aborts the process) without one
+        raise ValueError(f"ggml's {ggml_type.name} quantizer needs an importance per column: use --method imatrix")
     if n % block_size:
         raise ValueError(f"{ggml_type.name} needs rows of a multiple of {block_size} values, got {n}")
     src = np.ascontiguousarray(W.detach().cpu().numpy(), dtype=np.float32)

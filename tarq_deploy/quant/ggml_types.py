@@ -40,6 +40,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as GGMLType
 
+from .grid import SIGN_RUN, grid_indices
 from .lattice import CODEBOOKS, K_SUPER_BLOCK, LatticeSpec, QuantizedWeight, check_on_lattice
 
 QK = 32  # values per block of the one-level types
@@ -50,7 +51,10 @@ LATTICE_OF_TYPE: dict[GGMLType, tuple[str, int, int]] = {
     GGMLType.Q4_K: ("k-affine", 4, 32), GGMLType.Q5_K: ("k-affine", 5, 32), GGMLType.Q6_K: ("k-symmetric", 6, 16),
     GGMLType.Q3_K: ("k-symmetric", 3, 16), GGMLType.Q2_K: ("k-affine", 2, 16),
     GGMLType.IQ4_NL: ("nonlinear", 4, 32), GGMLType.IQ4_XS: ("k-nonlinear", 4, 32),
+    GGMLType.IQ3_S: ("grid-iq3_s", 3, 32), GGMLType.IQ3_XXS: ("grid-iq3_xxs", 3, 32),
+    GGMLType.IQ2_S: ("grid-iq2_s", 2, 16), GGMLType.IQ2_XS: ("grid-iq2_xs", 2, 16),
 }
+GRID_TYPES = (GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS)
 LATTICE_TYPES = tuple(LATTICE_OF_TYPE)
 K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K, GGMLType.IQ4_XS)
 Q3_K_SCALE_BIAS = 32  # Q3_K and IQ4_XS keep their signed 6-bit group scales as sc + 32
@@ -99,6 +103,8 @@ def pack(q: QuantizedWeight, ggml_type: GGMLType) -> np.ndarray:
     except ValueError as e:
         raise LatticeNotRepresentable(str(e)) from None
     codes = _numpy(q.codes)
+    if ggml_type in GRID_TYPES:
+        return _pack_grid(codes, _numpy(q.scales), _numpy(q.sub_scales), ggml_type)
     if ggml_type in K_TYPES:
         u = codes - q.spec.qmin if q.spec.codebook is None else _table_indices(codes, (q.spec.scheme, q.spec.bits))
         return _pack_k(u, {k: _numpy(v) for k, v in q.params().items()}, ggml_type)
@@ -263,6 +269,70 @@ def _k_scales_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
     return np.concatenate([first, second, third], axis=-1)
 
 
+# ------------------------------------------------------------------------------------------------ grid types
+def _pack_grid(codes: np.ndarray, d: np.ndarray, sc: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+    """IQ3_S / IQ3_XXS / IQ2_S / IQ2_XS blocks of codes on the type's grid (checked), fp16 d [m, S] and 4-bit scale
+    codes [m, G] (module docstring of grid.py; layouts in ggml-common.h)."""
+    m, n = codes.shape
+    supers = n // K_SUPER_BLOCK
+    grid = spec_for_type(ggml_type).grid
+    index = grid_indices(codes, grid).reshape(m, supers, -1)  # [m, S, runs]
+    signs = np.packbits(codes.reshape(m, supers, -1, SIGN_RUN) < 0, axis=3, bitorder="little").reshape(m, supers, -1)
+    sc = sc.astype(np.uint8).reshape(m, supers, -1)
+    nibbles = sc[..., 0::2] | (sc[..., 1::2] << np.uint8(4))  # two scale codes per byte, the first low
+    d = _fp16_bytes(d)
+    if ggml_type == GGMLType.IQ3_S:  # d, 64 low index bytes, 8 bytes of ninth bits, 32 sign bytes, 4 scale bytes
+        high = np.packbits((index >> 8).astype(np.uint8), axis=2, bitorder="little")
+        fields = [d, (index & 0xFF).astype(np.uint8), high, signs, nibbles]
+    elif ggml_type == GGMLType.IQ2_S:  # d, 32 low index bytes, 32 sign bytes, 8 bytes of 2-bit highs, 8 scale bytes
+        high = ((index >> 8).astype(np.uint8).reshape(m, supers, 8, 4) << (2 * np.arange(4, dtype=np.uint8)))
+        fields = [d, (index & 0xFF).astype(np.uint8), signs, np.bitwise_or.reduce(high, axis=3), nibbles]
+    elif ggml_type == GGMLType.IQ2_XS:  # d, 32 uint16 (9-bit index | 7 signs << 9), 8 scale bytes
+        words = (index.astype(np.uint16) | ((signs & np.uint8(0x7F)).astype(np.uint16) << 9)).astype("<u2")
+        fields = [d, np.ascontiguousarray(words).view(np.uint8), nibbles]
+    else:  # IQ3_XXS: d, 64 index bytes, 8 uint32 per group of 32 (four 7-bit sign runs | scale code << 28)
+        runs = (signs & np.uint8(0x7F)).astype(np.uint32).reshape(m, supers, 8, 4) << (7 * np.arange(4, dtype=np.uint32))
+        words = np.bitwise_or.reduce(runs, axis=3) | (sc.astype(np.uint32) << 28)
+        fields = [d, index.astype(np.uint8), np.ascontiguousarray(words.astype("<u4")).view(np.uint8)]
+    return np.concatenate([f.reshape(m, supers, -1) for f in fields], axis=2).reshape(m, -1)
+
+
+def _unpack_grid(raw: np.ndarray, ggml_type: GGMLType) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Signed grid codes [m, n] and {scales, sub_scales} of grid-type blocks raw [m, S, type size]."""
+    m, supers, _ = raw.shape
+    grid = spec_for_type(ggml_type).grid
+    fields = raw[:, :, 2:]
+    if ggml_type == GGMLType.IQ3_S:
+        low, high, signs, nibbles = np.split(fields, [64, 72, 104], axis=2)
+        index = low.astype(np.int64) | (np.unpackbits(high, axis=2, bitorder="little").astype(np.int64) << 8)
+    elif ggml_type == GGMLType.IQ2_S:
+        low, signs, high, nibbles = np.split(fields, [32, 64, 72], axis=2)
+        high = (high[..., None] >> (2 * np.arange(4, dtype=np.uint8))) & np.uint8(3)
+        index = low.astype(np.int64) | (high.reshape(m, supers, 32).astype(np.int64) << 8)
+    elif ggml_type == GGMLType.IQ2_XS:
+        words, nibbles = np.ascontiguousarray(fields[..., :64]).view("<u2"), fields[..., 64:]
+        index, signs = (words & 511).astype(np.int64), _implied_parity((words >> 9).astype(np.uint8))
+    else:
+        low, words = fields[..., :64], np.ascontiguousarray(fields[..., 64:]).view("<u4")
+        index = low.astype(np.int64)
+        runs = ((words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 0x7F).astype(np.uint8)
+        signs = _implied_parity(runs.reshape(m, supers, 32))
+        nibbles = None
+        sc = (words >> 28).astype(np.int8)
+    if nibbles is not None:
+        sc = np.stack([nibbles & np.uint8(0x0F), nibbles >> np.uint8(4)], axis=3).reshape(m, supers, -1)
+    magnitudes = grid.points[index].astype(np.int8).reshape(m, -1)
+    negative = np.unpackbits(np.ascontiguousarray(signs), axis=2, bitorder="little").reshape(m, -1).astype(bool)
+    codes = np.where(negative, -magnitudes, magnitudes).astype(np.int8)
+    return codes, {"scales": _fp16_of(raw[:, :, 0:2]), "sub_scales": sc.astype(np.int8).reshape(m, -1)}
+
+
+def _implied_parity(seven: np.ndarray) -> np.ndarray:
+    """Sign bytes from 7 stored signs: the eighth bit set where the seven hold an odd count (ggml's ksigns_iq2xs)."""
+    odd = np.unpackbits(seven[..., None], axis=-1).sum(axis=-1) % 2
+    return seven | (odd.astype(np.uint8) << np.uint8(7))
+
+
 # ---------------------------------------------------------------------------------------------------- unpacking
 def unpack(blocks: np.ndarray, ggml_type: GGMLType) -> QuantizedWeight:
     """The lattice held by ``ggml_type`` blocks uint8 [m, row bytes] (one-level types at group 32)."""
@@ -270,6 +340,10 @@ def unpack(blocks: np.ndarray, ggml_type: GGMLType) -> QuantizedWeight:
     m = blocks.shape[0]
     raw = np.ascontiguousarray(blocks).reshape(m, -1, type_size)
     spec = spec_for_type(ggml_type)
+    if ggml_type in GRID_TYPES:
+        codes, params = _unpack_grid(raw, ggml_type)
+        return QuantizedWeight(torch.from_numpy(codes).reshape(m, -1), spec=spec,
+                               **{k: torch.from_numpy(v) for k, v in params.items()})
     if ggml_type in K_TYPES:
         codes, params = _unpack_k(raw, ggml_type)
     else:
@@ -394,6 +468,7 @@ FP16_FIELDS: dict[GGMLType, tuple[int, ...]] = {
     GGMLType.Q4_0: (0,), GGMLType.Q5_0: (0,), GGMLType.Q8_0: (0,), GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2),
     GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.Q3_K: (108,),
     GGMLType.Q2_K: (80, 82), GGMLType.IQ4_NL: (0,), GGMLType.IQ4_XS: (0,),
+    **{t: (0,) for t in GRID_TYPES},
 }
 FP16_EXPONENT = 0x7C00  # all exponent bits set: inf or nan
 

@@ -29,6 +29,7 @@ from threadpoolctl import threadpool_limits
 
 from ..errors import all_finite
 from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
+from .grid import nearest_points
 from .lattice_fit import fit_params
 
 PERCDAMP = 0.01
@@ -48,8 +49,16 @@ class PreparedMetric:
     perm: torch.Tensor | None = None  # sweep order (act order), None = left to right
 
 
-def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool = False) -> PreparedMetric:
-    """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse (in sweep order)."""
+def sweep_run(spec: LatticeSpec) -> int:
+    """Columns the sweep keeps together: a grid type's run (its codes are chosen jointly), else 1."""
+    return spec.grid.unit if spec.grid is not None else 1
+
+
+def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool = False,
+                   run: int = 1) -> PreparedMetric:
+    """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse (in sweep order).
+    With act order and ``run`` > 1 (a grid type, :func:`sweep_run`), whole runs of neighbouring columns are ordered
+    by their summed diagonal, each kept in its own order."""
     if not all_finite(H):
         raise ValueError("metric contains inf or nan (non-finite calibration activations)")
     H = H.to(torch.float64).clone()
@@ -63,12 +72,20 @@ def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool 
     del H  # n x n float64 each (fc2 of large-v3: 210 MB): each is let go as soon as the next is made
     H_inv = _inverse_from_cholesky(L)
     del L
-    perm = torch.argsort(importance, descending=True, stable=True) if act_order else None
+    perm = _act_order(importance, run) if act_order else None
     swept = H_inv if perm is None else H_inv[perm.unsqueeze(1), perm]  # one gather: the same values
     U = _cholesky(swept, upper=True)
     del swept
     U = U.to(torch.float32)
     return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm)
+
+
+def _act_order(importance: torch.Tensor, run: int) -> torch.Tensor:
+    """The sweep order: columns (or runs of ``run`` columns) by decreasing diag(H), ties in column order."""
+    if run == 1:
+        return torch.argsort(importance, descending=True, stable=True)
+    runs = torch.argsort(importance.reshape(-1, run).sum(dim=1), descending=True, stable=True)
+    return (runs[:, None] * run + torch.arange(run)).reshape(-1)
 
 
 def _inverse_from_cholesky(L: torch.Tensor) -> torch.Tensor:
@@ -111,7 +128,8 @@ def _cholesky(A: torch.Tensor, upper: bool = False) -> torch.Tensor:
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, spec: LatticeSpec, percdamp: float = PERCDAMP,
                   blocksize: int = BLOCKSIZE, scale_rule: str = "max", act_order: bool = False) -> QuantizedWeight:
     """Project W [m, n] onto the lattice under metric H [n, n]."""
-    return gptq_sweep(W, prepare_metric(H.to(W.device), percdamp, act_order), spec, blocksize, scale_rule=scale_rule)
+    metric = prepare_metric(H.to(W.device), percdamp, act_order, sweep_run(spec))
+    return gptq_sweep(W, metric, spec, blocksize, scale_rule=scale_rule)
 
 
 def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int = BLOCKSIZE,
@@ -149,10 +167,20 @@ def _sweep_setup(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, sca
     importance = metric.importance.to(W.device)
     W = W.to(torch.float32).clone()
     W[:, metric.dead] = 0.0
+    run = sweep_run(spec)
+    if run > 1 and metric.perm is not None and not _keeps_runs(metric.perm, run):
+        raise ValueError(f"a {spec.scheme} lattice chooses runs of {run} neighbouring columns together, but the "
+                         f"metric's act order splits them: prepare it with run={run}")
     static = spec.group_size == -1 or metric.perm is not None
     order = metric.perm.to(W.device) if metric.perm is not None else torch.arange(n, device=W.device)
     fitted = [fit_params(W, spec, scale_rule, importance)] if static else []
     return W.T[order].contiguous(), order, (order // width).tolist(), importance, fitted
+
+
+def _keeps_runs(perm: torch.Tensor, run: int) -> bool:
+    """True when ``perm`` moves whole aligned runs of ``run`` columns, each in its own order."""
+    runs = perm.reshape(-1, run)
+    return bool((runs[:, 0] % run == 0).all() and (runs - runs[:, :1] == torch.arange(run)).all())
 
 
 def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
@@ -175,6 +203,7 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
     U_np, Wt_np = U.numpy(), Wt.numpy()
     codes_t = np.zeros((n, m), dtype=np.int8)
     rounder = _numpy_rounder(spec)
+    unit = spec.grid.unit if spec.grid is not None else 0
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
         W_block = Wt_np[i1:i2].copy()
@@ -194,7 +223,10 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             s = sT[group]
             o = None if oT is None else oT[group]
             w = W_block[i]
-            q = rounder(w if o is None else w - o, s)
+            if unit and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
+                run = _grid_run(torch.from_numpy(W_block[i : i + unit]), torch.from_numpy(s),
+                                torch.from_numpy(U_block[i : i + unit, i : i + unit]), spec).numpy()
+            q = run[col % unit] if unit else rounder(w if o is None else w - o, s)
             codes_t[col] = q
             value = q * s if o is None else q * s + o
             err = (w - value) / U_block[i, i]
@@ -202,6 +234,14 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             Err_block[i] = err
         Wt[i2:] -= U[i1:i2, i2:].T @ torch.from_numpy(Err_block)
     return _assembled(torch.from_numpy(codes_t).to(CODE_DTYPE), order, fitted, spec)
+
+
+def _grid_run(W_run: torch.Tensor, s: torch.Tensor, U_run: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    """float32 codes [u, m] of a grid type's run of u columns (rows W_run [u, m] of the working W^T): the grid points
+    nearest under the weights 1 / U_jj^2 that the sweep gives each column's error (grid.py). The codes are fixed
+    for the run; its columns are then swept one by one, each error pushed on the columns after it as usual."""
+    weights = 1.0 / torch.diagonal(U_run).float().square()
+    return nearest_points(W_run.T.float(), s.float(), weights, spec.grid).T.float()
 
 
 def _numpy_rounder(spec: LatticeSpec):
@@ -238,6 +278,7 @@ def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
         o_all = torch.zeros_like(s_all) if spec.affine else None
     U = metric.U.to(W.device)
     codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
+    unit = spec.grid.unit if spec.grid is not None else 0
 
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
@@ -257,7 +298,9 @@ def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             s = s_all[:, group]
             o = None if o_all is None else o_all[:, group]
             w = W_block[i]
-            q = round_codes(w, s, o, spec)
+            if unit and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
+                run = _grid_run(W_block[i : i + unit], s, U_block[i : i + unit, i : i + unit], spec)
+            q = run[col % unit] if unit else round_codes(w, s, o, spec)
             codes_t[col] = q.to(CODE_DTYPE)
             value = q * s if o is None else q * s + o
             err = (w - value) / U_block[i, i]

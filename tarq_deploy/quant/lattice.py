@@ -42,6 +42,10 @@ per-group scale s and offset o, computed in float32 in the order gguf-py's dequa
   per super-block and a signed 6-bit scale code sc (-32..31) per group; s = d * sc, the value s * q with q a table
   value. 4.25 bits per weight against IQ4_NL's 4.5.
 
+* ``"grid-iq3_s"``, ``"grid-iq3_xxs"`` (groups of 32), ``"grid-iq2_s"``, ``"grid-iq2_xs"`` (groups of 16): ggml's
+  vector-codebook types (grid.py): an fp16 d per super-block of 256, a 4-bit code sc per group, s = d * (2 sc + 1) *
+  factor; the codes are signed grid values, and each run of 4 (IQ2: 8) codes must be a point of the type's grid.
+
 ``LatticeSpec.sub_code_range`` gives each K-quant's range of sc (and mn).
 
 Every group parameter is held the way the format stores it (``QuantizedWeight.scales``, ``mins``, ``sub_scales``,
@@ -57,17 +61,21 @@ import numpy as np
 import torch
 
 from .choices import SCALE_RULES
+from .grid import GRIDS, GridCodebook, check_codes, nearest_points, scale_multipliers
 
 SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric", "nonlinear", "k-nonlinear")
+GRID_SCHEMES = {f"grid-{name}": grid for name, grid in GRIDS.items()}  # the vector-codebook types (grid.py)
+SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric", "nonlinear", "k-nonlinear", *GRID_SCHEMES)
 SCALE_GRIDS = ("float16", "bfloat16")  # the values a stored (fp16) scale may take; see "Scale grid" above
 K_SUPER_BLOCK = 256  # values per K-quant super-block (ggml's QK_K)
 # (bits, group size) each non-symmetric scheme allows: the ggml types it stores
 SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((2, 16), (4, 32), (5, 32)),
-                 "k-symmetric": ((3, 16), (6, 16)), "nonlinear": ((4, 32),), "k-nonlinear": ((4, 32),)}
+                 "k-symmetric": ((3, 16), (6, 16)), "nonlinear": ((4, 32),), "k-nonlinear": ((4, 32),),
+                 "grid-iq3_s": ((3, 32),), "grid-iq3_xxs": ((3, 32),), "grid-iq2_s": ((2, 16),),
+                 "grid-iq2_xs": ((2, 16),)}
 # the codes of a non-uniform lattice, ascending: ggml's kvalues_iq4nl (ggml-common.h), IQ4_NL's 16 levels
 IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 CODEBOOKS = {("nonlinear", 4): IQ4NL_VALUES, ("k-nonlinear", 4): IQ4NL_VALUES}  # IQ4_XS: the same table
@@ -78,7 +86,9 @@ K_SUB_CODE_MAX = 63  # Q4_K / Q5_K sub-block scale and min codes are 6-bit
 # Q2_K 4-bit, Q4_K / Q5_K 6-bit unsigned; Q3_K and IQ4_XS 6-bit signed (stored + 32), Q6_K int8
 K_SUB_CODE_RANGE = {("k-affine", 2): (0, 15), ("k-affine", 4): (0, K_SUB_CODE_MAX),
                     ("k-affine", 5): (0, K_SUB_CODE_MAX), ("k-symmetric", 3): (-32, 31),
-                    ("k-symmetric", 6): (-128, 127), ("k-nonlinear", 4): (-32, 31)}
+                    ("k-symmetric", 6): (-128, 127), ("k-nonlinear", 4): (-32, 31),
+                    **{(scheme, spec_bits): (0, 15) for scheme, spec_bits in
+                       (("grid-iq3_s", 3), ("grid-iq3_xxs", 3), ("grid-iq2_s", 2), ("grid-iq2_xs", 2))}}
 PARAM_FIELDS = ("scales", "mins", "sub_scales", "sub_mins")
 FP16_MAX = 65504.0
 BF16_FP16_MAX = 65280.0  # the largest value exact in both bfloat16 and float16
@@ -120,12 +130,20 @@ class LatticeSpec:
 
     @property
     def two_level(self) -> bool:
-        """Group scales are codes under a super-block scale (the K-quants)."""
-        return self.scheme.startswith("k-")
+        """Group scales are codes under a super-block scale (the K-quants and the grid types)."""
+        return self.scheme.startswith("k-") or self.grid is not None
+
+    @property
+    def grid(self) -> GridCodebook | None:
+        """The vector codebook whose points each run of codes must be (grid.py); None for the other schemes."""
+        return GRID_SCHEMES.get(self.scheme)
 
     @property
     def codebook(self) -> tuple[int, ...] | None:
-        """The codes of a non-uniform lattice, ascending; None for the uniform schemes (codes qmin..qmax)."""
+        """The codes of a non-uniform lattice, ascending; None for the uniform schemes (codes qmin..qmax). A grid
+        type's codes are its signed grid values (which runs of them are allowed is the grid's business)."""
+        if self.grid is not None:
+            return self.grid.codes
         return CODEBOOKS.get((self.scheme, self.bits))
 
     @property
@@ -217,6 +235,8 @@ def effective_scale_offset(spec: LatticeSpec, params: dict[str, torch.Tensor]
     if not spec.two_level:
         return d, (params["mins"].float() if spec.affine else None)
     per_super = params["sub_scales"].shape[1] // d.shape[1]
+    if spec.grid is not None:  # d * (2 sc + 1) * factor, exact as gguf-py computes it (grid.py)
+        return d.repeat_interleave(per_super, dim=1) * scale_multipliers(params["sub_scales"], spec.grid), None
     s = d.repeat_interleave(per_super, dim=1) * params["sub_scales"].float()
     if not spec.affine:
         return s, None
@@ -370,10 +390,17 @@ def round_codes(w: torch.Tensor, s: torch.Tensor, o: torch.Tensor | None, spec: 
 
 
 def codes_for(w: torch.Tensor, scales: torch.Tensor, spec: LatticeSpec,
-              offsets: torch.Tensor | None = None) -> torch.Tensor:
+              offsets: torch.Tensor | None = None, importance: torch.Tensor | None = None) -> torch.Tensor:
     """Round ``w`` [m, n] to codes under fixed per-group ``scales`` (fp16, or a float32 effective scale) and
-    ``offsets`` [m, n_groups]; a zero scale gives code 0."""
+    ``offsets`` [m, n_groups]; a zero scale gives code 0. A grid type takes the nearest grid point of each run,
+    weighing its columns by ``importance`` ([n]; None: alike)."""
     width = w.shape[1] // scales.shape[1]
+    if spec.grid is not None:
+        m, n = w.shape
+        h = torch.ones(n) if importance is None else importance.float()
+        runs = w.float().reshape(-1, width)  # one row per (row, group)
+        h_runs = h.to(w.device).reshape(1, -1, width).expand(m, -1, -1).reshape(-1, width)
+        return nearest_points(runs, scales.float().reshape(-1), h_runs, spec.grid).reshape(m, n).to(CODE_DTYPE)
     s = scales.float().repeat_interleave(width, dim=1)
     o = None if offsets is None else offsets.float().repeat_interleave(width, dim=1)
     return round_codes(w.float(), s, o, spec).to(CODE_DTYPE)
@@ -429,6 +456,8 @@ def check_on_lattice(q: QuantizedWeight) -> None:
     lo, hi = _code_span(q.codes)
     if lo < q.spec.qmin or hi > q.spec.qmax:
         raise ValueError(f"codes span [{lo}, {hi}], outside [{q.spec.qmin}, {q.spec.qmax}]")
+    if q.spec.grid is not None:
+        check_codes(q.codes.cpu().numpy(), q.spec.grid)
     if q.spec.codebook is not None:
         values = q.codes.cpu().numpy()
         strays = values[~np.isin(values, q.spec.codebook)]

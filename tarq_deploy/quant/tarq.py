@@ -29,7 +29,7 @@ import torch
 
 from .choices import ALPHA_RULES, DATA_FREE_METHODS, METHODS, SCALE_RULES, SOURCES  # torch-free, for the CLI's --help
 from .ggml_quants import ggml_quantize
-from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric
+from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric, sweep_run
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
 from .stats import LayerStats, symmetric_from_upper, upper_gram_
@@ -168,10 +168,10 @@ def tarq_solve(
     once; the same arithmetic, so the same codes)."""
     info = SolveInfo(p=stats.tail_share, n_common=stats.n_common, n_tail=stats.n_tail,
                      tr_common=float(torch.trace(stats.H_common)), tr_tail=float(torch.trace(stats.H_tail)))
-    key = (id(stats), identity_weight)
+    key = (id(stats), identity_weight, sweep_run(spec))
     cached = metrics.get(key) if metrics is not None else None
     metric, lam, info.fallback = cached or rebalanced_metric(stats, config, identity_weight, info.tr_common,
-                                                             info.tr_tail, W.device)
+                                                             info.tr_tail, W.device, sweep_run(spec))
     if metrics is not None:
         metrics[key] = (metric, lam, info.fallback)
     info.lam = lam
@@ -228,7 +228,8 @@ def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> 
 
 
 def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: float, tr_common: float,
-                      tr_tail: float, device: torch.device) -> tuple[PreparedMetric, float | None, str | None]:
+                      tr_tail: float, device: torch.device,
+                      run: int = 1) -> tuple[PreparedMetric, float | None, str | None]:
     """(the prepared metric G = (H_rB + delta I)^-1, lam, why rareBAL fell back): the rareBAL metric H_rB when the
     method re-weights and tail positions reached the layer, else the plain H; plus mu * tr(H_common)/n * I for the
     tied head's lookup role (after lam, so it does not inflate lam)."""
@@ -244,7 +245,7 @@ def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: fl
     if identity_weight > 0:
         H_rB = H_rB + identity_weight * tr_common / H_rB.shape[0] * torch.eye(
             H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
-    return prepare_metric(H_rB, config.percdamp, config.act_order), lam, fallback
+    return prepare_metric(H_rB, config.percdamp, config.act_order, run), lam, fallback
 
 
 def reweighting_mask(rare_mask: torch.Tensor, source: str, generator: torch.Generator) -> torch.Tensor:
