@@ -133,4 +133,4 @@ def test_pack_refuses_another_types_lattice() -> None:
     with pytest.raises(LatticeNotRepresentable, match="affine lattice is not what Q5_0 stores"):
         pack(q, T.Q5_0)
     with pytest.raises(LatticeNotRepresentable, match="not a lattice type"):
-        pack(q, T.IQ3_S)
+        pack(q, T.IQ2_XXS)

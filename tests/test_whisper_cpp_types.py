@@ -159,8 +159,8 @@ def test_a_checkpoint_exports_only_to_its_own_type(tiny, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["quantize", "--model", "packaged:tiny.en", "--type", "iq3_s", "--out", "o"], "invalid choice: 'iq3_s'"),
-    (["export", "ck", "--type", "iq3_s", "-o", "x.bin"], "invalid choice: 'iq3_s'"),
+    (["quantize", "--model", "packaged:tiny.en", "--type", "iq2_xxs", "--out", "o"], "invalid choice: 'iq2_xxs'"),
+    (["export", "ck", "--type", "iq1_s", "-o", "x.bin"], "invalid choice: 'iq1_s'"),
     (["quantize", "--model", "packaged:tiny.en", "--type", "q5_1", "--bits", "4", "--method", "rtn", "--out", "o"],
      "--bits 4: --type q5_1 stores 5-bit codes"),
     (["quantize", "--model", "packaged:tiny.en", "--type", "q4_0", "--target", "gptq", "--method", "rtn", "--out",

@@ -9,8 +9,8 @@ from typing import Sequence
 from ..data.corpus import POOLS
 from ..errors import UserError
 from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
-from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_TARGETS, GGML_TYPES,
-                             GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
+from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_NEEDS_IMPORTANCE, GGML_TARGETS,
+                             GGML_TYPES, GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
 from ..quant.presets import PRESETS, find_preset
 from .options import add_out, memory_size, thread_count
 
@@ -244,13 +244,16 @@ def check_ggml_quantizer(options) -> None:
     if options.group_size != found[1]:
         raise UserError(f"--method {options.method}: ggml's {found[0]} quantizer writes groups of {found[1]}; got "
                         f"--group-size {options.group_size}")
+    if options.method == "ggml" and found[0] in GGML_NEEDS_IMPORTANCE:
+        raise UserError(f"--method ggml: ggml's {found[0]} quantizer needs an importance matrix (use --method "
+                        f"imatrix)")
 
 
 def _width_problem(args: argparse.Namespace, spec, layer: str, columns: int) -> str:
     """The one-line refusal for a Linear whose width the lattice cannot split, naming the types that would work."""
     if spec.two_level:
         fitting = [name for name, (scheme, _, group) in GGML_TYPES.items()
-                   if not scheme.startswith("k-") and columns % group == 0]
+                   if not scheme.startswith(("k-", "grid-")) and columns % group == 0]
         name = next(n for n, (scheme, bits, _) in GGML_TYPES.items() if (scheme, bits) == (spec.scheme, spec.bits))
         option = f"--type {args.type}" if args.type == name else f"--tensor-type (type {name})"
         return (f"{option}: {layer} has {columns} input columns, not a multiple of {K_QUANT_ROW} (the K-quant "

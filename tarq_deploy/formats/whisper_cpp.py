@@ -34,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
+from tarq_deploy.quant.choices import GGML_NEEDS_IMPORTANCE
 from tarq_deploy.fileio import atomic_file, write_buffers
 from tarq_deploy.vocabulary import NotByteLevel, TokenTable, table_of_tokens, token_strings
 
@@ -264,6 +265,9 @@ def _target_type(target: str, baseline: str | None, source: WhisperSource) -> in
     if source.lattice:
         raise WhisperExportError(f"{source.origin}: baseline {baseline!r} rounds a float model; this source is a "
                                  f"lattice checkpoint (export it without a baseline, or pass the float model)")
+    if target in GGML_NEEDS_IMPORTANCE:
+        raise WhisperExportError(f"--baseline: ggml's {target} quantizer needs an importance matrix (calibrate with "
+                                 f"quantize --method imatrix --type {target}, then export that checkpoint)")
     return weight_type
 
 

@@ -26,6 +26,7 @@ GGML_TYPES = {"q4_0": ("symmetric", 4, 32), "q4_1": ("affine", 4, 32), "q5_0": (
               "iq4_xs": ("k-nonlinear", 4, 32), "iq3_s": ("grid-iq3_s", 3, 32), "iq3_xxs": ("grid-iq3_xxs", 3, 32),
               "iq2_s": ("grid-iq2_s", 2, 16), "iq2_xs": ("grid-iq2_xs", 2, 16)}
 K_QUANT_ROW = 256
+GGML_NEEDS_IMPORTANCE = ("iq2_xs",)  # ggml_quantize_requires_imatrix, of the types above (ggml aborts without one)
 # these files hold a per-tensor mix of types (transcribe.cpp: Whisper, formats/transcribe_whisper.py)
 GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr", "transcribe.cpp")
 GGML_TARGETS = ("whisper.cpp", *GGUF_TARGETS)

@@ -56,7 +56,9 @@ LATTICE_OF_TYPE: dict[GGMLType, tuple[str, int, int]] = {
 }
 GRID_TYPES = (GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS)
 LATTICE_TYPES = tuple(LATTICE_OF_TYPE)
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K, GGMLType.IQ4_XS)
+# the types of 256-value super-blocks (rows of a multiple of 256): the K-quants, IQ4_XS and the grid types
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q3_K, GGMLType.Q2_K, GGMLType.IQ4_XS,
+           GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS)
 Q3_K_SCALE_BIAS = 32  # Q3_K and IQ4_XS keep their signed 6-bit group scales as sc + 32
 K_SCALES_BYTES = 12
 

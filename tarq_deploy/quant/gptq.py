@@ -29,7 +29,7 @@ from threadpoolctl import threadpool_limits
 
 from ..errors import all_finite
 from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
-from .grid import nearest_points
+from .grid import nearest_points, sweep_run_codes
 from .lattice_fit import fit_params
 
 PERCDAMP = 0.01
@@ -224,8 +224,8 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             o = None if oT is None else oT[group]
             w = W_block[i]
             if unit and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
-                run = _grid_run(torch.from_numpy(W_block[i : i + unit]), torch.from_numpy(s),
-                                torch.from_numpy(U_block[i : i + unit, i : i + unit]), spec).numpy()
+                weights = np.float32(1.0) / np.square(np.diagonal(U_block[i : i + unit, i : i + unit]))
+                run = sweep_run_codes(W_block[i : i + unit], s, weights, spec.grid)
             q = run[col % unit] if unit else rounder(w if o is None else w - o, s)
             codes_t[col] = q
             value = q * s if o is None else q * s + o

@@ -128,22 +128,82 @@ def scale_multipliers(sub_codes: torch.Tensor, grid: GridCodebook) -> torch.Tens
 
 
 def nearest_points(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor, grid: GridCodebook,
-                   neighbours: int = NEIGHBOURS) -> torch.Tensor:
+                   neighbours: int = NEIGHBOURS, compiled: bool | None = None) -> torch.Tensor:
     """Codes [R, u] for values x [R, u] (u a multiple of the grid's dim) under scales s [R] (> 0; 0 gives the
     smallest point), minimising sum_j h_j (x_j - s q_j)^2 per run of dim values with h [u] or [R, u] (module
-    docstring). The search runs over the NEIGHBOURS grid points nearest to the run's element-wise rounding."""
+    docstring). The search runs over the NEIGHBOURS grid points nearest to the run's element-wise rounding, in the
+    compiled loop (``compiled``; default: on the CPU) or in torch operations (an accelerator's way)."""
     rows, width = x.shape
     safe = torch.where(s > 0, s, torch.ones_like(s))
     y = torch.where((s > 0)[:, None], x.abs() / safe[:, None], torch.zeros_like(x))
     weights = h.float().expand(rows, width)
-    magnitude = torch.empty_like(x)
-    for start in range(0, width, grid.dim):
-        part = slice(start, start + grid.dim)
-        magnitude[:, part] = _nearest_run(y[:, part].contiguous(), weights[:, part], grid, neighbours)
+    if x.device.type == "cpu" if compiled is None else compiled:  # one compiled loop over the runs (grid_kernels.py)
+        magnitude = _nearest_runs_compiled(y, weights, grid, neighbours)
+    else:
+        magnitude = torch.empty_like(x)
+        for start in range(0, width, grid.dim):
+            part = slice(start, start + grid.dim)
+            magnitude[:, part] = _nearest_run(y[:, part].contiguous(), weights[:, part], grid, neighbours)
     negative = x < 0
     if grid.implied_sign:
         negative = _even_negatives(negative, weights * y * magnitude)
     return torch.where(negative, -magnitude, magnitude)
+
+
+def _nearest_runs_compiled(y: torch.Tensor, h: torch.Tensor, grid: GridCodebook, neighbours: int) -> torch.Tensor:
+    from .grid_kernels import nearest_runs  # numba: compiled on first use
+
+    out = np.empty(tuple(y.shape), dtype=np.float32)
+    nearest_runs(np.ascontiguousarray(y.numpy()), np.ascontiguousarray(h.numpy()), _boundaries(grid.type_name),
+                 _candidate_array(grid.type_name, neighbours), out)
+    return torch.from_numpy(out)
+
+
+def sweep_run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, grid: GridCodebook) -> np.ndarray:
+    """float32 codes [u, m] of a CPU sweep's run: x [u, m] (rows of the working W^T), scales s [m], column weights
+    h [u]; the same choice as ``nearest_points(x.T, s, h, grid).T`` (one compiled call, grid_kernels.py)."""
+    from .grid_kernels import run_codes
+
+    out = np.empty(x.shape, dtype=np.float32)
+    run_codes(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(s, dtype=np.float32),
+              np.ascontiguousarray(h, dtype=np.float32), _boundaries(grid.type_name),
+              _candidate_array(grid.type_name, NEIGHBOURS), grid.implied_sign, out)
+    return out
+
+
+def searched_grid_scales(x: torch.Tensor, h: torch.Tensor, divisors: tuple[float, ...], grid: GridCodebook,
+                         neighbours: int, compiled: bool | None = None) -> torch.Tensor:
+    """float32 scale of each group x [R, g] (weights h [R, g]): the least-squares refit of the best of the candidates
+    max|x| / divisor, each scored by the weighted error of the group's nearest grid points (grid_kernels.py; the
+    CPU's compiled loop, else the same search in torch operations; ``compiled`` chooses)."""
+    if x.device.type == "cpu" if compiled is None else compiled:
+        from .grid_kernels import scale_search
+
+        out = np.empty(x.shape[0], dtype=np.float32)
+        scale_search(np.ascontiguousarray(x.float().numpy()), np.ascontiguousarray(h.float().numpy()),
+                     np.asarray(divisors, dtype=np.float32), _boundaries(grid.type_name),
+                     _candidate_array(grid.type_name, neighbours), grid.implied_sign, out)
+        return torch.from_numpy(out)
+    peak = x.abs().amax(dim=1)
+    best_error, best_scale = torch.full_like(peak, float("inf")), peak / divisors[0]
+    for divisor in divisors:
+        candidate = peak / divisor
+        q = nearest_points(x, candidate, h, grid, neighbours, compiled=False)
+        hq = h * q
+        sum_hxg, sum_hgg = (hq * x).sum(1), (hq * q).sum(1)
+        refit = torch.where(sum_hgg > 0, sum_hxg / sum_hgg.clamp(min=1e-30), torch.zeros_like(peak))
+        refit = torch.where(refit > 0, refit, candidate)
+        error = (h * (x - refit[:, None] * q) ** 2).sum(1)
+        better = error < best_error
+        best_error, best_scale = torch.where(better, error, best_error), torch.where(better, refit, best_scale)
+    return best_scale
+
+
+@functools.cache
+def _boundaries(type_name: str) -> np.ndarray:
+    """float32 midpoints between the grid's magnitudes: where a value's nearest magnitude changes."""
+    levels = np.unique(_grid_points(type_name)).astype(np.float32)
+    return (levels[1:] + levels[:-1]) / np.float32(2)
 
 
 def _nearest_run(y: torch.Tensor, h: torch.Tensor, grid: GridCodebook, neighbours: int) -> torch.Tensor:
@@ -151,23 +211,29 @@ def _nearest_run(y: torch.Tensor, h: torch.Tensor, grid: GridCodebook, neighbour
     levels = torch.tensor(grid.magnitudes, dtype=torch.float32, device=y.device)
     places = torch.bucketize(y, (levels[1:] + levels[:-1]) / 2)  # each value's nearest magnitude, by position
     keys = (places * torch.tensor([len(levels) ** j for j in range(grid.dim)], device=y.device)).sum(dim=1)
-    candidates = _candidate_values(grid.type_name, str(y.device))[:, :neighbours][keys]  # [R, N, dim]
+    candidates = _candidate_tensor(grid.type_name, neighbours, str(y.device))[keys]  # [R, N, dim]
     errors = (h[:, None, :] * (candidates - y[:, None, :]).square()).sum(dim=2)  # [R, N]
     return candidates.gather(1, errors.argmin(dim=1)[:, None, None].expand(-1, 1, grid.dim)).squeeze(1)
 
 
 @functools.cache
-def _candidate_values(type_name: str, device: str) -> torch.Tensor:
-    """float32 [B^dim, NEIGHBOURS, dim]: for every run of magnitudes (by position key, as grid_indices), the values of
-    the NEIGHBOURS grid points nearest to it (Euclidean, ties by grid index; the run itself first where it is one)."""
+def _candidate_tensor(type_name: str, neighbours: int, device: str) -> torch.Tensor:
+    return torch.from_numpy(_candidate_array(type_name, neighbours)).to(device)
+
+
+@functools.cache
+def _candidate_array(type_name: str, neighbours: int) -> np.ndarray:
+    """float32 [B^dim, neighbours, dim]: for every run of magnitudes (by position key, as grid_indices), the values
+    of the ``neighbours`` grid points nearest to it (Euclidean, ties by grid index; the run itself first where it
+    is one)."""
     points = _grid_points(type_name).astype(np.float32)
     magnitudes = np.unique(points)
     dim = points.shape[1]
     keys = np.arange(len(magnitudes) ** dim)
     runs = magnitudes[(keys[:, None] // len(magnitudes) ** np.arange(dim)) % len(magnitudes)]  # [B^dim, dim]
     distances = ((runs[:, None, :] - points[None, :, :]) ** 2).sum(axis=2)
-    nearest = np.argsort(distances, axis=1, kind="stable")[:, :NEIGHBOURS]
-    return torch.from_numpy(np.ascontiguousarray(points[nearest])).to(device)
+    nearest = np.argsort(distances, axis=1, kind="stable")[:, :neighbours]
+    return np.ascontiguousarray(points[nearest])
 
 
 def _even_negatives(negative: torch.Tensor, flip_cost: torch.Tensor) -> torch.Tensor:

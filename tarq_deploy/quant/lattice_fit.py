@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .choices import SCALE_RULES
-from .grid import SCALE_CODE_MAX, nearest_points
+from .grid import SCALE_CODE_MAX, searched_grid_scales
 from .lattice import (CODE_DTYPE, FP16_MAX, K_SUPER_BLOCK, SCALE_DTYPE, LatticeSpec, QuantizedWeight, _signed_max,
                       choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
 
@@ -203,25 +203,13 @@ SEARCH_NEIGHBOURS = 8
 
 def _grid_scales(x: torch.Tensor, h: torch.Tensor, spec: LatticeSpec, rule: str) -> torch.Tensor:
     """float32 scale >= 0 of each group x [m, G, g] of a grid type (module docstring)."""
-    grid = spec.grid
-    top = float(max(grid.magnitudes))
-    peak = x.abs().amax(dim=2)
-    scale = peak / top
+    top = float(max(spec.grid.magnitudes))
     if rule == "max":
-        return scale
+        return x.abs().amax(dim=2) / top
     m, groups, width = x.shape
-    flat_x, flat_h = x.reshape(-1, width), h.reshape(-1, width)
-    best_err = torch.full_like(scale, float("inf"))
-    for step in GRID_SEARCH_STEPS:
-        candidate = peak / (top * (1.0 + step))
-        q = nearest_points(flat_x, candidate.reshape(-1), flat_h, grid, SEARCH_NEIGHBOURS).reshape(x.shape).float()
-        hq = h * q
-        refit = (hq * x).sum(2) / (hq * q).sum(2).clamp(min=EPS)
-        refit = torch.where(refit > 0, refit, candidate)
-        err = (h * (x - refit[:, :, None] * q) ** 2).sum(2)
-        better = err < best_err
-        best_err, scale = torch.where(better, err, best_err), torch.where(better, refit, scale)
-    return scale
+    divisors = tuple(top * (1.0 + step) for step in GRID_SEARCH_STEPS)
+    return searched_grid_scales(x.reshape(-1, width), h.reshape(-1, width), divisors, spec.grid,
+                                SEARCH_NEIGHBOURS).reshape(m, groups)
 
 
 def _grid_codes(scale: torch.Tensor, spec: LatticeSpec) -> dict[str, torch.Tensor]:

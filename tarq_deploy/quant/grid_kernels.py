@@ -1,0 +1,149 @@
+"""The nearest grid point of every run, as compiled loops (numba; compiled on first use, cached on disk): what
+grid.py's torch search does on an accelerator, without its [rows, candidates, dim] temporaries (which made the
+search of Whisper's 51,865-row output head take most of a minute on the CPU) or the per-call overhead of a dozen
+small torch operations per run of a sweep.
+
+Same candidates, objective and sign rule as the torch search (grid.py's module docstring); each run's error is
+summed over its values in order, so a near tie can go the other way than in torch's reduction: the CPU and an
+accelerator may differ on such runs (as their matrix products already do), a given processor never. Rows are
+independent, so the thread count changes no result; small calls run on one thread (a parallel launch costs more
+than a few hundred rows of work).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+PARALLEL_FROM = 1 << 16  # values per call from which the rows are shared among the cores
+
+
+def _nearest_runs(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
+                  out: np.ndarray) -> None:
+    """For y, h float32 [R, u] (u a multiple of dim), fill out [R, u] with, for each run of dim values, the candidate
+    of its key (candidates float32 [B^dim, N, dim]) of least sum_j h_j (c_j - y_j)^2 (the first of equals). A value's
+    place is the count of ``boundaries`` (the midpoints between the B magnitudes) below it, as torch.bucketize."""
+    rows, width = y.shape
+    dim = candidates.shape[2]
+    for r in numba.prange(rows):
+        for start in range(0, width, dim):
+            chosen, key = _best_candidate(y[r, start:start + dim], h[r, start:start + dim], boundaries, candidates)
+            for j in range(dim):
+                out[r, start + j] = candidates[key, chosen, j]
+
+
+def _run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
+               implied_sign: bool, out: np.ndarray) -> None:
+    """A sweep's run: x float32 [u, m] (u columns of the working W^T), scales s [m], column weights h [u]; fill
+    out [u, m] with the signed codes: per row and run of dim columns the best candidate for |x| / s, signs from x,
+    and where the type implies a sign, in each 8 with an odd count of negatives the cheapest sign flipped."""
+    u, rows = x.shape
+    dim = candidates.shape[2]
+    for r in numba.prange(rows):
+        y = np.empty(u, dtype=np.float32)
+        for j in range(u):
+            y[j] = abs(x[j, r]) / s[r] if s[r] > 0 else np.float32(0.0)
+        for start in range(0, u, dim):
+            chosen, key = _best_candidate(y[start:start + dim], h[start:start + dim], boundaries, candidates)
+            for j in range(dim):
+                g = candidates[key, chosen, j]
+                out[start + j, r] = -g if x[start + j, r] < 0 else g
+        if implied_sign:
+            for start in range(0, u, 8):
+                negatives, cheapest, least = 0, start, np.inf
+                for j in range(start, start + 8):
+                    negatives += out[j, r] < 0
+                    cost = h[j] * y[j] * abs(out[j, r])
+                    if cost < least:
+                        least, cheapest = cost, j
+                if negatives % 2 == 1:
+                    out[cheapest, r] = -out[cheapest, r]
+
+
+def _scale_search(x: np.ndarray, h: np.ndarray, divisors: np.ndarray, boundaries: np.ndarray,
+                  candidates: np.ndarray, implied_sign: bool, out: np.ndarray) -> None:
+    """For groups x, h float32 [R, g]: out[r] = the least-squares scale, over the candidate scales max|x| / divisor,
+    of least error sum_j h_j (x_j - s q_j)^2, q the nearest grid points for |x| / candidate with x's signs (where
+    the type implies a sign, the cheapest flip in each 8 with an odd count of negatives, as the sweep does). A group
+    of zeros, or one whose refit is not positive, keeps the candidate itself."""
+    rows, width = x.shape
+    dim = candidates.shape[2]
+    for r in numba.prange(rows):
+        peak = np.float32(0.0)
+        for j in range(width):
+            peak = max(peak, abs(x[r, j]))
+        best_error, best_scale = np.inf, peak / divisors[0]
+        y = np.empty(dim, dtype=np.float32)
+        for k in range(divisors.shape[0]):
+            scale = peak / divisors[k]
+            sum_hxg, sum_hgg, sum_hxx = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+            negatives, cheapest = 0, np.float32(np.inf)
+            for start in range(0, width, dim):
+                for j in range(dim):
+                    y[j] = abs(x[r, start + j]) / scale if scale > 0 else np.float32(0.0)
+                chosen, key = _best_candidate(y, h[r, start:start + dim], boundaries, candidates)
+                for j in range(dim):
+                    g, a, w = candidates[key, chosen, j], abs(x[r, start + j]), h[r, start + j]
+                    sum_hxg += w * a * g
+                    sum_hgg += w * g * g
+                    sum_hxx += w * a * a
+                    negatives += x[r, start + j] < 0
+                    cheapest = min(cheapest, w * a * g)
+                if implied_sign and (start + dim) % 8 == 0:  # a sign run ends: flipping one sign costs 2 h |x| g
+                    if negatives % 2 == 1:
+                        sum_hxg -= 2 * cheapest
+                    negatives, cheapest = 0, np.float32(np.inf)
+            refit = sum_hxg / sum_hgg if sum_hgg > 0 else np.float32(0.0)
+            if not refit > 0:
+                refit = scale
+            error = sum_hxx - 2 * refit * sum_hxg + refit * refit * sum_hgg
+            if error < best_error:
+                best_error, best_scale = error, refit
+        out[r] = best_scale
+
+
+@numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
+def _best_candidate(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray,
+                    candidates: np.ndarray) -> tuple[int, int]:
+    """(index among its key's candidates, key) of the run y [dim] under weights h [dim]."""
+    levels = boundaries.shape[0] + 1
+    dim = candidates.shape[2]
+    key, power = 0, 1
+    for j in range(dim):
+        place = 0
+        while place < levels - 1 and boundaries[place] < y[j]:
+            place += 1
+        key += place * power
+        power *= levels
+    best, chosen = np.inf, 0
+    for c in range(candidates.shape[1]):
+        error = np.float32(0.0)
+        for j in range(dim):
+            gap = candidates[key, c, j] - y[j]
+            error += h[j] * gap * gap
+        if error < best:
+            best, chosen = error, c
+    return chosen, key
+
+
+_compile = numba.njit(nogil=True, cache=True, boundscheck=False)
+_compile_parallel = numba.njit(nogil=True, cache=True, boundscheck=False, parallel=True)
+_KERNELS = {name: (_compile(f), _compile_parallel(f)) for name, f in
+            (("nearest_runs", _nearest_runs), ("run_codes", _run_codes), ("scale_search", _scale_search))}
+
+
+def nearest_runs(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
+                 out: np.ndarray) -> None:
+    serial, parallel = _KERNELS["nearest_runs"]
+    (parallel if y.size >= PARALLEL_FROM else serial)(y, h, boundaries, candidates, out)
+
+
+def run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
+              implied_sign: bool, out: np.ndarray) -> None:
+    serial, parallel = _KERNELS["run_codes"]
+    (parallel if x.size >= PARALLEL_FROM else serial)(x, s, h, boundaries, candidates, implied_sign, out)
+
+
+def scale_search(x: np.ndarray, h: np.ndarray, divisors: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
+                 implied_sign: bool, out: np.ndarray) -> None:
+    serial, parallel = _KERNELS["scale_search"]
+    (parallel if x.size >= PARALLEL_FROM else serial)(x, h, divisors, boundaries, candidates, implied_sign, out)
