@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +32,10 @@ class GgmlUnavailable(RuntimeError):
 
 LM_ID_NEWLM, RTLD_NOW = -1, 2
 NEEDS_IMPORTANCE = (GGMLType.IQ2_XS,)  # ggml_quantize_requires_imatrix (of the types we write)
+# Types whose quantizer runs in a process of its own: their first call builds ggml's grid tables (megabytes, malloc'd
+# by the C library of the link namespace dlmopen made), and a process that went on after such a call crashed later
+# in unrelated code (a segfault in numba's cache, OpenSSL's "malloc failure": tests/test_ggml_types.py ran into both)
+ISOLATED_TYPES = (GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS)
 _CHUNK_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 
@@ -74,11 +80,23 @@ def ggml_bytes(W: torch.Tensor, ggml_type: GGMLType, importance: torch.Tensor | 
         weights = np.ascontiguousarray(importance.detach().cpu().numpy(), dtype=np.float32)
         if weights.shape != (n,) or not np.isfinite(weights).all() or (weights < 0).any():
             raise ValueError(f"importance must be {n} finite non-negative values")
-    written = ggml_quantize_chunk()(int(ggml_type), src.ctypes.data, dst.ctypes.data, 0, m, n,
+    if ggml_type in ISOLATED_TYPES:
+        return _isolated_quantizer().submit(_quantize_chunk, int(ggml_type), src, dst, weights).result()
+    return _quantize_chunk(int(ggml_type), src, dst, weights)
+
+
+def _quantize_chunk(ggml_type: int, src: np.ndarray, dst: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+    written = ggml_quantize_chunk()(ggml_type, src.ctypes.data, dst.ctypes.data, 0, src.shape[0], src.shape[1],
                                     None if weights is None else weights.ctypes.data)
     if written != dst.nbytes:
         raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes, expected {dst.nbytes}")
     return dst
+
+
+@functools.lru_cache(maxsize=1)
+def _isolated_quantizer() -> ProcessPoolExecutor:
+    """One spawned process of its own for the quantizers of ISOLATED_TYPES, made on first use."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
 
 def ggml_quantize(W: torch.Tensor, importance: torch.Tensor | None, spec: LatticeSpec) -> QuantizedWeight:
