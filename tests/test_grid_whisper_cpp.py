@@ -1,15 +1,17 @@
-"""The grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ3_S and IQ3_XXS through
-the CLI (3 real clips, jfk not among them), the export is bit-exact (verify), and whisper.cpp (pywhispercpp)
-transcribes jfk from it. IQ2_S and IQ2_XS export bit-exactly and whisper.cpp runs them (their nearest points of base:
-data-free; TARQ on these 3 clips loops on jfk at 2.3-2.6 bits, measured on the 2-core EPYC 2026-11-28: "And he has
-not not not ..." for both, so no words are asserted). What ggml cannot quantize is refused in one line."""
+"""The grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ3_S through the CLI
+(3 real clips, jfk not among them), the export is bit-exact (verify), and whisper.cpp (pywhispercpp) transcribes jfk
+from it. IQ3_XXS, IQ2_S and IQ2_XS (their nearest points of base: data-free) export bit-exactly and whisper.cpp runs
+them on a short clip. Measured on the 2-core EPYC, 2026-11-28, and kept out of make test for its time (130-146 s a
+calibration inside the suite): TARQ's IQ3_XXS of base on the same 3 clips transcribes jfk within this test's bound;
+its IQ2_S and IQ2_XS loop on jfk ("And he has not not not ..."), so no words are asserted at 2 bits. What ggml
+cannot quantize is refused in one line."""
 from __future__ import annotations
 
 import jiwer
 import pytest
 
 from tarq_deploy.data.corpus import Utterance, write_manifest
-from tarq_deploy.data.real_clips import JFK_TEXT
+from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
 from conftest import calibration_clips
@@ -18,7 +20,8 @@ from tarq_deploy.models.loader import load_whisper
 from test_whisper_cpp_types import _check_tarq_export, _exports_exactly_and_transcribes, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-TARQ_TYPES = ("iq3_s", "iq3_xxs")
+TARQ_TYPES = ("iq3_s",)
+SHORT_CLIP = "cards-001"  # 1.1 s: a garbled 2-bit model loops to the window's last token, over a second of audio
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +47,10 @@ def base():
     return load_whisper("packaged:base")
 
 
-@pytest.mark.parametrize("type_name", ["iq2_s", "iq2_xs"])
-def test_two_bit_grids_of_base_export_exactly_and_run_in_whisper_cpp(base, tmp_path, jfk_wav, type_name):
-    assert isinstance(_exports_exactly_and_transcribes(base, type_name, tmp_path, jfk_wav), str)
+@pytest.mark.parametrize("type_name", ["iq3_xxs", "iq2_s", "iq2_xs"])
+def test_the_other_grids_of_base_export_exactly_and_run_in_whisper_cpp(base, tmp_path, type_name):
+    clip = next(c for c in all_real_clips() if c.id == SHORT_CLIP)
+    assert isinstance(_exports_exactly_and_transcribes(base, type_name, tmp_path, str(clip.path)), str)
 
 
 @pytest.mark.parametrize("argv, match", [
