@@ -20,9 +20,8 @@ from tarq_deploy.quant.gptq import gptq_quantize, prepare_metric, gptq_sweep
 from tarq_deploy.quant.grid import GRIDS, grid_indices, nearest_points, searched_grid_scales, sweep_run_codes
 from tarq_deploy.quant.lattice import check_on_lattice
 from tarq_deploy.quant.lattice_fit import fit_params, quantize_nearest
-from tarq_deploy.quant.stats import LayerStats
 from tarq_deploy.quant.tarq import TarqConfig, quantize_weight
-from test_low_bit_types import _bits, _loss, _metric, _random_blocks, _weights
+from test_low_bit_types import _bits, _loss, _metric, _random_blocks, _weights, layer_stats
 
 M, N = 32, 512
 # (bytes per 256 values, values per grid point, grid points, values per scale code, scale factor)
@@ -126,10 +125,7 @@ def test_the_joint_choice_finds_the_best_point_of_a_run(t: T) -> None:
 def test_gptq_and_tarq_land_exactly_and_beat_nearest_points(t: T) -> None:
     spec = spec_for_type(t)
     W, H, tail = _weights(10 + int(t)), _metric(11), _metric(12) * 0.05
-    stats = LayerStats(N)
-    stats.H_common, stats.H_tail, stats.H_delta, stats.H_delta_tail = H, tail, 0.0 * H, 0.0 * H
-    stats.n_common, stats.n_tail, stats.n_delta = 2000, 100, 2100
-    q_tarq, _ = quantize_weight(W, stats, spec, TarqConfig(method="tarq"))
+    q_tarq, _ = quantize_weight(W, layer_stats(H, tail), spec, TarqConfig(method="tarq"))
     q_gptq = gptq_quantize(W, H + tail, spec, scale_rule="search", act_order=True)
     nearest = quantize_nearest(W, spec, "search", torch.diag(H + tail))
     for q in (q_tarq, q_gptq):

@@ -57,6 +57,14 @@ def _metric(seed: int, n: int = N) -> torch.Tensor:
     return x.T @ x
 
 
+def layer_stats(H: torch.Tensor, tail: torch.Tensor) -> LayerStats:
+    """One Linear's statistics: common and tail second moments, no paired residual (H_delta = 0)."""
+    stats = LayerStats(N)
+    stats.H_common, stats.H_tail, stats.H_delta, stats.H_delta_tail = H, tail, 0.0 * H, 0.0 * H
+    stats.n_common, stats.n_tail, stats.n_delta = 2000, 100, 2100
+    return stats
+
+
 def _loss(W: torch.Tensor, q, H: torch.Tensor) -> float:
     d = (W - q.dequantize()).double()
     return float(torch.einsum("ij,jk,ik->", d, H.double(), d))
@@ -134,9 +142,7 @@ def test_ggml_quantizer_bytes_on_a_real_tiny_matrix(tiny, type_name: str) -> Non
 def test_gptq_and_tarq_land_exactly_and_beat_rounding(t: T) -> None:
     spec = spec_for_type(t)
     W, H, tail = _weights(10 + int(t)), _metric(11), _metric(12) * 0.05
-    stats = LayerStats(N)
-    stats.H_common, stats.H_tail, stats.H_delta, stats.H_delta_tail = H, tail, 0.0 * H, 0.0 * H
-    stats.n_common, stats.n_tail, stats.n_delta = 2000, 100, 2100
+    stats = layer_stats(H, tail)
     q_tarq, info = quantize_weight(W, stats, spec, TarqConfig(method="tarq"))
     H_rB, lam = rarebal_metric(H, tail, 1.0)  # with no residual (H_delta = 0) TARQ is the sweep under H_rB
     assert info.lam == pytest.approx(lam)
