@@ -34,8 +34,8 @@ import torch
 from tqdm import tqdm
 
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights
-from tarq_deploy.quant.choices import GGML_NEEDS_IMPORTANCE
 from tarq_deploy.fileio import atomic_file, write_buffers
+from tarq_deploy.quant.choices import GGML_NEEDS_IMPORTANCE
 from tarq_deploy.vocabulary import NotByteLevel, TokenTable, table_of_tokens, token_strings
 
 from .f16_rounding import F16Rounding, F16Values, MadeAhead

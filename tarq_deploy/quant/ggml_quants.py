@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES
 
-from .ggml_types import GGMLType, spec_for_type, type_for_spec, unpack
+from .choices import GGML_NEEDS_IMPORTANCE
+from .ggml_types import GRID_TYPES, GGMLType, spec_for_type, type_by_name, type_for_spec, unpack
 from .lattice import LatticeSpec, QuantizedWeight
 
 
@@ -31,11 +32,11 @@ class GgmlUnavailable(RuntimeError):
 
 
 LM_ID_NEWLM, RTLD_NOW = -1, 2
-NEEDS_IMPORTANCE = (GGMLType.IQ2_XS,)  # ggml_quantize_requires_imatrix (of the types we write)
+NEEDS_IMPORTANCE = tuple(type_by_name(name) for name in GGML_NEEDS_IMPORTANCE)  # ggml_quantize_requires_imatrix
 # Types whose quantizer runs in a process of its own: their first call builds ggml's grid tables (megabytes, malloc'd
 # by the C library of the link namespace dlmopen made), and a process that went on after such a call crashed later
 # in unrelated code (a segfault in numba's cache, OpenSSL's "malloc failure": tests/test_ggml_types.py ran into both)
-ISOLATED_TYPES = (GGMLType.IQ3_S, GGMLType.IQ3_XXS, GGMLType.IQ2_S, GGMLType.IQ2_XS)
+ISOLATED_TYPES = GRID_TYPES
 _CHUNK_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                     ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 

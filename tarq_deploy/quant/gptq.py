@@ -203,7 +203,7 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
     U_np, Wt_np = U.numpy(), Wt.numpy()
     codes_t = np.zeros((n, m), dtype=np.int8)
     rounder = _numpy_rounder(spec)
-    unit = spec.grid.unit if spec.grid is not None else 0
+    unit = sweep_run(spec)
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
         W_block = Wt_np[i1:i2].copy()
@@ -223,10 +223,10 @@ def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             s = sT[group]
             o = None if oT is None else oT[group]
             w = W_block[i]
-            if unit and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
+            if unit > 1 and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
                 weights = np.float32(1.0) / np.square(np.diagonal(U_block[i : i + unit, i : i + unit]))
-                run = sweep_run_codes(W_block[i : i + unit], s, weights, spec.grid)
-            q = run[col % unit] if unit else rounder(w if o is None else w - o, s)
+                run_codes = sweep_run_codes(W_block[i : i + unit], s, weights, spec.grid)
+            q = run_codes[col % unit] if unit > 1 else rounder(w if o is None else w - o, s)
             codes_t[col] = q
             value = q * s if o is None else q * s + o
             err = (w - value) / U_block[i, i]
@@ -278,7 +278,7 @@ def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
         o_all = torch.zeros_like(s_all) if spec.affine else None
     U = metric.U.to(W.device)
     codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
-    unit = spec.grid.unit if spec.grid is not None else 0
+    unit = sweep_run(spec)
 
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
@@ -298,9 +298,9 @@ def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec
             s = s_all[:, group]
             o = None if o_all is None else o_all[:, group]
             w = W_block[i]
-            if unit and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
-                run = _grid_run(W_block[i : i + unit], s, U_block[i : i + unit, i : i + unit], spec)
-            q = run[col % unit] if unit else round_codes(w, s, o, spec)
+            if unit > 1 and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
+                run_codes = _grid_run(W_block[i : i + unit], s, U_block[i : i + unit, i : i + unit], spec)
+            q = run_codes[col % unit] if unit > 1 else round_codes(w, s, o, spec)
             codes_t[col] = q.to(CODE_DTYPE)
             value = q * s if o is None else q * s + o
             err = (w - value) / U_block[i, i]

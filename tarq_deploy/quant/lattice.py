@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from .choices import SCALE_RULES
-from .grid import GRIDS, GridCodebook, check_codes, nearest_points, scale_multipliers
+from .grid import GRIDS, SCALE_CODE_MAX, GridCodebook, check_codes, nearest_points, scale_multipliers
 
 SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
@@ -87,8 +87,8 @@ K_SUB_CODE_MAX = 63  # Q4_K / Q5_K sub-block scale and min codes are 6-bit
 K_SUB_CODE_RANGE = {("k-affine", 2): (0, 15), ("k-affine", 4): (0, K_SUB_CODE_MAX),
                     ("k-affine", 5): (0, K_SUB_CODE_MAX), ("k-symmetric", 3): (-32, 31),
                     ("k-symmetric", 6): (-128, 127), ("k-nonlinear", 4): (-32, 31),
-                    **{(scheme, spec_bits): (0, 15) for scheme, spec_bits in
-                       (("grid-iq3_s", 3), ("grid-iq3_xxs", 3), ("grid-iq2_s", 2), ("grid-iq2_xs", 2))}}
+                    **{(scheme, bits): (0, SCALE_CODE_MAX) for scheme in GRID_SCHEMES
+                       for bits, _ in SCHEME_SHAPES[scheme]}}
 PARAM_FIELDS = ("scales", "mins", "sub_scales", "sub_mins")
 FP16_MAX = 65504.0
 BF16_FP16_MAX = 65280.0  # the largest value exact in both bfloat16 and float16
@@ -196,7 +196,8 @@ class QuantizedWeight:
 
     ``scales`` are fp16: one per group, or for the K-quants the super-block d. ``mins`` (fp16) are the affine
     offsets m per group, or the K-quant super-block dmin. ``sub_scales`` / ``sub_mins`` are the K-quants' per-group
-    codes (uint8 0..63 for Q4_K / Q5_K, 0..15 for Q2_K; ``sub_scales`` int8 for Q6_K, -32..31 for Q3_K and IQ4_XS)."""
+    codes (uint8 0..63 for Q4_K / Q5_K, 0..15 for Q2_K; ``sub_scales`` int8 for Q6_K, -32..31 for Q3_K and IQ4_XS,
+    0..15 for the grid types)."""
 
     codes: torch.Tensor  # int8 [m, n]
     scales: torch.Tensor  # float16 [m, n_groups] or [m, n / 256]

@@ -168,10 +168,11 @@ def tarq_solve(
     once; the same arithmetic, so the same codes)."""
     info = SolveInfo(p=stats.tail_share, n_common=stats.n_common, n_tail=stats.n_tail,
                      tr_common=float(torch.trace(stats.H_common)), tr_tail=float(torch.trace(stats.H_tail)))
-    key = (id(stats), identity_weight, sweep_run(spec))
+    run = sweep_run(spec)
+    key = (id(stats), identity_weight, run)
     cached = metrics.get(key) if metrics is not None else None
     metric, lam, info.fallback = cached or rebalanced_metric(stats, config, identity_weight, info.tr_common,
-                                                             info.tr_tail, W.device, sweep_run(spec))
+                                                             info.tr_tail, W.device, run)
     if metrics is not None:
         metrics[key] = (metric, lam, info.fallback)
     info.lam = lam
