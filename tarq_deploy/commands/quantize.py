@@ -82,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha-rule", choices=ALPHA_RULES, default="one",
                    help="residual step: the paper's closed-form alpha*, or one (the exact least-squares target "
                         "W + W H_delta H^-1, H_delta weighted like the metric)")
+    p.add_argument("--rotate", choices=("none", "heads"), default="none",
+                   help="Whisper: before calibrating, rotate every attention head's query/key and value/output "
+                        "weights by a random orthogonal matrix that the head undoes (the model's outputs stay the "
+                        "same in every runtime; outliers spread across each head's 64 columns); none (default)")
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
@@ -118,7 +122,7 @@ def options_from(args: argparse.Namespace):
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
         alpha_rule=args.alpha_rule,
-        device=args.device, max_memory=args.max_memory,
+        device=args.device, max_memory=args.max_memory, rotate=args.rotate,
     )
 
 
@@ -157,9 +161,13 @@ def preset_choice(args: argparse.Namespace) -> str | None:
     if args.type is not None and args.type != preset.main:
         raise UserError(f"--type {args.type}: preset {preset.name} quantizes weight matrices to {preset.main} "
                         f"(leave --type out)")
-    from ..models.registry import is_whisper_source
+    from ..models.registry import model_type
 
-    if not is_whisper_source(args.model):
+    try:
+        kind = model_type(args.model)
+    except ValueError:
+        return  # a source that cannot be read is named by the model check
+    if kind != "whisper":
         raise UserError(f"--tensor-type {given}: {PRESET_TARGET} files are written for Whisper models only so far; "
                         f"--model {args.model} is not one")
     return key
@@ -232,6 +240,19 @@ def auto_tensor_types(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     print(f"auto recipe: {len(chosen)} tensors to {args.promote_to} for {spent:.2f} of {args.size_budget:g} MiB"
           + "".join(f"\n  {c.name} (loss {c.score:.4g}, +{c.extra_bytes / (1 << 20):.2f} MiB)" for c in chosen))
     return promotion_patterns(chosen, args.promote_to)
+
+
+def check_rotation(args: argparse.Namespace) -> None:
+    """--rotate rotates Whisper's attention heads; Qwen3-ASR and Voxtral have no exact rotation here."""
+    from ..models.registry import model_type
+
+    try:
+        kind = model_type(args.model)
+    except ValueError:
+        return  # a source that cannot be read is named by the model check
+    if kind != "whisper":
+        raise UserError(f"--rotate {args.rotate}: rotates Whisper's attention heads; --model {args.model} is not a "
+                        f"Whisper model (use --rotate none)")
 
 
 def check_ggml_quantizer(options) -> None:
@@ -325,6 +346,8 @@ def checked_options(args: argparse.Namespace):
         if options.n_calib < 1:
             raise UserError(f"--n-calib {options.n_calib}: method {options.method!r} needs at least 1 calibration "
                             f"utterance (use --method rtn for data-free rounding)")
+    if options.rotate != "none":
+        check_rotation(args)
     if options.head_identity_weight < 0:
         raise UserError(f"--head-identity-weight {options.head_identity_weight}: must not be negative")
     check_device(options.device)

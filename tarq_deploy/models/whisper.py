@@ -38,6 +38,7 @@ from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
 from ..quant.calibrate import Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import widened
+from .whisper_rotation import rotate_heads
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
 
 ENCODER_FRAMES_PER_SECOND = 50
@@ -188,6 +189,14 @@ class WhisperBackbone:
     def quantized_weight_names(self) -> list[str]:
         return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
                 for g in b.groups for rel in g]
+
+    # -- exact rotation --------------------------------------------------------------------------------------------
+    def rotate(self, kind: str, seed: int) -> dict:
+        """Rotate the weights in place by ``kind`` (whisper_rotation.ROTATIONS), before any calibration; the model's
+        outputs do not change. Returns the record the checkpoint's manifest keeps."""
+        if kind != "heads":
+            raise ValueError(f"rotation {kind!r}: Whisper rotates 'heads' (whisper_rotation.py)")
+        return rotate_heads(self.model, seed)
 
     # -- checkpoint ------------------------------------------------------------------------------------------------
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint:

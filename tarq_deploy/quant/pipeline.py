@@ -42,6 +42,8 @@ class Backbone(Protocol):
                       keep_fp_bytes: int = 0) -> list: ...
     def stages(self) -> list: ...
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint: ...
+    # Optional (Whisper): rotate the weights in place without changing the model's outputs; returns a record.
+    # def rotate(self, kind: str, seed: int) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class QuantizeOptions:
     # Bytes of memory the calibration may take (None: DEFAULT_MAX_MEMORY, or half the machine's memory if that is
     # less). It decides whether work is kept for reuse (Whisper: the alignment pass's fp encoder), never the result.
     max_memory: int | None = None
+    # An exact rotation of the weights before anything else ("heads": per attention head, Whisper only;
+    # models/whisper_rotation.py). The model computes the same function; its weights round differently.
+    rotate: str = "none"
 
     def solver(self) -> TarqConfig:
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
@@ -94,8 +99,9 @@ class QuantizeOptions:
         knobs = asdict(self)
         knobs.pop("device")
         knobs.pop("max_memory")
-        if knobs["preset"] is None:  # a run without one keeps the knobs (and so the resume key) it always had
-            knobs.pop("preset")
+        for knob, unset in (("preset", None), ("rotate", "none")):
+            if knobs[knob] == unset:  # a run without it keeps the knobs (and so the resume key) it always had
+                knobs.pop(knob)
         return knobs
 
 
@@ -142,6 +148,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     return_freed_memory()
     peak_rss = {"model": peak_rss_mb()}  # the high-water mark as each stage ends, for the timing log
     source_sha = state_sha256(backbone.model)
+    rotation = backbone.rotate(options.rotate, options.seed) if options.rotate != "none" else None
     spec = options.spec()
     calibration: dict = {}
     fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
@@ -173,6 +180,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         "layers": [_without_timing(r) for r in result.records],
         "calibration": calibration,
         "source_model": {"id": source_id, "architecture": backbone.architecture, "state_sha256": source_sha},
+        **({"rotation": rotation} if rotation else {}),
         "tool": {"name": "tarq-deploy", "version": __version__},
         "machine": machine_record(),  # the scope of the same-bytes promise (machine.py)
     }

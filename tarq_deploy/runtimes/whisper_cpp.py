@@ -17,6 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter, dist_version
 from .child import measure_transcription
 from .sources import checked_whisper_cpp, is_whisper_cpp_file
@@ -126,13 +128,8 @@ def _loaded_library_strings(library: str, symbols: tuple[str, ...]) -> dict[str,
     the wheel vendors its own copies under mangled names, and other packages may ship another libwhisper)."""
     import ctypes
 
-    try:
-        maps = Path("/proc/self/maps").read_text().split("\n")
-    except OSError:
-        return {}
-    paths = sorted({line.split()[-1] for line in maps if f"/{library}" in line and ".so" in line})
     found: dict[str, str] = {}
-    for path in paths:
+    for path in _loaded_library_paths(library):
         lib = ctypes.CDLL(path)  # already loaded: this only returns its handle
         for symbol in symbols:
             fn = getattr(lib, symbol, None)
@@ -141,6 +138,58 @@ def _loaded_library_strings(library: str, symbols: tuple[str, ...]) -> dict[str,
                 found[symbol] = fn().decode()
         found.setdefault(f"{library}_path", path)
     return found
+
+
+def teacher_forced_logits(model_file: Path, audio: np.ndarray, tokens: list[int], threads: int = 1) -> np.ndarray:
+    """The logits whisper.cpp computes after each prefix of ``tokens`` on ``audio`` (16 kHz float32 samples), as a
+    float32 array [len(tokens), n_vocab]: its own mel and encoder once, then its decoder one token at a time on its KV
+    cache, as its greedy decoder runs. Through the C API of the libwhisper pywhispercpp loaded (pywhispercpp's
+    binding returns one float of the logits). The file must have passed our strict reader (``checked_whisper_cpp``)."""
+    import ctypes
+
+    import _pywhispercpp  # noqa: F401  (loads the wheel's libwhisper, whose handle is taken below)
+
+    found = _loaded_library_paths("libwhisper")
+    if not found:
+        raise RuntimeError("pywhispercpp loaded no libwhisper")
+    lib = ctypes.CDLL(found[0])
+    lib.whisper_init_from_file.restype, lib.whisper_init_from_file.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+    lib.whisper_pcm_to_mel.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int]
+    lib.whisper_encode.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.whisper_decode.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int]
+    lib.whisper_get_logits.restype, lib.whisper_get_logits.argtypes = ctypes.POINTER(ctypes.c_float), [ctypes.c_void_p]
+    lib.whisper_n_vocab.argtypes = [ctypes.c_void_p]
+    lib.whisper_free.argtypes = [ctypes.c_void_p]
+    ctx = lib.whisper_init_from_file(str(model_file).encode())
+    if not ctx:
+        raise RuntimeError(f"{model_file}: whisper.cpp could not load it")
+    try:
+        samples = np.ascontiguousarray(audio, dtype=np.float32)
+        if lib.whisper_pcm_to_mel(ctx, samples.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), len(samples), threads):
+            raise RuntimeError("whisper_pcm_to_mel failed")
+        if lib.whisper_encode(ctx, 0, threads):
+            raise RuntimeError("whisper_encode failed")
+        n_vocab = lib.whisper_n_vocab(ctx)
+        rows = []
+        for n_past, token in enumerate(tokens):
+            one = (ctypes.c_int32 * 1)(token)
+            if lib.whisper_decode(ctx, one, 1, n_past, threads):
+                raise RuntimeError(f"whisper_decode failed at token {n_past}")
+            rows.append(np.ctypeslib.as_array(lib.whisper_get_logits(ctx), shape=(n_vocab,)).copy())
+        return np.stack(rows)
+    finally:
+        lib.whisper_free(ctx)
+
+
+def _loaded_library_paths(library: str) -> list[str]:
+    """Paths of a shared library this process has loaded (pywhispercpp's wheel loads its copies under mangled
+    names), from /proc/self/maps."""
+    try:
+        maps = Path("/proc/self/maps").read_text().split("\n")
+    except OSError:
+        return []
+    return sorted({line.split()[-1] for line in maps if f"/{library}" in line and ".so" in line})
 
 
 ADAPTER = RuntimeAdapter(
