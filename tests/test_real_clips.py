@@ -107,3 +107,33 @@ def test_missing_pocketsphinx_data_names_the_apt_command(tmp_path: Path, monkeyp
     monkeypatch.setattr(rc, "DEBIAN_POCKETSPHINX_DATA", tmp_path / "nowhere")
     with pytest.raises(rc.RealClipError, match="apt-get install -y pocketsphinx-testdata"):
         rc.librivox_clips(download=False)
+
+
+def test_processes_fetching_jfk_at_once_all_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two test workers on a fresh machine asked for jfk.wav together: one unlinked the sdist the other was about to
+    open (`No such file or directory`). The cache's fetch lock makes them take turns."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("TARQ_DEPLOY_CACHE", str(tmp_path))
+    monkeypatch.setattr(rc, "pip_package_sources", lambda: rc.PipSources(indexes=[], find_links=[]))  # no network
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(b"\0\1" * 1600)
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    _tiny_sdist(clips / rc.PYWHISPERCPP_SDIST, {rc.JFK_MEMBER: buffer.getvalue()})
+    start = threading.Barrier(8)
+
+    def fetch(_: int) -> Path:
+        start.wait()
+        return rc.jfk_wav_path()
+
+    with ThreadPoolExecutor(8) as pool:  # flock excludes open files, so threads exclude each other as processes do
+        paths = list(pool.map(fetch, range(8)))
+    assert set(paths) == {clips / "jfk.wav"}
+    assert (clips / "jfk.wav").read_bytes() == buffer.getvalue()
+    assert not (clips / rc.PYWHISPERCPP_SDIST).exists()

@@ -20,6 +20,8 @@ Everything fetched lands in ``clips_cache_dir()``: ``$TARQ_DEPLOY_CACHE/clips`` 
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import html.parser
 import io
 import os
@@ -86,6 +88,21 @@ def cache_root() -> Path:
 
 def clips_cache_dir() -> Path:
     return cache_root() / "clips"
+
+
+@contextlib.contextmanager
+def fetching_lock() -> Iterator[None]:
+    """Hold the clips cache's fetch lock (blocking flock on ``.fetch.lock``): processes that want the same clip at
+    once (two test workers, two commands) fetch and extract it one after another; without it one unlinked the
+    archive while another was about to read it."""
+    directory = clips_cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".fetch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # ------------------------------------------------------------------------------------- pip index discovery
@@ -327,17 +344,23 @@ def jfk_wav_path(download: bool = True) -> Path:
     """Path of ``jfk.wav`` in the clips cache, extracting it from the pywhispercpp 1.5.1 sdist if needed."""
     target = clips_cache_dir() / "jfk.wav"
     if not target.is_file():
-        sdist = clips_cache_dir() / PYWHISPERCPP_SDIST
-        if not sdist.is_file() and not download:
-            raise RealClipError(
-                f"{target} is missing and downloading is disabled; place {PYWHISPERCPP_SDIST} "
-                f"(member {JFK_MEMBER}) into {clips_cache_dir()}"
-            )
-        sdist = download_distribution("pywhispercpp", PYWHISPERCPP_SDIST, clips_cache_dir())
-        extract_member(sdist, JFK_MEMBER, target)
-        sdist.unlink()  # 10 MB archive; only the 350 kB sample is kept
+        with fetching_lock():
+            if not target.is_file():  # another process may have fetched it while this one waited
+                _fetch_jfk(target, download)
     _check_wav(target, "jfk.wav")
     return target
+
+
+def _fetch_jfk(target: Path, download: bool) -> None:
+    sdist = clips_cache_dir() / PYWHISPERCPP_SDIST
+    if not sdist.is_file() and not download:
+        raise RealClipError(
+            f"{target} is missing and downloading is disabled; place {PYWHISPERCPP_SDIST} "
+            f"(member {JFK_MEMBER}) into {clips_cache_dir()}"
+        )
+    sdist = download_distribution("pywhispercpp", PYWHISPERCPP_SDIST, clips_cache_dir())
+    extract_member(sdist, JFK_MEMBER, target)
+    sdist.unlink()  # 10 MB archive; only the 350 kB sample is kept
 
 
 def jfk_clip(download: bool = True) -> Clip:
@@ -357,9 +380,11 @@ def lecture_wav_path(seconds: int = 30, download: bool = True) -> Path:
             if not download:
                 raise RealClipError(f"{target} is missing and downloading is disabled; place {SILERO_SDIST} "
                                     f"(member {LECTURE_MEMBER}) into {clips_cache_dir()}")
-            sdist = download_distribution("silero-vad", SILERO_SDIST, clips_cache_dir())
-            extract_member(sdist, LECTURE_MEMBER, full)
-            sdist.unlink()
+            with fetching_lock():
+                if not full.is_file():
+                    sdist = download_distribution("silero-vad", SILERO_SDIST, clips_cache_dir())
+                    extract_member(sdist, LECTURE_MEMBER, full)
+                    sdist.unlink()
         _check_wav(full, "the silero-vad lecture recording")
         with wave.open(str(full), "rb") as wav:
             if wav.getsampwidth() != 2 or wav.getnframes() < seconds * SAMPLE_RATE:
@@ -401,12 +426,15 @@ def pocketsphinx_data_dir(download: bool = True) -> Path:
             "pocketsphinx test data (LibriVox/cards clips and transcripts) not found in "
             f"{', '.join(map(str, candidates))}. Install it with: {APT_HINT}"
         )
-    try:
-        sdist = download_distribution("pocketsphinx", POCKETSPHINX_SDIST, clips_cache_dir())
-    except RealClipError as error:
-        raise RealClipError(f"{error}\npocketsphinx test data is missing; install it with: {APT_HINT}") from error
-    extract_tree(sdist, POCKETSPHINX_SDIST_DATA, _POCKETSPHINX_WANTED, cached)
-    sdist.unlink()  # 34 MB archive; only ~1 MB of it is kept
+    with fetching_lock():
+        if _has_pocketsphinx_data(cached):
+            return cached
+        try:
+            sdist = download_distribution("pocketsphinx", POCKETSPHINX_SDIST, clips_cache_dir())
+        except RealClipError as error:
+            raise RealClipError(f"{error}\npocketsphinx test data is missing; install it with: {APT_HINT}") from error
+        extract_tree(sdist, POCKETSPHINX_SDIST_DATA, _POCKETSPHINX_WANTED, cached)
+        sdist.unlink()  # 34 MB archive; only ~1 MB of it is kept
     return cached
 
 
