@@ -1,10 +1,14 @@
-"""The grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ3_S through the CLI
-(3 real clips, jfk not among them), the export is bit-exact (verify), and whisper.cpp (pywhispercpp) transcribes jfk
-from it. IQ3_XXS, IQ2_S and IQ2_XS (their nearest points of base: data-free) export bit-exactly and whisper.cpp runs
-them on a short clip. Measured on the 2-core EPYC, 2026-11-28, and kept out of make test for its time (130-146 s a
-calibration inside the suite): TARQ's IQ3_XXS of base on the same 3 clips transcribes jfk within this test's bound;
-its IQ2_S and IQ2_XS loop on jfk ("And he has not not not ..."), so no words are asserted at 2 bits. What ggml
-cannot quantize is refused in one line."""
+"""The grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ3_S and IQ3_XXS through
+the CLI (3 real clips, jfk not among them), the export is bit-exact (verify), and whisper.cpp (pywhispercpp)
+transcribes jfk from it. IQ2_S and IQ2_XS (their nearest points of base: data-free) export bit-exactly and
+whisper.cpp runs them on a short clip. What ggml cannot quantize is refused in one line.
+
+Why no TARQ file at 2 bits here (measured on the 2-core EPYC, 2026-11-28): TARQ's IQ2_S of base transcribes jfk
+only from a real calibration set. From 128 synthetic utterances (results/rotation) it gets jfk word for word (WER 0;
+0.045 with --rotate heads); from 64 of them it loops on quote marks (WER 0.68), from 24 it stops after four words
+(0.77), and from these 3 real clips (and from 11) IQ2_S and IQ2_XS loop ("And he has not not not ..."). A
+128-utterance calibration per 2-bit type (about 100 s each, plus the corpus) does not fit make test's budget, and a
+bound on one clip this close to the edge would not hold across processors."""
 from __future__ import annotations
 
 import jiwer
@@ -20,7 +24,7 @@ from tarq_deploy.models.loader import load_whisper
 from test_whisper_cpp_types import _check_tarq_export, _exports_exactly_and_transcribes, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-TARQ_TYPES = ("iq3_s",)
+TARQ_TYPES = ("iq3_s", "iq3_xxs")
 SHORT_CLIP = "cards-001"  # 1.1 s: a garbled 2-bit model loops to the window's last token, over a second of audio
 
 
@@ -47,7 +51,7 @@ def base():
     return load_whisper("packaged:base")
 
 
-@pytest.mark.parametrize("type_name", ["iq3_xxs", "iq2_s", "iq2_xs"])
+@pytest.mark.parametrize("type_name", ["iq2_s", "iq2_xs"])
 def test_the_other_grids_of_base_export_exactly_and_run_in_whisper_cpp(base, tmp_path, type_name):
     clip = next(c for c in all_real_clips() if c.id == SHORT_CLIP)
     assert isinstance(_exports_exactly_and_transcribes(base, type_name, tmp_path, str(clip.path)), str)

@@ -10,7 +10,8 @@ from ..data.corpus import POOLS
 from ..errors import UserError
 from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
 from ..quant.choices import (ALPHA_RULES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_NEEDS_IMPORTANCE, GGML_TARGETS,
-                             GGML_TYPES, GGUF_TARGETS, K_QUANT_ROW, METHODS, SCALE_RULES, SOURCES)
+                             GGML_TYPES, GGUF_TARGETS, K_QUANT_ROW, METHODS, ROTATE_HEADS_BY_DEFAULT, ROTATIONS,
+                             SCALE_RULES, SOURCES)
 from ..quant.presets import PRESETS, find_preset
 from .options import add_out, memory_size, thread_count
 
@@ -82,10 +83,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha-rule", choices=ALPHA_RULES, default="one",
                    help="residual step: the paper's closed-form alpha*, or one (the exact least-squares target "
                         "W + W H_delta H^-1, H_delta weighted like the metric)")
-    p.add_argument("--rotate", choices=("none", "heads"), default="none",
+    p.add_argument("--rotate", choices=ROTATIONS, default="auto",
                    help="Whisper: before calibrating, rotate every attention head's query/key and value/output "
-                        "weights by a random orthogonal matrix that the head undoes (the model's outputs stay the "
-                        "same in every runtime; outliers spread across each head's 64 columns); none (default)")
+                        "weights by a random orthogonal matrix that the head undoes (heads: the model's outputs "
+                        "stay the same in every runtime; outliers spread across each head's 64 columns), or not "
+                        "(none); auto (default): heads where the dev split showed it helps (tarq at q3_k, iq3_s, "
+                        "iq3_xxs, iq2_s, for Whisper), none elsewhere")
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
@@ -122,8 +125,20 @@ def options_from(args: argparse.Namespace):
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
         alpha_rule=args.alpha_rule,
-        device=args.device, max_memory=args.max_memory, rotate=args.rotate,
+        device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, args.type or (PRESETS[preset].main if preset else None)),
     )
+
+
+def rotation_choice(args: argparse.Namespace, type_name: str | None) -> str:
+    """--rotate as given, or for auto: heads for a Whisper model where ROTATE_HEADS_BY_DEFAULT names the method and
+    type, else none."""
+    if args.rotate != "auto":
+        return args.rotate
+    if (args.method, type_name) not in ROTATE_HEADS_BY_DEFAULT:
+        return "none"
+    from ..models.registry import is_whisper_source
+
+    return "heads" if is_whisper_source(args.model) else "none"
 
 
 def lattice_choice(args: argparse.Namespace, preset_type: str | None = None) -> tuple[str, int, int]:

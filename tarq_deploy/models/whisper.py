@@ -192,8 +192,8 @@ class WhisperBackbone:
 
     # -- exact rotation --------------------------------------------------------------------------------------------
     def rotate(self, kind: str, seed: int) -> dict:
-        """Rotate the weights in place by ``kind`` (whisper_rotation.ROTATIONS), before any calibration; the model's
-        outputs do not change. Returns the record the checkpoint's manifest keeps."""
+        """Rotate the weights in place by ``kind`` ("heads": whisper_rotation.rotate_heads), before any calibration;
+        the model's outputs do not change. Returns the record the checkpoint's manifest keeps."""
         if kind != "heads":
             raise ValueError(f"rotation {kind!r}: Whisper rotates 'heads' (whisper_rotation.py)")
         return rotate_heads(self.model, seed)

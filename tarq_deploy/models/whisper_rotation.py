@@ -27,9 +27,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ROTATIONS = ("none", "heads")
-
-
 def hadamard(d: int) -> torch.Tensor:
     """Sylvester's Hadamard matrix of order d (a power of two), in float64, entries ±1."""
     h = torch.ones(1, 1, dtype=torch.float64)
