@@ -127,3 +127,28 @@ def test_rotate_refuses_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatc
                           "--out", "o")
     assert status == 2 and "--rotate heads: rotates Whisper's attention heads" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["voxtral"]
+
+
+@pytest.mark.parametrize("method, type_name, model, expected", [
+    ("tarq", "q3_k", "packaged:base", "heads"), ("tarq", "iq3_s", "packaged:base", "heads"),
+    ("tarq", "iq2_s", "packaged:base", "heads"), ("tarq", "q4_0", "packaged:base", "none"),
+    ("tarq", None, "packaged:base", "none"), ("tarq", "q2_k", "packaged:base", "none"),
+    ("gptq", "q3_k", "packaged:base", "none"), ("rtn", "iq3_xxs", "packaged:base", "none"),
+])
+def test_rotate_auto_rotates_where_the_dev_split_measured_a_gain(method, type_name, model, expected):
+    import argparse
+
+    from tarq_deploy.commands.quantize import rotation_choice
+
+    args = argparse.Namespace(rotate="auto", method=method, model=model)
+    assert rotation_choice(args, type_name) == expected
+    assert rotation_choice(argparse.Namespace(rotate="none", method=method, model=model), type_name) == "none"
+
+
+def test_rotate_auto_leaves_a_model_that_is_not_whisper_alone(tmp_path):
+    import argparse
+
+    from tarq_deploy.commands.quantize import rotation_choice
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_asr"}))
+    assert rotation_choice(argparse.Namespace(rotate="auto", method="tarq", model=str(tmp_path)), "q3_k") == "none"
