@@ -4,7 +4,7 @@ records the rotation and exports a file verify finds exact, and a non-Whisper mo
 
 Measured on the 2-core EPYC (2026-11-28), tiny.en: PyTorch float32 max |Δ logit| 4.0e-5 (logits up to 32); whisper.cpp
 F16, jfk's 17 teacher-forced positions: max |Δ logit| 0.16-0.23 for two seeds, max KL 1.4e-4 nats, every argmax the
-same. For scale: the same unrotated file in whisper.cpp at 1 and at 2 threads differs by 0.14, and whisper.cpp
+same (two of them by margins of 0.37 and 0.42 only). For scale: the same unrotated file in whisper.cpp at 1 and at 2 threads differs by 0.14, and whisper.cpp
 differs from PyTorch on the same F16 weights by 0.45 (KL 8e-4): the F16 activations whisper.cpp rounds to, not the
 rotation, set the figure."""
 from __future__ import annotations
@@ -97,8 +97,9 @@ def test_rotated_f16_file_gives_whisper_cpp_the_same_logits(tiny, tmp_path, jfk_
     delta = float(np.abs(a - b).max())
     kl = float((np.exp(_log_softmax(a)) * (_log_softmax(a) - _log_softmax(b))).sum(axis=1).max())
     print(f"whisper.cpp F16 logits, rotated vs plain: max |Δ| {delta:.3g}, max KL {kl:.3g} nats")
-    assert np.array_equal(a.argmax(axis=1), b.argmax(axis=1))
-    assert delta <= 1.0 and kl <= 2e-3, (delta, kl)  # measured 0.23 and 1.4e-4 (1 vs 2 threads alone: 0.14)
+    # Measured 0.23 and 1.4e-4 (1 vs 2 threads alone: 0.14). No argmax equality is asserted: two positions of jfk have
+    # top-2 margins of 0.37 and 0.42, which whisper.cpp's own F16 rounding may cross on another processor.
+    assert delta <= 1.0 and kl <= 2e-3, (delta, kl)
     hits = np.mean(a[2:-1].argmax(axis=1) == np.array(tokens[3:]))  # the file transcribes: the next word on top
     assert hits >= 0.8, hits  # measured 13 of 14 (a comma is where whisper.cpp puts "ask")
 

@@ -176,13 +176,7 @@ def preset_choice(args: argparse.Namespace) -> str | None:
     if args.type is not None and args.type != preset.main:
         raise UserError(f"--type {args.type}: preset {preset.name} quantizes weight matrices to {preset.main} "
                         f"(leave --type out)")
-    from ..models.registry import model_type
-
-    try:
-        kind = model_type(args.model)
-    except ValueError:
-        return  # a source that cannot be read is named by the model check
-    if kind != "whisper":
+    if readable_model_type(args.model) not in (None, "whisper"):  # an unreadable source is named by the model check
         raise UserError(f"--tensor-type {given}: {PRESET_TARGET} files are written for Whisper models only so far; "
                         f"--model {args.model} is not one")
     return key
@@ -257,15 +251,19 @@ def auto_tensor_types(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return promotion_patterns(chosen, args.promote_to)
 
 
-def check_rotation(args: argparse.Namespace) -> None:
-    """--rotate rotates Whisper's attention heads; Qwen3-ASR and Voxtral have no exact rotation here."""
+def readable_model_type(model: str) -> str | None:
+    """--model's model type, or None where its config cannot be read (the model check names that problem)."""
     from ..models.registry import model_type
 
     try:
-        kind = model_type(args.model)
+        return model_type(model)
     except ValueError:
-        return  # a source that cannot be read is named by the model check
-    if kind != "whisper":
+        return None
+
+
+def check_rotation(args: argparse.Namespace) -> None:
+    """--rotate rotates Whisper's attention heads; Qwen3-ASR and Voxtral have no exact rotation here."""
+    if readable_model_type(args.model) not in (None, "whisper"):  # an unreadable source is named by the model check
         raise UserError(f"--rotate {args.rotate}: rotates Whisper's attention heads; --model {args.model} is not a "
                         f"Whisper model (use --rotate none)")
 
