@@ -153,3 +153,12 @@ def test_rotate_auto_leaves_a_model_that_is_not_whisper_alone(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_asr"}))
     assert rotation_choice(argparse.Namespace(rotate="auto", method="tarq", model=str(tmp_path)), "q3_k") == "none"
+
+
+def test_rotate_refuses_an_importance_matrix_from_a_file(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "im.gguf").write_bytes(b"GGUF")
+    status, err = run_cli(capsys, "quantize", "--model", "packaged:base", "--method", "imatrix", "--type", "q4_0",
+                          "--imatrix", "im.gguf", "--rotate", "heads", "--out", "o")
+    assert status == 2 and "--rotate heads: --imatrix im.gguf holds importances of the unrotated model" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["im.gguf"]

@@ -263,6 +263,9 @@ def readable_model_type(model: str) -> str | None:
 
 def check_rotation(args: argparse.Namespace) -> None:
     """--rotate rotates Whisper's attention heads; Qwen3-ASR and Voxtral have no exact rotation here."""
+    if args.imatrix:
+        raise UserError(f"--rotate {args.rotate}: --imatrix {args.imatrix} holds importances of the unrotated model's "
+                        f"inputs (out_proj's inputs turn with the rotation); calibrate with --method imatrix instead")
     if readable_model_type(args.model) not in (None, "whisper"):  # an unreadable source is named by the model check
         raise UserError(f"--rotate {args.rotate}: rotates Whisper's attention heads; --model {args.model} is not a "
                         f"Whisper model (use --rotate none)")
