@@ -38,8 +38,8 @@ from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
 from ..quant.calibrate import Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import widened
-from .whisper_rotation import rotate_heads
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
+from .whisper_rotation import rotate_heads
 
 ENCODER_FRAMES_PER_SECOND = 50
 MEDIAN_FILTER_WIDTH = 7
