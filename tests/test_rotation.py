@@ -162,3 +162,11 @@ def test_rotate_refuses_an_importance_matrix_from_a_file(capsys, tmp_path, monke
                           "--imatrix", "im.gguf", "--rotate", "heads", "--out", "o")
     assert status == 2 and "--rotate heads: --imatrix im.gguf holds importances of the unrotated model" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["im.gguf"]
+
+
+def test_rotate_refuses_to_save_the_rotated_models_importances(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, err = run_cli(capsys, "quantize", "--model", "packaged:base", "--method", "imatrix", "--type", "q4_0",
+                          "--calib", "c.jsonl", "--save-imatrix", "im.gguf", "--rotate", "heads", "--out", "o")
+    assert status == 2 and "--rotate heads: --save-imatrix im.gguf would hold the rotated model's" in err, err
+    assert list(tmp_path.iterdir()) == []

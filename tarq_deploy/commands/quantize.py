@@ -266,6 +266,9 @@ def check_rotation(args: argparse.Namespace) -> None:
     if args.imatrix:
         raise UserError(f"--rotate {args.rotate}: --imatrix {args.imatrix} holds importances of the unrotated model's "
                         f"inputs (out_proj's inputs turn with the rotation); calibrate with --method imatrix instead")
+    if args.save_imatrix:
+        raise UserError(f"--rotate {args.rotate}: --save-imatrix {args.save_imatrix} would hold the rotated model's "
+                        f"importances, which fit no other run; save it from an unrotated run")
     if readable_model_type(args.model) not in (None, "whisper"):  # an unreadable source is named by the model check
         raise UserError(f"--rotate {args.rotate}: rotates Whisper's attention heads; --model {args.model} is not a "
                         f"Whisper model (use --rotate none)")
