@@ -131,7 +131,7 @@ def test_rotate_refuses_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("method, type_name, model, expected", [
-    ("tarq", "q3_k", "packaged:base", "heads"), ("tarq", "iq3_s", "packaged:base", "heads"),
+    ("tarq", "q3_k", "packaged:base", "none"), ("tarq", "iq3_s", "packaged:base", "heads"),
     ("tarq", "iq2_s", "packaged:base", "heads"), ("tarq", "q4_0", "packaged:base", "none"),
     ("tarq", None, "packaged:base", "none"), ("tarq", "q2_k", "packaged:base", "none"),
     ("gptq", "q3_k", "packaged:base", "none"), ("rtn", "iq3_xxs", "packaged:base", "none"),
@@ -142,7 +142,7 @@ def test_rotate_auto_rotates_where_the_dev_split_measured_a_gain(method, type_na
     from tarq_deploy.commands.quantize import rotation_choice
 
     args = argparse.Namespace(rotate="auto", method=method, model=model)
-    assert rotation_choice(args, type_name) == expected
+    assert rotation_choice(args, type_name) == expected  # q3_k: rare KLD lower in 3 draws, common worse in one
     assert rotation_choice(argparse.Namespace(rotate="none", method=method, model=model), type_name) == "none"
 
 
@@ -152,7 +152,7 @@ def test_rotate_auto_leaves_a_model_that_is_not_whisper_alone(tmp_path):
     from tarq_deploy.commands.quantize import rotation_choice
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_asr"}))
-    assert rotation_choice(argparse.Namespace(rotate="auto", method="tarq", model=str(tmp_path)), "q3_k") == "none"
+    assert rotation_choice(argparse.Namespace(rotate="auto", method="tarq", model=str(tmp_path)), "iq3_s") == "none"
 
 
 def test_rotate_refuses_an_importance_matrix_from_a_file(capsys, tmp_path, monkeypatch):

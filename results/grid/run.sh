@@ -2,7 +2,7 @@
 # Issue 38's held-out comparison: TARQ's grid files of Whisper base against what whisper.cpp publishes (ggml Q5_0)
 # and Q4_0, decoded by stock whisper.cpp on the test split (sentences of neither other split, the voice kal, which
 # calibration and dev never hear). Run from the repository root after `make install`; the TARQ checkpoints are
-# results/rotation/run.sh's (the default --rotate auto: heads for these types). W as there.
+# results/rotation/run.sh's with --rotate heads (auto's choice for IQ3_S, IQ3_XXS, IQ2_S; Q3_K's as made then). W as there.
 set -eu
 W=${W:-/tmp/rotation}
 H=$W/heldout

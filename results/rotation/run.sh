@@ -25,3 +25,23 @@ for ck in "$W"/ck/*/; do
   case $n in *-none) args+=(--compare "${n%-none}-heads:$n");; esac
 done
 $T eval "${args[@]}" -o "$W/eval"
+# three rotation draws of Q3_K and IQ3_S (seeds 1 and 2 here; seed 0 above), and the control: unrotated at seed 1
+for type in q3_k iq3_s; do
+  for seed in 1 2; do
+    $T quantize --model packaged:base --calib "$W/synth/calib.jsonl" --n-calib 128 --method tarq --type $type \
+      --rotate heads --seed $seed --out "$W/seeds/tarq-$type-heads-seed$seed"
+  done
+  $T quantize --model packaged:base --calib "$W/synth/calib.jsonl" --n-calib 128 --method tarq --type $type \
+    --rotate none --seed 1 --out "$W/seeds/tarq-$type-none-seed1"
+done
+args=(--data "dev=$W/synth/eval.jsonl" --reference F16 --teacher-forced-only --model F16=packaged:base --backend torch
+      --resamples 2000 --threads 2 --quiet)
+for type in q3_k iq3_s; do
+  args+=(--model "tarq-$type-none=$W/ck/tarq-$type-none" --model "tarq-$type-none-seed1=$W/seeds/tarq-$type-none-seed1"
+         --compare "tarq-$type-none-seed1:tarq-$type-none")
+  for seed in 1 2; do
+    args+=(--model "tarq-$type-heads-seed$seed=$W/seeds/tarq-$type-heads-seed$seed"
+           --compare "tarq-$type-heads-seed$seed:tarq-$type-none")
+  done
+done
+$T eval "${args[@]}" -o "$W/seeds/eval"

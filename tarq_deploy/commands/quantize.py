@@ -87,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Whisper: before calibrating, rotate every attention head's query/key and value/output "
                         "weights by a random orthogonal matrix that the head undoes (heads: the model's outputs "
                         "stay the same in every runtime; outliers spread across each head's 64 columns), or not "
-                        "(none); auto (default): heads where the dev split showed it helps (tarq at q3_k, iq3_s, "
+                        "(none); auto (default): heads where the dev split showed it helps (tarq at iq3_s, "
                         "iq3_xxs, iq2_s, for Whisper), none elsewhere")
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
