@@ -4,9 +4,9 @@ records the rotation and exports a file verify finds exact, and a non-Whisper mo
 
 Measured on the 2-core EPYC (2026-11-28), tiny.en: PyTorch float32 max |Δ logit| 4.0e-5 (logits up to 32); whisper.cpp
 F16, jfk's 17 teacher-forced positions: max |Δ logit| 0.16-0.23 for two seeds, max KL 1.4e-4 nats, every argmax the
-same (two of them by margins of 0.37 and 0.42 only). For scale: the same unrotated file in whisper.cpp at 1 and at 2 threads differs by 0.14, and whisper.cpp
-differs from PyTorch on the same F16 weights by 0.45 (KL 8e-4): the F16 activations whisper.cpp rounds to, not the
-rotation, set the figure."""
+same (two of them by margins of 0.37 and 0.42 only). For scale: the same unrotated file in whisper.cpp at 1 and at 2
+threads differs by 0.14, and whisper.cpp differs from PyTorch on the same F16 weights by 0.45 (KL 8e-4): the F16
+activations whisper.cpp rounds to, not the rotation, set the figure."""
 from __future__ import annotations
 
 import copy

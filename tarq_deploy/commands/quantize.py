@@ -115,7 +115,8 @@ def options_from(args: argparse.Namespace):
     from ..quant.pipeline import QuantizeOptions
 
     preset = preset_choice(args)
-    scheme, bits, group = lattice_choice(args, PRESETS[preset].main if preset else None)
+    preset_type = PRESETS[preset].main if preset else None
+    scheme, bits, group = lattice_choice(args, preset_type)
     tensor_types = () if preset else tensor_type_choice(args)  # a preset's are resolved by shape once loaded
     return QuantizeOptions(
         method=args.method, bits=bits, group_size=group, scheme=scheme, scale_grid=args.scale_dtype,
@@ -125,7 +126,7 @@ def options_from(args: argparse.Namespace):
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
         head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
         alpha_rule=args.alpha_rule,
-        device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, args.type or (PRESETS[preset].main if preset else None)),
+        device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, args.type or preset_type),
     )
 
 
@@ -176,7 +177,9 @@ def preset_choice(args: argparse.Namespace) -> str | None:
     if args.type is not None and args.type != preset.main:
         raise UserError(f"--type {args.type}: preset {preset.name} quantizes weight matrices to {preset.main} "
                         f"(leave --type out)")
-    if readable_model_type(args.model) not in (None, "whisper"):  # an unreadable source is named by the model check
+    from ..models.registry import is_whisper_source
+
+    if not is_whisper_source(args.model):
         raise UserError(f"--tensor-type {given}: {PRESET_TARGET} files are written for Whisper models only so far; "
                         f"--model {args.model} is not one")
     return key
@@ -251,16 +254,6 @@ def auto_tensor_types(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return promotion_patterns(chosen, args.promote_to)
 
 
-def readable_model_type(model: str) -> str | None:
-    """--model's model type, or None where its config cannot be read (the model check names that problem)."""
-    from ..models.registry import model_type
-
-    try:
-        return model_type(model)
-    except ValueError:
-        return None
-
-
 def check_rotation(args: argparse.Namespace) -> None:
     """--rotate rotates Whisper's attention heads; Qwen3-ASR and Voxtral have no exact rotation here."""
     if args.imatrix:
@@ -269,7 +262,9 @@ def check_rotation(args: argparse.Namespace) -> None:
     if args.save_imatrix:
         raise UserError(f"--rotate {args.rotate}: --save-imatrix {args.save_imatrix} would hold the rotated model's "
                         f"importances, which fit no other run; save it from an unrotated run")
-    if readable_model_type(args.model) not in (None, "whisper"):  # an unreadable source is named by the model check
+    from ..models.registry import is_whisper_source
+
+    if not is_whisper_source(args.model):  # as the preset check: a config that cannot be read is no Whisper's
         raise UserError(f"--rotate {args.rotate}: rotates Whisper's attention heads; --model {args.model} is not a "
                         f"Whisper model (use --rotate none)")
 

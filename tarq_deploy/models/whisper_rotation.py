@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 def hadamard(d: int) -> torch.Tensor:
     """Sylvester's Hadamard matrix of order d (a power of two), in float64, entries ±1."""
     h = torch.ones(1, 1, dtype=torch.float64)
@@ -86,5 +87,6 @@ def rotate_heads(model: nn.Module, seed: int = 0) -> dict:
         _rotate_rows(attention.k_proj, qk, heads)
         _rotate_rows(attention.v_proj, vo, heads)
         _rotate_columns(attention.out_proj, vo, heads)
-    return {"rotate": "heads", "seed": seed, "attentions": len(modules),
-            "kind": "hadamard-random-signs" if d & (d - 1) == 0 else "haar"}
+    widths = {attention.head_dim for _, attention in modules}
+    kind = "hadamard-random-signs" if all(d & (d - 1) == 0 for d in widths) else "haar"
+    return {"rotate": "heads", "seed": seed, "attentions": len(modules), "kind": kind}
