@@ -105,7 +105,7 @@ def test_a_baseline_child_imports_the_baseline_package(tmp_path, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     args = argparse.Namespace(model="packaged:base", processor="packaged:tiny.en", device="cpu", group_size=32,
                               threads=1, type=None, source_dtype="float16", baseline_code=str(stand_in.parent),
-                              max_memory=None)
+                              max_memory=None, compute_dtype="float32")
     for baseline, expected in ((True, stand_in), (False, Path(__file__).resolve().parents[1] / "tarq_deploy")):
         cmd, env, cwd = child_launch(args, "gptq", tmp_path / "calib.jsonl", None, 8, baseline)
         done = subprocess.run(cmd if baseline else [sys.executable, "-c", "import tarq_deploy; print('PACKAGE', "

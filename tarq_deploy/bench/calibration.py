@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from tarq_deploy.commands.options import memory_size
+from tarq_deploy.quant.choices import COMPUTE_DTYPES
 from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
 
 DIMS = WHISPER_DIMS  # real Whisper dimensions, random weights (no such checkpoints offline)
@@ -135,6 +136,7 @@ def child(args: argparse.Namespace) -> None:
     from tarq_deploy.models.whisper import WhisperBackbone
     from tarq_deploy.quant.choices import GGML_TYPES
     from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+    from tarq_deploy.quant.precision import resolve_compute_dtype
 
     start = time.perf_counter()
     stages: dict[str, dict] = {}
@@ -150,7 +152,8 @@ def child(args: argparse.Namespace) -> None:
     scheme, bits, native_group = GGML_TYPES[args.type] if args.type else ("symmetric", 4, args.group_size)
     group = args.group_size if scheme == "symmetric" else native_group
     options = QuantizeOptions(method=args.method, n_calib=args.n, device=args.device, group_size=group, bits=bits,
-                              scheme=scheme, max_memory=args.max_memory)
+                              scheme=scheme, max_memory=args.max_memory,
+                              compute_dtype=resolve_compute_dtype(args.compute_dtype, args.device))
     utterances = load_corpus(args.manifest)
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -181,6 +184,7 @@ def cell_figures(args: argparse.Namespace, stages: dict[str, dict], timing: dict
                "peak_rss_mb_after": {stage: stages[stage]["peak_rss_mb"] for stage in ("model", "windows", "done")},
                "peak_rss_mb": stages["done"]["peak_rss_mb"], "parameters": sum(p.numel() for p in model.parameters()),
                "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+               "compute_dtype": timing.get("compute_dtype", "float32"),
                "blocks": sum(1 for name in stages if name.startswith("block ")),
                # blocks whose full-precision stream the alignment pass had computed and kept (--max-memory)
                "fp_blocks_reused": timing.get("fp_blocks_reused", 0),
@@ -217,6 +221,8 @@ def child_launch(args: argparse.Namespace, method: str, manifest: Path, dims: st
         cmd += ["--dims", dims, "--processor", processor, *([] if baseline else ["--source-dtype", args.source_dtype])]
     if args.max_memory is not None and not baseline:
         cmd += ["--max-memory", str(args.max_memory)]
+    if not baseline:  # an older checkout has no --compute-dtype: it computes in float32
+        cmd += ["--compute-dtype", args.compute_dtype]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     if not baseline:
         return cmd, env, None
@@ -324,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in the children (0: default)")
     parser.add_argument("--max-memory", type=memory_size, metavar="SIZE",
                         help="the current code's children: quantize's --max-memory (default: quantize's default)")
+    parser.add_argument("--compute-dtype", default="float32", choices=COMPUTE_DTYPES,
+                        help="the current code's children: quantize's --compute-dtype")
     parser.add_argument("--source-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                         help="--dims: the precision the random weights are stored and held in (float16, as the hub's)")
     parser.add_argument("--settle-seconds", type=float, default=120.0,

@@ -33,6 +33,7 @@ from ..errors import UserError
 from ..fileio import write_text_atomic
 from ..machine import machine_record
 from ..model_source import SourceKind, resolve_source
+from ..quant.choices import COMPUTE_DTYPES
 
 OURS = ("rtn", "gptq", "tarq")
 PEERS = ("llmcompressor-gptq", "llmcompressor-awq")
@@ -100,11 +101,13 @@ def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: 
 
 
 # ------------------------------------------------------------------------------------------- calibrations
-def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: int, work: Path) -> Calibration:
+def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: int, work: Path,
+                   compute_dtype: str = "float32") -> Calibration:
     out = work / f"ours-{method}"
     data = [] if method == "rtn" else ["--calib", str(calib), "--n-calib", str(n_calib)]
     argv = [sys.executable, "-m", "tarq_deploy.cli", "quantize", "--model", source, "--method", method, "--target",
-            "gptq", "--group-size", str(GROUP_SIZE), *data, "--seed", str(seed), "--out", str(out)]
+            "gptq", "--group-size", str(GROUP_SIZE), *data, "--seed", str(seed), "--compute-dtype", compute_dtype,
+            "--out", str(out)]
     if resolve_source(out).kind is SourceKind.CHECKPOINT:  # finished by an earlier run
         return _recorded(method, out)
     status, seconds, rss = timed_child(argv, work / f"ours-{method}.log")
@@ -212,7 +215,8 @@ def render(result: dict) -> str:
     lines = [f"# W4G128 against llm-compressor: {result['model']}", "",
              f"`{result['command']}`", "",
              f"Machine: {result['machine'].get('cpu_model')}, {result['machine'].get('logical_cores')} logical CPUs; "
-             f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}), the same "
+             f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}; ours computed "
+             f"in {result.get('compute_dtype', 'float32')}), the same "
              f"windows for every method; every Linear, the tied head included, symmetric int4 in groups of "
              f"{GROUP_SIZE}.", "",
              "| data | method | calibration s | peak RSS MiB | WER | rare-WER | capped rare-WER | loops | KLD rare | "
@@ -263,6 +267,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="the Python of llm-compressor's environment")
     p.add_argument("--threads", type=int, default=2, help="evaluation threads")
     p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--compute-dtype", choices=COMPUTE_DTYPES, default="float32",
+                   help="our calibrations' forward passes (quantize --compute-dtype)")
     p.add_argument("--teacher-forced-only", action="store_true",
                    help="score by the teacher-forced figures alone (KLD on rare and common positions), no decoding")
     p.add_argument("--out", required=True)
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         work = out / f"work-{name}"
         work.mkdir(parents=True, exist_ok=True)
         float_dir = write_float_model_and_windows(args.model, Path(args.calib), args.n_calib, args.seed, work)
-        runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work) if m in OURS
+        runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work, args.compute_dtype)
+                if m in OURS
                 else calibrate_peer(m, float_dir, args.peer_python, work) for m in methods]
         report = evaluate(float_dir, runs, args.data, args.limit, args.threads, args.resamples, work,
                           args.teacher_forced_only)
@@ -303,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m tarq_deploy.bench.peers: error: {error}", file=sys.stderr)
         return 2
     result = {"model": args.model, "calib": args.calib, "n_calib": args.n_calib, "seed": args.seed,
+              "compute_dtype": args.compute_dtype,
               "command": "python -m tarq_deploy.bench.peers " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": machine_record(), "rows": summary(runs, report), "differences": differences(report)}
     write_text_atomic(out / f"peers-{name}.json", json.dumps(result, indent=1) + "\n")

@@ -37,7 +37,7 @@ from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
 from ..quant.calibrate import Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
-from ..quant.precision import widened
+from ..quant.precision import compute_in, widened
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
 from .whisper_rotation import rotate_heads
 
@@ -73,11 +73,13 @@ class WhisperBackbone:
         return ids + [gc.no_timestamps_token_id]
 
     def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
-                      encoder_tagging: str = "align", keep_fp_bytes: int = 0) -> list[Window]:
+                      encoder_tagging: str = "align", keep_fp_bytes: int = 0,
+                      compute_dtype: str = "float32") -> list[Window]:
         """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
-        encoder is the calibration's full-precision stream through the encoder blocks, value for value; when every
-        encoder Linear's input for every window fits (``fp_encoder_bytes``), the windows keep them
-        (``Window.fp_stream``) and the calibration does not run the fp encoder a second time."""
+        encoder is the calibration's full-precision stream through the encoder blocks, value for value (both run in
+        ``compute_dtype``: precision.compute_in); when every encoder Linear's input for every window fits
+        (``fp_encoder_bytes``), the windows keep them (``Window.fp_stream``) and the calibration does not run the fp
+        encoder a second time."""
         if encoder_tagging not in ("align", "none"):
             raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
         pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
@@ -86,7 +88,8 @@ class WhisperBackbone:
             # All or nothing, with room for the blocks' working set (about one layer's worth). Keeping some layers
             # would raise the peaks measured for large-v3 and turbo, which keep none.
             keep = self.device.type == "cpu" and kept + kept // self.model.config.encoder_layers <= keep_fp_bytes
-            self._tag_rare_frames(pending, keep)
+            with compute_in(compute_dtype, self.device):  # not the features: their mel product stays float32
+                self._tag_rare_frames(pending, keep)
         return [p.window for p in pending]
 
     def fp_encoder_bytes(self, n_windows: int) -> int:

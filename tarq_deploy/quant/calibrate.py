@@ -38,7 +38,7 @@ from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
 from ..hashing import json_fingerprint, sha256_hex
 from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
-from .precision import widened
+from .precision import compute_in, full_precision, widened
 from .recipe import TypeRecipe
 from .stats import LayerStats
 from .tarq import MetricCache, TarqConfig, importance_sums, quantize_weight, reweighting_mask, rounding_losses
@@ -107,6 +107,8 @@ class CalibrationConfig:
     device: str = "cpu"
     seed: int = 0
     recipe: TypeRecipe | None = None  # per-tensor lattices; None: ``spec`` for every weight
+    # the forward passes' precision (precision.py): "float32", or "bfloat16" where measured
+    compute_dtype: str = "float32"
     # imatrix: where each Linear's importance sums and count go (weight name -> (float32 [n_in], count)), for a
     # caller that saves them (quantize --save-imatrix); not a knob of the result
     importance_sink: dict[str, tuple[torch.Tensor, float]] | None = field(default=None, compare=False)
@@ -333,6 +335,10 @@ class SequentialCalibrator:
         return lattice
 
     def run(self) -> CalibrationResult:
+        with compute_in(self.config.compute_dtype, self.device):  # the solver turns it off (_solve)
+            return self._run()
+
+    def _run(self) -> CalibrationResult:
         start = time.perf_counter()
         finished, records = self._restore()
         lattice: dict[str, QuantizedWeight] = {}  # without a work directory: every block's, held to the end
@@ -536,6 +542,11 @@ class SequentialCalibrator:
 
     def _solve(self, block: Block, rel: str, stats: LayerStats,
                metrics: MetricCache | None = None) -> tuple[QuantizedWeight, LayerRecord]:
+        with full_precision(self.device):
+            return self._solve_in_full_precision(block, rel, stats, metrics)
+
+    def _solve_in_full_precision(self, block: Block, rel: str, stats: LayerStats,
+                                 metrics: MetricCache | None) -> tuple[QuantizedWeight, LayerRecord]:
         linear = block.linear(rel)
         W = linear.weight.detach().to(self.device, torch.float32)
         q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec_for(f"{block.full_name(rel)}.weight"),

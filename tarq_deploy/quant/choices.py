@@ -9,6 +9,7 @@ DATA_FREE_METHODS = ("rtn", "ggml")  # no calibration corpus needed
 SCALE_RULES = ("max", "search")
 ALPHA_RULES = ("closed-form", "one")
 SOURCES = ("rare", "random", "common")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")  # --compute-dtype (quant/precision.py)
 ROTATIONS = ("auto", "none", "heads")
 # --rotate auto: Whisper's attention heads are rotated (models/whisper_rotation.py) for these (method, --type) pairs
 # only, those whose dev-split KLD the rotation lowered beyond its interval (results/rotation: IQ3_S's common KLD in

@@ -39,7 +39,7 @@ class Backbone(Protocol):
     model: torch.nn.Module
 
     def build_windows(self, utterances: list[TextAudio], k: float, pack: bool, encoder_tagging: str,
-                      keep_fp_bytes: int = 0) -> list: ...
+                      keep_fp_bytes: int = 0, compute_dtype: str = "float32") -> list: ...
     def stages(self) -> list: ...
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint: ...
     # Optional (Whisper): rotate the weights in place without changing the model's outputs; returns a record.
@@ -75,6 +75,9 @@ class QuantizeOptions:
     # An exact rotation of the weights before anything else ("heads": per attention head, Whisper only;
     # models/whisper_rotation.py). The model computes the same function; its weights round differently.
     rotate: str = "none"
+    # The forward passes' precision: "float32", or "bfloat16" autocast (precision.py; an opt-in: the dev split
+    # moved by a few percent). The second moments and the solver stay float32/float64.
+    compute_dtype: str = "float32"
 
     def solver(self) -> TarqConfig:
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
@@ -99,7 +102,7 @@ class QuantizeOptions:
         knobs = asdict(self)
         knobs.pop("device")
         knobs.pop("max_memory")
-        for knob, unset in (("preset", None), ("rotate", "none")):
+        for knob, unset in (("preset", None), ("rotate", "none"), ("compute_dtype", "float32")):
             if knobs[knob] == unset:  # a run without it keeps the knobs (and so the resume key) it always had
                 knobs.pop(knob)
         return knobs
@@ -163,7 +166,8 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         stats = corpus_statistics(chosen, options.zipf_threshold)
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
-                                             options.frame_tagging(), keep_fp_bytes=reusable_bytes(options))
+                                             options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
+                                             compute_dtype=options.compute_dtype)
         peak_rss["windows"] = peak_rss_mb()
         fp_blocks_reused = len({name for window in windows for name in window.fp_stream})
         if milestone:
@@ -172,7 +176,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         work_dir = WorkDir(work_path, key) if work_path and importance_sink is None else None
         config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe(),
-                                   importance_sink=importance_sink)
+                                   compute_dtype=options.compute_dtype, importance_sink=importance_sink)
         with full_float32(), float32_compute(backbone.model):
             result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
     metadata = {
@@ -187,6 +191,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
     peak_rss["calibration"] = peak_rss_mb()
     timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss, "fp_blocks_reused": fp_blocks_reused,
+              "compute_dtype": options.compute_dtype,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
 

@@ -11,6 +11,13 @@ hold (float16 and bfloat16 widen to float32 exactly), so the same source gives t
   lattice values that its stored dtype may not hold, and must keep them until the streams have left the block).
 
 Both are nestable: a parameter already in float32 is left alone and not narrowed afterwards.
+
+The one exception, an opt-in (``--compute-dtype bfloat16``): the calibration's forward passes under bfloat16
+autocast (``compute_in``), 4x float32's matmul rate where the processor multiplies bfloat16 natively (AVX512-BF16 or
+AMX; a 2-core EPYC of family 26). The second moments and the solver stay float32/float64 (``full_precision``): CPU
+torch has no bfloat16 x bfloat16 -> float32 product, and products rounded to bfloat16 left a Hessian indefinite. On
+the dev split the forward passes in bfloat16 raised common-word KLD by 4-7 %, beyond the intervals, in two of four
+cells (and lowered rare-word KLD in a third; bench/results/precision), so float32 stays the default.
 """
 
 from __future__ import annotations
@@ -24,7 +31,42 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ..machine import cpu_isa
+
 NARROW_DTYPES = (torch.float16, torch.bfloat16)
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_bfloat16(device: str = "cpu") -> bool:
+    """Whether ``device`` multiplies bfloat16 natively: a CPU with AVX512-BF16 or AMX-BF16. Elsewhere (AVX2, plain
+    AVX-512) oneDNN emulates it, slower than float32; a GPU is not claimed (never measured here)."""
+    return torch.device(device).type == "cpu" and any(flag in cpu_isa() for flag in NATIVE_BF16_FLAGS)
+
+
+def resolve_compute_dtype(choice: str, device: str = "cpu") -> str:
+    """--compute-dtype: auto is bfloat16 where the device multiplies it natively, else float32."""
+    if choice == "auto":
+        return "bfloat16" if native_bfloat16(device) else "float32"
+    if choice not in COMPUTE_DTYPES:
+        raise ValueError(f"compute dtype must be auto or one of {tuple(COMPUTE_DTYPES)}, got {choice!r}")
+    return choice
+
+
+@contextlib.contextmanager
+def compute_in(dtype: str, device: str | torch.device = "cpu") -> Iterator[None]:
+    """Forward passes in ``dtype``: bfloat16 autocast (matmuls, convolutions and attention in bfloat16 with float32
+    accumulation; normalisations and softmax in float32), or nothing for float32."""
+    if COMPUTE_DTYPES[dtype] == torch.float32:
+        yield
+        return
+    with torch.autocast(torch.device(device).type, dtype=COMPUTE_DTYPES[dtype]):
+        yield
+
+
+def full_precision(device: str | torch.device = "cpu") -> contextlib.AbstractContextManager:
+    """Autocast off: the solver and the statistics' sums choose their own dtypes."""
+    return torch.autocast(torch.device(device).type, enabled=False)
 
 
 def _widen(params: Iterator[torch.Tensor]) -> list[tuple[torch.Tensor, torch.dtype]]:

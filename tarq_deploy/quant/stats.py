@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CalibrationDataError, require_finite
+from .precision import full_precision
 
 PRODUCT_DTYPE = torch.float32
 FOLD_POSITIONS = 16384  # positions summed in float32 before a fold into the float64 sums
@@ -89,6 +90,12 @@ class LayerStats:
     def add(self, x_q: torch.Tensor, tail_mask: torch.Tensor, x_fp: torch.Tensor | None = None) -> None:
         """Fold in activations x_q [..., n] entering the partially quantized layer, their tail tags [...] and,
         when the full-precision stream is tracked, the matching x_fp [..., n]."""
+        # In float32 whatever autocast the forward passes run under (precision.compute_in): bfloat16 products
+        # round each window's sum to 8 bits, which left encoder fc2's H indefinite (bench/results/precision).
+        with full_precision(self.device):
+            self._add(x_q, tail_mask, x_fp)
+
+    def _add(self, x_q: torch.Tensor, tail_mask: torch.Tensor, x_fp: torch.Tensor | None) -> None:
         x_q = x_q.reshape(-1, self.n)
         mask = tail_mask.reshape(-1).to(torch.bool)
         if mask.shape[0] != x_q.shape[0]:
