@@ -38,7 +38,7 @@ from ..quant.choices import COMPUTE_DTYPES
 OURS = ("rtn", "gptq", "tarq")
 PEERS = ("llmcompressor-gptq", "llmcompressor-awq")
 REFERENCE = "FP32"
-GROUP_SIZE = 128
+DEFAULT_GROUP_SIZE = 128  # the paper's W4G128; 32 is the Q4_0 lattice (--group-size)
 DEFAULT_PEER_PYTHON = ".venv-peers/bin/python"
 
 
@@ -88,7 +88,7 @@ def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: 
         backbone.processor.save_pretrained(staging)
         backbone.generation_config.save_pretrained(staging)
         staging.rename(float_dir)
-    options = QuantizeOptions(method="gptq", n_calib=n_calib, seed=seed, group_size=GROUP_SIZE)
+    options = QuantizeOptions(method="gptq", n_calib=n_calib, seed=seed)  # the windows, whatever the lattice
     chosen = select_calibration(load_corpus(calib), options)
     windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
                                      options.frame_tagging())
@@ -102,11 +102,11 @@ def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: 
 
 # ------------------------------------------------------------------------------------------- calibrations
 def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: int, work: Path,
-                   compute_dtype: str = "float32") -> Calibration:
+                   compute_dtype: str = "float32", group_size: int = DEFAULT_GROUP_SIZE) -> Calibration:
     out = work / f"ours-{method}"
     data = [] if method == "rtn" else ["--calib", str(calib), "--n-calib", str(n_calib)]
     argv = [sys.executable, "-m", "tarq_deploy.cli", "quantize", "--model", source, "--method", method, "--target",
-            "gptq", "--group-size", str(GROUP_SIZE), *data, "--seed", str(seed), "--compute-dtype", compute_dtype,
+            "gptq", "--group-size", str(group_size), *data, "--seed", str(seed), "--compute-dtype", compute_dtype,
             "--out", str(out)]
     if resolve_source(out).kind is SourceKind.CHECKPOINT:  # finished by an earlier run
         return _recorded(method, out)
@@ -114,13 +114,14 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
     return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log")
 
 
-def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path) -> Calibration:
+def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path,
+                   group_size: int = DEFAULT_GROUP_SIZE) -> Calibration:
     out = work / peer
     if resolve_source(out / "model").kind is SourceKind.TRANSFORMERS:  # finished by an earlier run
         return _recorded(peer, out / "model")
     script = Path(__file__).with_name("peer_llmcompressor.py")
     argv = [peer_python, str(script), "--model", str(float_dir), "--windows", str(work / "windows.safetensors"),
-            "--modifier", peer.split("-", 1)[1], "--group-size", str(GROUP_SIZE), "--out", str(out / "raw")]
+            "--modifier", peer.split("-", 1)[1], "--group-size", str(group_size), "--out", str(out / "raw")]
     out.mkdir(parents=True, exist_ok=True)
     status, seconds, rss = timed_child(argv, work / f"{peer}.log")
     if status == 0:
@@ -212,13 +213,14 @@ def _cell(value: dict | None, scale: float = 100.0, digits: int = 1) -> str:
 
 
 def render(result: dict) -> str:
-    lines = [f"# W4G128 against llm-compressor: {result['model']}", "",
+    group = result.get("group_size", DEFAULT_GROUP_SIZE)
+    lines = [f"# W4G{group} against llm-compressor: {result['model']}", "",
              f"`{result['command']}`", "",
              f"Machine: {result['machine'].get('cpu_model')}, {result['machine'].get('logical_cores')} logical CPUs; "
              f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}; ours computed "
              f"in {result.get('compute_dtype', 'float32')}), the same "
              f"windows for every method; every Linear, the tied head included, symmetric int4 in groups of "
-             f"{GROUP_SIZE}.", "",
+             f"{group}.", "",
              "| data | method | calibration s | peak RSS MiB | WER | rare-WER | capped rare-WER | loops | KLD rare | "
              "KLD common |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -267,6 +269,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="the Python of llm-compressor's environment")
     p.add_argument("--threads", type=int, default=2, help="evaluation threads")
     p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
+                   help="inputs per fp16 scale of the symmetric int4 lattice (128: the paper's W4G128; 32: ggml Q4_0's)")
     p.add_argument("--compute-dtype", choices=COMPUTE_DTYPES, default="float32",
                    help="our calibrations' forward passes (quantize --compute-dtype)")
     p.add_argument("--teacher-forced-only", action="store_true",
@@ -287,6 +291,8 @@ def check(args: argparse.Namespace) -> list[str]:
             raise UserError(f"--data {value}: no such manifest")
     if any(m in PEERS for m in methods) and not Path(args.peer_python).is_file():
         raise UserError(f"--peer-python {args.peer_python}: not found (make peers-venv installs llm-compressor there)")
+    if args.group_size < 1:
+        raise UserError(f"--group-size {args.group_size}: give at least 1")
     if args.n_calib < 1:
         raise UserError(f"--n-calib {args.n_calib}: give at least 1")
     return methods
@@ -301,16 +307,16 @@ def main(argv: list[str] | None = None) -> int:
         work = out / f"work-{name}"
         work.mkdir(parents=True, exist_ok=True)
         float_dir = write_float_model_and_windows(args.model, Path(args.calib), args.n_calib, args.seed, work)
-        runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work, args.compute_dtype)
-                if m in OURS
-                else calibrate_peer(m, float_dir, args.peer_python, work) for m in methods]
+        runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work, args.compute_dtype,
+                               args.group_size) if m in OURS
+                else calibrate_peer(m, float_dir, args.peer_python, work, args.group_size) for m in methods]
         report = evaluate(float_dir, runs, args.data, args.limit, args.threads, args.resamples, work,
                           args.teacher_forced_only)
     except UserError as error:
         print(f"python -m tarq_deploy.bench.peers: error: {error}", file=sys.stderr)
         return 2
     result = {"model": args.model, "calib": args.calib, "n_calib": args.n_calib, "seed": args.seed,
-              "compute_dtype": args.compute_dtype,
+              "compute_dtype": args.compute_dtype, "group_size": args.group_size,
               "command": "python -m tarq_deploy.bench.peers " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": machine_record(), "rows": summary(runs, report), "differences": differences(report)}
     write_text_atomic(out / f"peers-{name}.json", json.dumps(result, indent=1) + "\n")

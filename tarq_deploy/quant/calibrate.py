@@ -137,6 +137,7 @@ class LayerRecord:
     tr_common: float | None = None
     tr_tail: float | None = None
     fallback: str | None = None
+    scale_refit: dict | None = None
     loss_rtn: float | None = None
     loss_final: float | None = None
     tail_loss_rtn: float | None = None
@@ -146,7 +147,10 @@ class LayerRecord:
     seconds: float = 0.0
 
     def to_json(self) -> dict:
-        return asdict(self)
+        record = asdict(self)
+        if record["scale_refit"] is None:  # no refit asked: the record keeps the keys it always had
+            del record["scale_refit"]
+        return record
 
 
 def solve_layer(

@@ -47,6 +47,7 @@ class PreparedMetric:
     damp: float
     importance: torch.Tensor  # float32 [n]: diag(H) (0 for dead columns), the weights of the scale search
     perm: torch.Tensor | None = None  # sweep order (act order), None = left to right
+    H: torch.Tensor | None = None  # float32 damped metric H + damp I, kept only when asked (scale_refit.py)
 
 
 def sweep_run(spec: LatticeSpec) -> int:
@@ -55,7 +56,7 @@ def sweep_run(spec: LatticeSpec) -> int:
 
 
 def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool = False,
-                   run: int = 1) -> PreparedMetric:
+                   run: int = 1, keep_metric: bool = False) -> PreparedMetric:
     """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse (in sweep order).
     With act order and ``run`` > 1 (a grid type, :func:`sweep_run`), whole runs of neighbouring columns are ordered
     by their summed diagonal, each kept in its own order."""
@@ -68,6 +69,7 @@ def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool 
     diag_mean = torch.diag(H).mean().item()
     damp = percdamp * diag_mean if diag_mean > 0 else 1.0
     H.diagonal().add_(damp)
+    kept = H.to(torch.float32) if keep_metric else None
     L = _cholesky(H)
     del H  # n x n float64 each (fc2 of large-v3: 210 MB): each is let go as soon as the next is made
     H_inv = _inverse_from_cholesky(L)
@@ -77,7 +79,7 @@ def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool 
     U = _cholesky(swept, upper=True)
     del swept
     U = U.to(torch.float32)
-    return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm)
+    return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm, H=kept)
 
 
 def _act_order(importance: torch.Tensor, run: int) -> torch.Tensor:

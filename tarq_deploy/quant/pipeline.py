@@ -68,6 +68,9 @@ class QuantizeOptions:
     scale_rule: str = "search"
     act_order: bool = True
     alpha_rule: str = "one"
+    # Two-level lattices: refit the sub-block scale codes after the sweep (scale_refit.py; on by the dev split,
+    # results/refit). False is what every run did before it, and keeps those runs' knobs.
+    refit_scales: bool = True
     device: str = "cpu"
     # Bytes of memory the calibration may take (None: DEFAULT_MAX_MEMORY, or half the machine's memory if that is
     # less). It decides whether work is kept for reuse (Whisper: the alignment pass's fp encoder), never the result.
@@ -81,7 +84,8 @@ class QuantizeOptions:
 
     def solver(self) -> TarqConfig:
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
-                          scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule)
+                          scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule,
+                          refit_scales=self.refit_scales)
 
     def frame_tagging(self) -> str:
         """How encoder frames are tagged. The alignment pass (a full-precision run of the whole model per window) only
@@ -102,7 +106,8 @@ class QuantizeOptions:
         knobs = asdict(self)
         knobs.pop("device")
         knobs.pop("max_memory")
-        for knob, unset in (("preset", None), ("rotate", "none"), ("compute_dtype", "float32")):
+        for knob, unset in (("preset", None), ("rotate", "none"), ("compute_dtype", "float32"),
+                             ("refit_scales", False)):
             if knobs[knob] == unset:  # a run without it keeps the knobs (and so the resume key) it always had
                 knobs.pop(knob)
         return knobs

@@ -32,6 +32,7 @@ from .ggml_quants import ggml_quantize
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric, sweep_run
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
+from .scale_refit import refit_sub_codes
 from .stats import LayerStats, symmetric_from_upper, upper_gram_
 
 EPS = 1e-12
@@ -50,6 +51,9 @@ class TarqConfig:
     scale_rule: str = "search"  # group scales: the search weighted by the metric's diagonal, or lattice.py's max rule
     act_order: bool = True  # sweep columns by decreasing diag(H), group scales fixed up front
     alpha_rule: str = "one"  # residual step: "one" (the exact target; measured), or the paper's closed-form alpha*
+    # two-level lattices (K-quants, IQ4_XS, grid types): refit the sub-block scale codes against the metric once the
+    # codes are chosen (scale_refit.py)
+    refit_scales: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -94,6 +98,8 @@ class SolveInfo:
     tr_common: float | None = None
     tr_tail: float | None = None
     fallback: str | None = None  # why a step of the configured method was skipped
+    # the refit of the sub-block scale codes (scale_refit.py): the metric's loss before and after, codes moved
+    scale_refit: dict | None = None
 
 
 def rarebal_metric(H_common: torch.Tensor, H_tail: torch.Tensor, c: float = 1.0) -> tuple[torch.Tensor, float]:
@@ -171,14 +177,21 @@ def tarq_solve(
     run = sweep_run(spec)
     key = (id(stats), identity_weight, run)
     cached = metrics.get(key) if metrics is not None else None
+    refit = config.refit_scales and spec.two_level
     metric, lam, info.fallback = cached or rebalanced_metric(stats, config, identity_weight, info.tr_common,
-                                                             info.tr_tail, W.device, run)
+                                                             info.tr_tail, W.device, run, keep_metric=refit)
     if metrics is not None:
         metrics[key] = (metric, lam, info.fallback)
     info.lam = lam
 
     def GPTQ(target: torch.Tensor) -> QuantizedWeight:  # the in-lattice projection under H_rB
-        return gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)
+        q = gptq_sweep(target, metric, spec, config.blocksize, scale_rule=config.scale_rule)
+        if not refit:
+            return q
+        q, done = refit_sub_codes(target, q, metric.H)  # then its scale codes, against the same (damped) metric
+        info.scale_refit = {"loss_before": done.loss_before, "loss_after": done.loss_after,
+                            "scale_codes_moved": done.scale_codes_moved, "min_codes_moved": done.min_codes_moved}
+        return q
 
     if not config.uses_residual:
         return GPTQ(W), info
@@ -229,8 +242,8 @@ def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> 
 
 
 def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: float, tr_common: float,
-                      tr_tail: float, device: torch.device,
-                      run: int = 1) -> tuple[PreparedMetric, float | None, str | None]:
+                      tr_tail: float, device: torch.device, run: int = 1,
+                      keep_metric: bool = False) -> tuple[PreparedMetric, float | None, str | None]:
     """(the prepared metric G = (H_rB + delta I)^-1, lam, why rareBAL fell back): the rareBAL metric H_rB when the
     method re-weights and tail positions reached the layer, else the plain H; plus mu * tr(H_common)/n * I for the
     tied head's lookup role (after lam, so it does not inflate lam)."""
@@ -246,7 +259,7 @@ def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: fl
     if identity_weight > 0:
         H_rB = H_rB + identity_weight * tr_common / H_rB.shape[0] * torch.eye(
             H_rB.shape[0], dtype=H_rB.dtype, device=H_rB.device)
-    return prepare_metric(H_rB, config.percdamp, config.act_order, run), lam, fallback
+    return prepare_metric(H_rB, config.percdamp, config.act_order, run, keep_metric), lam, fallback
 
 
 def reweighting_mask(rare_mask: torch.Tensor, source: str, generator: torch.Generator) -> torch.Tensor:
