@@ -117,3 +117,21 @@ def test_quantize_refit_scales_logs_every_refit_and_exports_exact(tmp_path, caps
     capsys.readouterr()
     assert main(["verify", str(out), "--against", str(ckpt)]) == 0
     assert "max|diff| = 0" in capsys.readouterr().out
+
+
+def test_linears_sharing_statistics_refit_whatever_type_the_first_one_had():
+    """q, k and v share one LayerStats and a metric cache; under a per-tensor mix the first may be one-level (no
+    metric kept) and the next two-level: that one is still refitted."""
+    from tarq_deploy.quant.stats import LayerStats
+    from tarq_deploy.quant.tarq import TarqConfig, tarq_solve
+
+    W, _ = _problem(8, 256)
+    g = torch.Generator().manual_seed(3)
+    stats = LayerStats(256)
+    x = torch.randn(2000, 256, generator=g)
+    stats.add(x, torch.rand(2000, generator=g) < 0.2, x + 0.01 * torch.randn(2000, 256, generator=g))
+    config, cache = TarqConfig(refit_scales=True), {}
+    _, first = tarq_solve(W, stats, LatticeSpec(4, 32, "symmetric"), config, metrics=cache)
+    _, second = tarq_solve(W, stats, LatticeSpec(3, 16, "k-symmetric"), config, metrics=cache)
+    assert first.scale_refit is None and second.scale_refit is not None
+    assert second.scale_refit["loss_after"] <= second.scale_refit["loss_before"]

@@ -107,7 +107,7 @@ class CalibrationConfig:
     device: str = "cpu"
     seed: int = 0
     recipe: TypeRecipe | None = None  # per-tensor lattices; None: ``spec`` for every weight
-    # the forward passes' precision (precision.py): "float32", or "bfloat16" where measured
+    # the forward passes' precision (precision.py): "float32", or "bfloat16" (an opt-in)
     compute_dtype: str = "float32"
     # imatrix: where each Linear's importance sums and count go (weight name -> (float32 [n_in], count)), for a
     # caller that saves them (quantize --save-imatrix); not a knob of the result

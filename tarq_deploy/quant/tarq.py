@@ -175,9 +175,9 @@ def tarq_solve(
     info = SolveInfo(p=stats.tail_share, n_common=stats.n_common, n_tail=stats.n_tail,
                      tr_common=float(torch.trace(stats.H_common)), tr_tail=float(torch.trace(stats.H_tail)))
     run = sweep_run(spec)
-    key = (id(stats), identity_weight, run)
-    cached = metrics.get(key) if metrics is not None else None
     refit = config.refit_scales and spec.two_level
+    key = (id(stats), identity_weight, run, refit)  # a refit needs the metric itself kept
+    cached = metrics.get(key) if metrics is not None else None
     metric, lam, info.fallback = cached or rebalanced_metric(stats, config, identity_weight, info.tr_common,
                                                              info.tr_tail, W.device, run, keep_metric=refit)
     if metrics is not None:
