@@ -14,3 +14,9 @@ $T eval --data "test=$W/synth/test.jsonl" --limit 100 --reference F16 --teacher-
   --model "tarq-q3_k-no-refit=$W/ck/tarq-q3_k-no-refit" \
   --compare "tarq-q3_k:ggml-q4_0" --compare "tarq-iq3_s:ggml-q4_0" --compare "tarq-q3_k:tarq-q3_k-no-refit" \
   -o "$W/eval-heldout"
+# the same comparison for the other two types the dev split measured with a visible change (Q2_K) or none (IQ3_S)
+$T eval --data "test=$W/synth/test.jsonl" --limit 100 --reference F16 --teacher-forced-only --model F16=packaged:base \
+  --backend torch --resamples 2000 --threads 2 --quiet --model "tarq-q2_k=$W/ck/tarq-q2_k-refit" \
+  --model "tarq-q2_k-no-refit=$W/ck/tarq-q2_k-no-refit" --model "tarq-iq3_s=$W/ck/tarq-iq3_s-refit" \
+  --model "tarq-iq3_s-no-refit=$W/ck/tarq-iq3_s-no-refit" \
+  --compare "tarq-q2_k:tarq-q2_k-no-refit" --compare "tarq-iq3_s:tarq-iq3_s-no-refit" -o "$W/eval-heldout-2"

@@ -87,8 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="two-level types (the K-quants, IQ4_XS, the IQ grid types): once the sweep has chosen every "
                         "code, move each group's scale (and min) code by the integer step that lowers the metric's "
                         "loss most, group by group, twice over (default on: TARQ of base on the dev split, rare KLD "
-                        "-12 %% at Q3_K and -5 %% at Q2_K, common KLD -12 %% at Q4_K, none worse; not replicated held "
-                        "out at Q3_K; results/refit)")
+                        "-12 %% at Q3_K and -5 %% at Q2_K, common KLD -12 %% at Q4_K, none worse; held out: Q2_K rare "
+                        "KLD -14 %%, Q3_K's gain not replicated; results/refit)")
     p.add_argument("--rotate", choices=ROTATIONS, default="auto",
                    help="Whisper: before calibrating, rotate every attention head's query/key and value/output "
                         "weights by a random orthogonal matrix that the head undoes (heads: the model's outputs "
