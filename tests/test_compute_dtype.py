@@ -91,7 +91,8 @@ def test_a_bfloat16_calibration_is_deterministic_recorded_and_close_to_float32(c
     first = _quantize(calib, tmp_path / "a", "--compute-dtype", "bfloat16")
     second = _quantize(calib, tmp_path / "b", "--compute-dtype", "bfloat16")
     assert first["method"]["compute_dtype"] == "bfloat16"
-    assert (tmp_path / "a" / "lattice.safetensors").read_bytes() == (tmp_path / "b" / "lattice.safetensors").read_bytes()
+    lattice = "lattice.safetensors"
+    assert (tmp_path / "a" / lattice).read_bytes() == (tmp_path / "b" / lattice).read_bytes()
     assert second["layers"] == first["layers"]
     wide = _quantize(calib, tmp_path / "f")
     assert "compute_dtype" not in wide["method"]  # the default: float32, with the knobs (and resume key) it always had

@@ -217,10 +217,9 @@ def render(result: dict) -> str:
     lines = [f"# W4G{group} against llm-compressor: {result['model']}", "",
              f"`{result['command']}`", "",
              f"Machine: {result['machine'].get('cpu_model')}, {result['machine'].get('logical_cores')} logical CPUs; "
-             f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}; ours computed "
-             f"in {result.get('compute_dtype', 'float32')}), the same "
-             f"windows for every method; every Linear, the tied head included, symmetric int4 in groups of "
-             f"{group}.", "",
+             f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}; ours "
+             f"computed in {result.get('compute_dtype', 'float32')}), the same windows for every method; every "
+             f"Linear, the tied head included, symmetric int4 in groups of {group}.", "",
              "| data | method | calibration s | peak RSS MiB | WER | rare-WER | capped rare-WER | loops | KLD rare | "
              "KLD common |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -270,7 +269,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="evaluation threads")
     p.add_argument("--resamples", type=int, default=2000)
     p.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
-                   help="inputs per fp16 scale of the symmetric int4 lattice (128: the paper's W4G128; 32: ggml Q4_0's)")
+                   help="inputs per fp16 scale of the symmetric int4 lattice (128: the paper's W4G128; 32: ggml "
+                        "Q4_0's)")
     p.add_argument("--compute-dtype", choices=COMPUTE_DTYPES, default="float32",
                    help="our calibrations' forward passes (quantize --compute-dtype)")
     p.add_argument("--teacher-forced-only", action="store_true",

@@ -148,7 +148,7 @@ def compute_dtype_choice(args: argparse.Namespace) -> str:
     that computes nothing (rtn, ggml, imatrix from a file), so that its manifest names no precision it did not use."""
     from ..quant.precision import resolve_compute_dtype
 
-    if args.method in DATA_FREE_METHODS or getattr(args, "imatrix", None):
+    if args.method in DATA_FREE_METHODS or args.imatrix:
         return "float32"
     return resolve_compute_dtype(args.compute_dtype, args.device)
 

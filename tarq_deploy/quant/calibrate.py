@@ -339,7 +339,7 @@ class SequentialCalibrator:
         return lattice
 
     def run(self) -> CalibrationResult:
-        with compute_in(self.config.compute_dtype, self.device):  # the solver turns it off (_solve)
+        with compute_in(self.config.compute_dtype, self.device):  # the solver and the statistics turn it off
             return self._run()
 
     def _run(self) -> CalibrationResult:
@@ -546,21 +546,17 @@ class SequentialCalibrator:
 
     def _solve(self, block: Block, rel: str, stats: LayerStats,
                metrics: MetricCache | None = None) -> tuple[QuantizedWeight, LayerRecord]:
-        with full_precision(self.device):
-            return self._solve_in_full_precision(block, rel, stats, metrics)
-
-    def _solve_in_full_precision(self, block: Block, rel: str, stats: LayerStats,
-                                 metrics: MetricCache | None) -> tuple[QuantizedWeight, LayerRecord]:
-        linear = block.linear(rel)
-        W = linear.weight.detach().to(self.device, torch.float32)
-        q, record = solve_layer(block.full_name(rel), W, stats, self.config.spec_for(f"{block.full_name(rel)}.weight"),
-                                self.config.solver, identity_weight=block.identity_weight, metrics=metrics)
-        if self.config.importance_sink is not None:
-            sums, count = importance_sums(stats)
-            self.config.importance_sink[f"{block.full_name(rel)}.weight"] = (sums.cpu(), float(count))
-        if self.config.solver.sequential:
-            _assign(linear, q)
-        return q.to("cpu"), record
+        with full_precision(self.device):  # run() leaves autocast on for the forward passes
+            linear, name = block.linear(rel), block.full_name(rel)
+            W = linear.weight.detach().to(self.device, torch.float32)
+            q, record = solve_layer(name, W, stats, self.config.spec_for(f"{name}.weight"), self.config.solver,
+                                    identity_weight=block.identity_weight, metrics=metrics)
+            if self.config.importance_sink is not None:
+                sums, count = importance_sums(stats)
+                self.config.importance_sink[f"{name}.weight"] = (sums.cpu(), float(count))
+            if self.config.solver.sequential:
+                _assign(linear, q)
+            return q.to("cpu"), record
 
 
 def _finish(program) -> torch.Tensor:

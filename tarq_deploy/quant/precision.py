@@ -34,7 +34,7 @@ from torch import nn
 from ..machine import cpu_isa
 
 NARROW_DTYPES = (torch.float16, torch.bfloat16)
-COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TORCH_COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --compute-dtype, less auto
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -48,8 +48,8 @@ def resolve_compute_dtype(choice: str, device: str = "cpu") -> str:
     """--compute-dtype: auto is bfloat16 where the device multiplies it natively, else float32."""
     if choice == "auto":
         return "bfloat16" if native_bfloat16(device) else "float32"
-    if choice not in COMPUTE_DTYPES:
-        raise ValueError(f"compute dtype must be auto or one of {tuple(COMPUTE_DTYPES)}, got {choice!r}")
+    if choice not in TORCH_COMPUTE_DTYPES:
+        raise ValueError(f"compute dtype must be auto or one of {tuple(TORCH_COMPUTE_DTYPES)}, got {choice!r}")
     return choice
 
 
@@ -57,10 +57,10 @@ def resolve_compute_dtype(choice: str, device: str = "cpu") -> str:
 def compute_in(dtype: str, device: str | torch.device = "cpu") -> Iterator[None]:
     """Forward passes in ``dtype``: bfloat16 autocast (matmuls, convolutions and attention in bfloat16 with float32
     accumulation; normalisations and softmax in float32), or nothing for float32."""
-    if COMPUTE_DTYPES[dtype] == torch.float32:
+    if TORCH_COMPUTE_DTYPES[dtype] == torch.float32:
         yield
         return
-    with torch.autocast(torch.device(device).type, dtype=COMPUTE_DTYPES[dtype]):
+    with torch.autocast(torch.device(device).type, dtype=TORCH_COMPUTE_DTYPES[dtype]):
         yield
 
 

@@ -56,30 +56,29 @@ def refit_sub_codes(target: torch.Tensor, q: QuantizedWeight, H: torch.Tensor,
     sub_mins = q.sub_mins.to(target.device, torch.int32).clone() if q.sub_mins is not None else None
     min_step = -q.mins.float().repeat_interleave(per_super, dim=1).to(target.device) if sub_mins is not None else None
     values = q.dequantize().to(target.device)
-    before = _loss(target.float() - values, H)
-    moved = [0, 0]
+    before, moved = 0.0, [0, 0]
     for start in range(0, target.shape[0], ROW_CHUNK):  # rows are independent under one H; a chunk stays in cache
         rows = slice(start, start + ROW_CHUNK)
-        _refit_rows(target[rows].float() - values[rows], q.codes[rows].to(target.device).float(), H, passes,
-                    (scale_step[rows], sub_scales[rows]),
-                    (min_step[rows], sub_mins[rows]) if sub_mins is not None else None, spec.sub_code_range, moved)
+        before += _refit_rows(target[rows].float() - values[rows], q.codes[rows].to(target.device).float(), H,
+                              passes, (scale_step[rows], sub_scales[rows]),
+                              (min_step[rows], sub_mins[rows]) if sub_mins is not None else None,
+                              spec.sub_code_range, moved)
     refitted = QuantizedWeight(q.codes, spec=spec, scales=q.scales, mins=q.mins,
-                               sub_scales=sub_scales.to(q.sub_scales.dtype).to(q.sub_scales.device),
-                               sub_mins=None if sub_mins is None else sub_mins.to(q.sub_mins.dtype).to(q.sub_mins.device))
-    after = _loss(target.float() - refitted.dequantize().to(target.device), H)  # the values the dequantizer makes
+                               sub_scales=sub_scales.to(q.sub_scales.device, q.sub_scales.dtype),
+                               sub_mins=None if sub_mins is None else sub_mins.to(q.sub_mins.device, q.sub_mins.dtype))
+    E = target.float() - refitted.dequantize().to(target.device)  # the values the dequantizer makes
+    after = float((E.double() * (E @ H).double()).sum())
     return refitted, RefitInfo(before, after, *moved)
-
-
-def _loss(E: torch.Tensor, H: torch.Tensor) -> float:
-    return float((E.double() * (E @ H).double()).sum())
 
 
 def _refit_rows(E: torch.Tensor, codes: torch.Tensor, H: torch.Tensor, passes: int,
                 scales: tuple[torch.Tensor, torch.Tensor], mins: tuple[torch.Tensor, torch.Tensor] | None,
-                code_range: tuple[int, int], moved: list[int]) -> None:
+                code_range: tuple[int, int], moved: list[int]) -> float:
     """Refit the scale (and min) codes of a chunk of rows in place: ``scales`` = (change of s per code [r, groups],
-    the codes [r, groups], a view into the whole matrix's), ``mins`` likewise; E [r, n] = T - V for these rows."""
+    the codes [r, groups], a view into the whole matrix's), ``mins`` likewise; E [r, n] = T - V for these rows.
+    Returns the chunk's loss f before the refit (E H is formed here anyway)."""
     R = E @ H
+    before = float((E.double() * R.double()).sum())
     width = codes.shape[1] // scales[1].shape[1]
     ones = torch.ones_like(codes[:, :width])
     for _ in range(passes):
@@ -88,6 +87,7 @@ def _refit_rows(E: torch.Tensor, codes: torch.Tensor, H: torch.Tensor, passes: i
             moved[0] += _refit_group(codes[:, cols], scales[0][:, g], scales[1][:, g], cols, E, R, H, *code_range)
             if mins is not None:
                 moved[1] += _refit_group(ones, mins[0][:, g], mins[1][:, g], cols, E, R, H, *code_range)
+    return before
 
 
 def _refit_group(A: torch.Tensor, step: torch.Tensor, sub_codes: torch.Tensor, cols: slice, E: torch.Tensor,
