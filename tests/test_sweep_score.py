@@ -15,7 +15,8 @@ from tarq_deploy.evaluate.teacher_forced import TF_METRICS
 from tarq_deploy.evaluate.wer import score_utterance
 from tarq_deploy.sweep.driver import SweepRun
 from tarq_deploy.sweep.plan import load_sweep, plan_cells
-from tarq_deploy.sweep.report import build_sweep_report, frontier_rows, render_sweep_markdown, size_quality_png
+from tarq_deploy.sweep.report import (build_sweep_report, frontier_rows, render_frontier, render_sweep_markdown,
+                                      size_quality_png)
 from tarq_deploy.sweep.steps import StepResult
 
 SWEEP = """
@@ -90,7 +91,7 @@ def _fake_results(tmp_path: Path, cells, steps) -> dict[str, StepResult]:
         folder.mkdir(parents=True)
         size = {"f16": 140, "q4_0": 44, "q3_k": 35}[cell.type] * 1024 * 1024
         results[cell.steps["export"]] = StepResult("export", cell.steps["export"], "done",
-                                                   {"file": str(folder / "m.bin"), "bytes": str(size)})
+                                                   {"file": str(folder / f"{cell.slug}.bin"), "bytes": str(size)})
         rows = []
         for index, (uid, text) in enumerate(UTTERANCES):
             words = text.split()
@@ -211,3 +212,55 @@ def test_bad_group_sizes_are_named(tmp_path, types, methods, quantize, message):
                     + quantize)
     with pytest.raises(UserError, match=message):
         load_sweep(path)
+
+
+def _fake_bench(tmp_path: Path, cells, results: dict[str, StepResult]) -> dict:
+    """A bench of every exported file as `tarq-deploy bench` writes it (medians per cell), at 1 and 2 threads: the
+    smaller the file, the faster; one row failed (its file is missing from the table, not invented)."""
+    rows = []
+    for cell in cells:
+        file = results[cell.steps["export"]].outputs["file"]
+        mib = int(results[cell.steps["export"]].outputs["bytes"]) / 2**20
+        for threads in (1, 2):
+            latency = mib / 100 / threads
+            failed = cell.method == "gptq" and cell.type == "q4_0" and threads == 2
+            rows.append({"model": "/elsewhere/" + Path(file).name, "audio_label": "jfk", "threads": threads,
+                         "status": "error" if failed else "ok", "error": "boom" if failed else None,
+                         "summary": {"transcribe_s": {"median": latency}, "rtf": {"median": latency / 11},
+                                     "peak_rss_mb": {"median": 50 + mib}}})
+    return {"cells": rows}
+
+
+def test_the_frontier_carries_each_files_bench_figures_and_plots_latency(tmp_path):
+    """The bench's medians join the frontier by the file's name (the sweep's folder may have moved since), one column
+    per thread count; a failed bench row leaves its cell's column empty."""
+    sweep, cells, steps = _plan(_write(tmp_path, steps='["quantize", "export", "eval", "score", "bench"]'))
+    results = _fake_results(tmp_path, cells, steps)
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_text(json.dumps(_fake_bench(tmp_path, cells, results)))
+    bench_key = cells[0].steps["bench"]
+    results[bench_key] = StepResult("bench", bench_key, "done", {"bench": str(bench_file)})
+    report = build_sweep_report(sweep, SweepRun(cells, steps, results))
+    report["models"][0]["bench"] = json.loads(bench_file.read_text())  # cpu_markdown's fields are not faked
+    report["frontier"] = frontier_rows(report)
+    rows = {r["cell"]: r for r in report["frontier"]}
+    tarq = {(s["audio"], s["threads"]): s for s in rows["base/synth/tarq/q3_k"]["speed"]}
+    assert tarq[("jfk", 1)]["latency_s"] == pytest.approx(0.35) and tarq[("jfk", 2)]["latency_s"] == pytest.approx(0.175)
+    assert tarq[("jfk", 1)]["max_rss_mb"] == pytest.approx(85)
+    assert len(rows["base/synth/gptq/q4_0"]["speed"]) == 1  # its 2-thread row failed
+    lines = [line for line in render_frontier(report["frontier"]) if line.startswith("| ")]
+    assert lines[0].endswith("| latency s jfk 1t | latency s jfk 2t | RTF jfk 1t | RTF jfk 2t | max-RSS MB jfk 1t |"
+                             " max-RSS MB jfk 2t |")
+    gptq_row = next(line for line in lines if "| q4_0 | gptq |" in line)
+    assert gptq_row.endswith("| 0.440 | — | 0.040 | — | 94 | — |")
+    png = size_quality_png(report["frontier"])
+    assert png and png.startswith(b"\x89PNG")
+
+
+def test_a_frontier_without_a_bench_has_no_speed_columns(tmp_path):
+    sweep, cells, steps = _plan(_write(tmp_path))
+    report = build_sweep_report(sweep, SweepRun(cells, steps, _fake_results(tmp_path, cells, steps)))
+    rows = frontier_rows(report)
+    assert all(r["speed"] == [] for r in rows)
+    header = next(line for line in render_frontier(rows) if line.startswith("| model"))
+    assert header.endswith("| KLD rare | KLD common |")

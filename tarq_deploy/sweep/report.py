@@ -146,12 +146,14 @@ def render_sweep_markdown(report: dict) -> str:
 
 def frontier_rows(report: dict) -> list[dict[str, Any]]:
     """One row per evaluated cell and dataset: its type, method, file size and bits per weight of its type beside the
-    decoded figures (WER, rare-WER raw and capped, loops), retention and the teacher-forced KLDs, when measured: the
-    size / quality frontier as a table."""
+    decoded figures (WER, rare-WER raw and capped, loops), retention, the teacher-forced KLDs, when measured, and the
+    bench's figures of its file (``speed``: latency, RTF and max-RSS per audio and thread count): the size / quality
+    / speed frontier as a table."""
     mib = {c["cell"]: c["file_mib"] for c in report["cells"]}
     bodies = report["sweep"].get("bodies", {})  # a preset's or mix's body type: its bits/weight column
     rows = []
     for model in report["models"]:
+        speed = bench_speed(model.get("bench"))
         for dataset in (model["evaluation"] or {}).get("datasets", []):
             retention = {r["model"]: r["retention"]["value"] for r in dataset.get("retention", {}).get("models", [])}
             figures = {m["label"]: m for m in dataset.get("teacher_forced", {}).get("models", [])}
@@ -163,8 +165,38 @@ def frontier_rows(report: dict) -> list[dict[str, Any]]:
                              "type_bpw": type_bits_per_weight(bodies.get(type_name, type_name)),
                              **{k: row[k]["value"] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")},
                              "loops": row["loops"], "retention": retention.get(row["key"]),
-                             **{k: tf[k]["value"] if k in tf else None for k in ("kld_rare", "kld_common")}})
+                             **{k: tf[k]["value"] if k in tf else None for k in ("kld_rare", "kld_common")},
+                             "speed": speed.get(Path(row.get("source", "")).name, [])})
     return sorted(rows, key=lambda r: (r["model"], r["dataset"], r["backend"], -r["type_bpw"], r["method"]))
+
+
+def bench_speed(bench: dict | None) -> dict[str, list[dict[str, Any]]]:
+    """The bench's medians per model file name: [{audio, threads, latency_s, rtf, max_rss_mb}] for every cell it
+    measured (errors left out; the bench table lists them). Keyed by the file's name, not its path: the sweep's
+    output folder may have moved since the bench ran."""
+    speed: dict[str, list[dict[str, Any]]] = {}
+    for cell in (bench or {}).get("cells", []):
+        if cell.get("status") != "ok":
+            continue
+        summary = cell["summary"]
+        speed.setdefault(Path(cell["model"]).name, []).append(
+            {"audio": cell["audio_label"], "threads": cell["threads"],
+             "latency_s": summary["transcribe_s"]["median"], "rtf": summary["rtf"]["median"],
+             "max_rss_mb": summary["peak_rss_mb"]["median"]})
+    return speed
+
+
+def speed_columns(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """The (audio, threads) the frontier table and plot show: the first benched audio, at each thread count."""
+    points = [(s["audio"], s["threads"]) for r in rows for s in r.get("speed", [])]
+    if not points:
+        return []
+    first_audio = points[0][0]
+    return sorted({p for p in points if p[0] == first_audio}, key=lambda p: p[1])
+
+
+def speed_of(row: dict[str, Any], audio: str, threads: int) -> dict[str, Any] | None:
+    return next((s for s in row.get("speed", []) if (s["audio"], s["threads"]) == (audio, threads)), None)
 
 
 def type_bits_per_weight(type_name: str) -> float:
@@ -178,13 +210,18 @@ def type_bits_per_weight(type_name: str) -> float:
 def render_frontier(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
+    columns = speed_columns(rows)
+    speed_head = "".join(f" {label} {audio} {t}t |" for label in ("latency s", "RTF", "max-RSS MB")
+                         for audio, t in columns)
     lines = ["", "## The size / quality frontier", "",
              "Every evaluated cell: file size, bits per weight of its type's blocks, decoded figures (%), rare-word "
              "retention against F16 (%) and teacher-forced KLD against F16 (nats; the paired intervals are in the "
-             "tables above).", "",
+             "tables above)" + (", and the bench's medians of its file (latency = transcription alone, RTF, max-RSS "
+                                "of the process; the bench table above has their spread and conditions)"
+                                if columns else "") + ".", "",
              "| model | dataset | backend | type | method | MiB | bits/weight | WER | rare-WER | capped WER | "
-             "capped rare-WER | loops | retention | KLD rare | KLD common |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "capped rare-WER | loops | retention | KLD rare | KLD common |" + speed_head,
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (3 * len(columns))]
 
     def pct(x: float | None) -> str:
         return "—" if x is None else f"{100 * x:.1f}"
@@ -192,26 +229,33 @@ def render_frontier(rows: list[dict[str, Any]]) -> list[str]:
     def nats(x: float | None) -> str:
         return "—" if x is None else f"{x:.4f}"
 
+    def measured(row: dict[str, Any], field: str, form: str) -> str:
+        cells = [speed_of(row, audio, t) for audio, t in columns]
+        return "".join(" — |" if c is None else f" {c[field]:{form}} |" for c in cells)
+
     for r in rows:
         mib = "—" if r["file_mib"] is None else f"{r['file_mib']:.1f}"
         lines.append(f"| {r['model']} | {r['dataset']} | {r['backend']} | {r['type']} | {r['method']} | {mib} | "
                      f"{r['type_bpw']:.4g} | "
                      f"{pct(r['wer'])} | {pct(r['rare_wer'])} | {pct(r['capped_wer'])} | {pct(r['capped_rare_wer'])} | "
-                     f"{r['loops']} | {pct(r['retention'])} | {nats(r['kld_rare'])} | {nats(r['kld_common'])} |")
+                     f"{r['loops']} | {pct(r['retention'])} | {nats(r['kld_rare'])} | {nats(r['kld_common'])} |"
+                     + measured(r, "latency_s", ".3f") + measured(r, "rtf", ".3f") + measured(r, "max_rss_mb", ".0f"))
     return lines
 
 
 def size_quality_points(report: dict) -> list[dict[str, Any]]:
-    """(file MiB, rare-WER) of every evaluated cell, per dataset: the plot's data, also in report.json."""
+    """(file MiB, rare-WER raw and capped, WER) of every evaluated cell, per dataset, also in report.json."""
     mib = {c["cell"]: c["file_mib"] for c in report["cells"]}
     return [{"model": m["model"], "dataset": d["name"], "cell": row["label"], "file_mib": mib[row["label"]],
-             "rare_wer": row["rare_wer"]["value"], "wer": row["wer"]["value"]}
+             "rare_wer": row["rare_wer"]["value"], "capped_rare_wer": row["capped_rare_wer"]["value"],
+             "wer": row["wer"]["value"]}
             for m in report["models"] if m["evaluation"] for d in m["evaluation"]["datasets"] for row in d["models"]]
 
 
 def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
-    """The frontier: file size against rare-WER (and rare KLD where scored), one line per method through its types,
-    the F16 file as a point; one row of panels per model, dataset and backend."""
+    """The frontier: file size against capped rare-WER, rare KLD (where scored) and the bench's latency (where
+    benched: the first audio, one panel per thread count), one line per method through its types, the F16 file as a
+    point; one row of panels per model, dataset and backend."""
     if not rows:
         return None
     import matplotlib
@@ -221,21 +265,24 @@ def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
 
     groups = sorted({(r["model"], r["dataset"], r["backend"]) for r in rows})
     colour = {method: f"C{i}" for i, method in enumerate(sorted({r["method"] for r in rows}))}  # alike in every panel
-    metrics = [("rare_wer", "rare-WER (%)", 100.0)]
+    metrics = [("capped rare-WER (%)", lambda r: _scaled(r["capped_rare_wer"], 100.0))]
     if any(r["kld_rare"] is not None for r in rows):
-        metrics.append(("kld_rare", "rare KLD vs F16 (nats)", 1.0))
+        metrics.append(("rare KLD vs F16 (nats)", lambda r: r["kld_rare"]))
+    for audio, threads in speed_columns(rows):
+        metrics.append((f"latency on {audio}, {threads} thread{'s' if threads > 1 else ''} (s)",
+                        lambda r, a=audio, t=threads: (speed_of(r, a, t) or {}).get("latency_s")))
     figure, axes = plt.subplots(len(groups), len(metrics), figsize=(5.8 * len(metrics), 4.2 * len(groups)),
                                 squeeze=False)
     for line, (model, dataset, backend) in zip(axes, groups):
         mine = [r for r in rows if (r["model"], r["dataset"], r["backend"]) == (model, dataset, backend)
                 and r["file_mib"] is not None]
-        for axis, (metric, label, scale) in zip(line, metrics):
+        for axis, (label, value) in zip(line, metrics):
             for method in sorted({r["method"] for r in mine}):
-                points = sorted((r["file_mib"], scale * r[metric], r["type"]) for r in mine
-                                if r["method"] == method and r[metric] is not None)
+                points = sorted((r["file_mib"], value(r), r["type"]) for r in mine
+                                if r["method"] == method and value(r) is not None)
                 if not points:
                     continue
-                xs, ys, types = zip(*points)
+                xs, ys, _ = zip(*points)
                 axis.plot(xs, ys, marker="o", label=method, color=colour[method])
                 for x, y, type_name in points:
                     axis.annotate(type_name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
@@ -247,6 +294,10 @@ def size_quality_png(rows: list[dict[str, Any]]) -> bytes | None:
     figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
     plt.close(figure)
     return buffer.getvalue()
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else scale * value
 
 
 def write_sweep_report(sweep: Sweep, run: SweepRun, out: Path) -> dict[str, Path]:
