@@ -4,7 +4,8 @@ Per utterance a model's rare errors are capped at its rare words (a loop counts 
 columns do); the difference is in percentage points with a 95 % bootstrap interval over utterances (eval's own
 resampling: 2,000 resamples, seed 0). Usage:
 
-    python results/grid/capped_rare.py utterances.jsonl A:B [C:D ...]    (labels as given to eval --model)
+    python results/grid/capped_rare.py utterances.jsonl A:B [C:D ...]    (labels as given to eval --model; the
+                                                                            whisper.cpp run's, or "A [torch]:B [torch]")
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def main(path: str, pairs: list[str]) -> None:
     ids = sorted(next(iter(by_model.values())))
     resamples = bootstrap_indices(len(ids), 2000, 0)
     for pair in pairs:
-        a, b = (label + BACKEND for label in pair.split(":"))
+        a, b = (label if label.endswith("]") else label + BACKEND for label in pair.split(":"))  # "X [torch]": as is
         errors_a, words = capped_rare(by_model[a], ids)
         errors_b, _ = capped_rare(by_model[b], ids)
         point = (errors_a.sum() - errors_b.sum()) / words.sum() * 100
