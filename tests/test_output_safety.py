@@ -325,7 +325,8 @@ def _planned(tmp_path: Path, study: str):
 
 @pytest.mark.parametrize("study, report", [("results/frontier/sweep.toml", "results/frontier/report.json"),
                                            ("results/eval/sweep.toml", "results/eval/report.json"),
-                                           ("results/frontier/iq4_xs.toml", "results/frontier/iq4_xs/report.json")])
+                                           ("results/frontier/iq4_xs.toml", "results/frontier/iq4_xs/report.json"),
+                                           ("results/frontier-speed/sweep.toml", "results/frontier-speed/report.json")])
 def test_sweep_made_tables_hold_the_cells_their_files_plan(tmp_path, study, report):
     """A table the sweep itself made lists exactly the cells its sweep file plans, evaluated on as many utterances."""
     sweep, cells = _planned(tmp_path, study)
@@ -335,3 +336,16 @@ def test_sweep_made_tables_hold_the_cells_their_files_plan(tmp_path, study, repo
         for dataset in model["evaluation"]["datasets"]:
             assert dataset["name"] in sweep.evaluation
             assert sweep.eval_options.get("limit", dataset["utterances"]) >= dataset["utterances"]
+
+
+def test_the_speed_frontier_comes_from_its_sweep_file_with_every_files_speed():
+    """results/frontier-speed: the table and the speed columns are one sweep's report: every evaluated file has the
+    bench's latency, RTF and max-RSS at each thread count of the sweep file's [bench], on its first audio."""
+    doc = tomllib.loads((REPO / "results/frontier-speed/sweep.toml").read_text())
+    report = json.loads((REPO / "results/frontier-speed/report.json").read_text())
+    threads = doc["bench"]["threads"]
+    assert report["frontier"] and all(r["dataset"] == "test" for r in report["frontier"])
+    for row in report["frontier"]:
+        measured = {s["threads"]: s for s in row["speed"] if s["audio"] == doc["bench"]["audio"][0]}
+        assert sorted(measured) == sorted(threads), row["cell"]
+        assert all(s["latency_s"] > 0 and 0 < s["rtf"] < 1 and s["max_rss_mb"] > 0 for s in measured.values())
