@@ -90,7 +90,7 @@ def test_plan_export_suffix_is_gguf(tmp_path, monkeypatch):
 def test_plan_report_counts_a_mix_at_its_body_types_bits(tmp_path):
     figures = {k: {"value": 0.1} for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")}
     row = {"label": "base/-/ggml/q4_k_m", "key": "base/-/ggml/q4_k_m", "backend": "transcribe.cpp", "loops": 0,
-           **figures}
+           "source": "base-ggml-q4_k_m.gguf", **figures}
     report = {"sweep": {"bodies": {"q4_k_m": "q4_k"}}, "cells": [{"cell": "base/-/ggml/q4_k_m", "file_mib": 54.0}],
               "models": [{"model": "base", "evaluation": {"datasets": [{"name": "test", "models": [row]}]}}]}
     assert frontier_rows(report)[0]["type_bpw"] == 4.5

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
             (n1, d1), (n2, d2) = diffs.items()
             ids = sorted(set(d1) & set(d2))
             x, y = np.array([d1[i] for i in ids]), np.array([d2[i] for i in ids])
-            moved = [i for i in ids if x[ids.index(i)] != 0 or y[ids.index(i)] != 0]
+            moved = [i for i in ids if d1[i] or d2[i]]
             same = sum(1 for i in moved if d1[i] == d2[i])
             corr = float(np.corrcoef(x, y)[0, 1]) if x.std() and y.std() else float("nan")
             print(f"- {n1} vs {n2}: per-utterance differences correlate r = {corr:.2f}; of the {len(moved)} "

@@ -67,8 +67,12 @@ def refit_sub_codes(target: torch.Tensor, q: QuantizedWeight, H: torch.Tensor,
                                sub_scales=sub_scales.to(q.sub_scales.device, q.sub_scales.dtype),
                                sub_mins=None if sub_mins is None else sub_mins.to(q.sub_mins.device, q.sub_mins.dtype))
     E = target.float() - refitted.dequantize().to(target.device)  # the values the dequantizer makes
-    after = float((E.double() * (E @ H).double()).sum())
-    return refitted, RefitInfo(before, after, *moved)
+    return refitted, RefitInfo(before, _loss(E, E @ H), *moved)
+
+
+def _loss(E: torch.Tensor, R: torch.Tensor) -> float:
+    """f = tr(E H E^T) from E and R = E H, summed in float64."""
+    return float((E.double() * R.double()).sum())
 
 
 def _refit_rows(E: torch.Tensor, codes: torch.Tensor, H: torch.Tensor, passes: int,
@@ -78,7 +82,7 @@ def _refit_rows(E: torch.Tensor, codes: torch.Tensor, H: torch.Tensor, passes: i
     the codes [r, groups], a view into the whole matrix's), ``mins`` likewise; E [r, n] = T - V for these rows.
     Returns the chunk's loss f before the refit (E H is formed here anyway)."""
     R = E @ H
-    before = float((E.double() * R.double()).sum())
+    before = _loss(E, R)
     width = codes.shape[1] // scales[1].shape[1]
     ones = torch.ones_like(codes[:, :width])
     for _ in range(passes):

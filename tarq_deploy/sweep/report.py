@@ -166,7 +166,7 @@ def frontier_rows(report: dict) -> list[dict[str, Any]]:
                              **{k: row[k]["value"] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")},
                              "loops": row["loops"], "retention": retention.get(row["key"]),
                              **{k: tf[k]["value"] if k in tf else None for k in ("kld_rare", "kld_common")},
-                             "speed": speed.get(Path(row.get("source", "")).name, [])})
+                             "speed": speed.get(Path(row["source"]).name, [])})
     return sorted(rows, key=lambda r: (r["model"], r["dataset"], r["backend"], -r["type_bpw"], r["method"]))
 
 
