@@ -141,6 +141,24 @@ SLOW_MODULES_FIRST = ("test_sweep.py", "test_eval_e2e.py", "test_whisper_cpp_typ
                       "test_gpu_calibration_dryrun.py", "test_voxtral_cli.py")
 
 
+# What a whole run needs free in the temporary folder at its peak (measured: ~6 GB with the "failed" retention policy
+# of pyproject.toml, 2 workers), with margin. A full disk otherwise shows as hundreds of unrelated setup errors.
+MIN_FREE_TEMP_GIB = 10
+
+
+def pytest_sessionstart(session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # the controller checked once for every pytest-xdist worker
+    import shutil
+    import tempfile
+
+    folder = os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir()
+    free_gib = shutil.disk_usage(folder).free / 2**30
+    if free_gib < MIN_FREE_TEMP_GIB:
+        pytest.exit(f"{folder}: {free_gib:.1f} GiB free, the suite needs {MIN_FREE_TEMP_GIB} GiB for its model files "
+                    "(free space there, or point TMPDIR at a larger disk)", returncode=2)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(SLOW_MODULES_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
