@@ -141,7 +141,7 @@ SLOW_MODULES_FIRST = ("test_sweep.py", "test_eval_e2e.py", "test_whisper_cpp_typ
                       "test_gpu_calibration_dryrun.py", "test_voxtral_cli.py")
 
 
-# What a whole run needs free in the temporary folder at its peak (measured: ~6 GB with the "failed" retention policy
+# What a whole run needs free in the temporary folder at its peak (measured: ~5 GB with the "failed" retention policy
 # of pyproject.toml, 2 workers), with margin. A full disk otherwise shows as hundreds of unrelated setup errors.
 MIN_FREE_TEMP_GIB = 10
 

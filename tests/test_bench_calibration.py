@@ -113,3 +113,31 @@ def test_a_baseline_child_imports_the_baseline_package(tmp_path, monkeypatch):
                               env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
         printed = next(line for line in done.stdout.splitlines() if line.startswith("PACKAGE"))
         assert Path(printed.split(" ", 1)[1]).resolve().parent == expected.resolve(), (baseline, done.stdout)
+
+
+@pytest.mark.parametrize("shape, message", [("qwen3-asr-9B", "--write-random: unknown shape 'qwen3-asr-9B'"),
+                                            ("voxtral-mini-3B", "exists and is not empty")])
+def test_write_random_refuses_an_unknown_shape_and_a_used_folder(shape, message, tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("a user's file")
+    with pytest.raises(SystemExit) as stop:
+        main(["--write-random", shape, str(tmp_path)])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_a_non_whisper_folder_is_measured_as_quantize_loads_it(tmp_path):
+    """A bfloat16 Qwen3-ASR folder (tiny, real architecture) through the grid: the child loads it as quantize does,
+    held in bfloat16, and finishes a TARQ row with its stages."""
+    from transformers import AutoTokenizer
+
+    from tarq_deploy.models import qwen3_asr_shapes as shapes
+
+    folder = tmp_path / "qwen3-bf16"
+    shapes.random_model(shapes.tiny_config()).to(torch.bfloat16).save_pretrained(folder)
+    shapes.processor_for(AutoTokenizer.from_pretrained(shapes.qwen_tokenizer_dir())).save_pretrained(folder)
+    out = tmp_path / "cal.json"
+    assert main(["--settle-seconds", "0", "--model", str(folder), "--n", "2", "--methods", "tarq", "--threads", "1",
+                 "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["weights_dtype"] == "bfloat16" and row["dims"] == str(folder), row
+    assert row["blocks"] == 6 and row["stage_s"]["solve"] > 0  # frontend, 2 encoder, 2 decoder layers, the head

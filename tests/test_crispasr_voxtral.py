@@ -1,5 +1,5 @@
 """Voxtral -> CrispASR GGUF (formats/crispasr_voxtral.py) on a tiny random Voxtral with the real architecture
-(tests/voxtral_tiny.py; weights rounded to fp16-representable values, so the F16 tensors are exact too): the export
+(tarq_deploy/models/voxtral_shapes.py; weights rounded to fp16-representable values, so the F16 tensors are exact too): the export
 command on a per-tensor mix (Q4_K language model, Q8_0 audio tower) and a uniform Q4_0 lattice, ``verify`` max |diff|
 0, the crispasr wheel's voxtral backend loading the file and decoding, its logits on a forced prompt agreeing with
 the PyTorch model holding the same lattice, and the writer refusing a wrong shape and a missing tensor.
@@ -24,7 +24,7 @@ from tarq_deploy.models.voxtral import VoxtralBackbone, load_dequantized_voxtral
 
 sys.path.insert(0, str(Path(__file__).parent))
 from crispasr_voxtral_ggml import VoxtralGGML  # noqa: E402
-from voxtral_tiny import AUDIO_TOKEN_ID, load_tiny_voxtral, write_tiny_voxtral  # noqa: E402
+from tarq_deploy.models.voxtral_shapes import AUDIO_TOKEN_ID, load_tiny_voxtral, write_tiny_voxtral  # noqa: E402
 
 pytest.importorskip("crispasr")
 Q4_K, Q8_0, Q4_0, F16 = 12, 8, 2, 1

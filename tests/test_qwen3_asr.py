@@ -1,5 +1,5 @@
 """Qwen3-ASR end to end on a tiny random model with the real architecture and the real Qwen tokenizer
-(tests/qwen3_asr_tiny.py) and real speech: tokenizer, prompt and rare tags, stages that reproduce the model's own
+(tarq_deploy/models/qwen3_asr_shapes.py) and real speech: tokenizer, prompt and rare tags, stages that reproduce the model's own
 forward, TARQ calibration into a lattice checkpoint, both GGUF flavours through the CLI (export, verify max |diff| = 0),
 the CrispASR wheel transcribing the export with the same tokens as transformers, real-dimension 0.6B / 1.7B
 configurations (2 layers) exported and verified, the eval and bench plug-ins, and the patched qwen3-asr.cpp binary
@@ -31,7 +31,7 @@ from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
 sys.path.insert(0, str(Path(__file__).parent))
-import qwen3_asr_tiny as tiny  # noqa: E402
+from tarq_deploy.models import qwen3_asr_shapes as tiny  # noqa: E402
 
 SPEC = LatticeSpec(4, 32)  # ggml targets: one fp16 scale per 32-value Q4_0 block
 CLIP_SUFFIXES = ("0870", "0880", "0930")  # rare words: dashwood, prudently | none | amiable

@@ -1,5 +1,5 @@
 """Qwen3-ASR and Voxtral for transcribe.cpp (formats/transcribe_llm.py) on tiny random models with the real
-architecture (tests/qwen3_asr_tiny.py, tests/voxtral_tiny.py): ``export --target transcribe.cpp`` of lattice
+architecture (tarq_deploy/models/qwen3_asr_shapes.py, tarq_deploy/models/voxtral_shapes.py): ``export --target transcribe.cpp`` of lattice
 checkpoints (Qwen3-ASR uniform Q4_0; Voxtral a Q4_K language model with a Q8_0 audio tower) keeps every matrix's
 lattice type, ``verify`` is exact, the transcribe-cpp wheel loads and decodes both through the runtime adapter's
 worker subprocess, the Voxtral logits agree with PyTorch holding the same lattice, a type the loader rejects is
@@ -29,8 +29,8 @@ from tarq_deploy.runtimes.base import DecodeOptions, ModelSpec
 from tarq_deploy.runtimes.registry import infer_runtime, open_transcriber
 
 sys.path.insert(0, str(Path(__file__).parent))
-import qwen3_asr_tiny as tiny_qwen  # noqa: E402
-from voxtral_tiny import AUDIO_TOKEN_ID, load_tiny_voxtral, write_tiny_voxtral  # noqa: E402
+from tarq_deploy.models import qwen3_asr_shapes as tiny_qwen  # noqa: E402
+from tarq_deploy.models.voxtral_shapes import AUDIO_TOKEN_ID, load_tiny_voxtral, write_tiny_voxtral  # noqa: E402
 
 pytest.importorskip("transcribe_cpp")
 Q4_0, Q8_0, Q4_K, F16, F32 = 2, 8, 12, 1, 0

@@ -1,4 +1,4 @@
-"""Voxtral end to end on a tiny random model (tests/voxtral_tiny.py) and real speech: transcription prompt and rare
+"""Voxtral end to end on a tiny random model (tarq_deploy/models/voxtral_shapes.py) and real speech: transcription prompt and rare
 tags, stages that reproduce the model's own forward, TARQ / RTN calibration of the language model's Linears only,
 the lattice checkpoint, and GPTQ / compressed-tensors exports that hold the lattice exactly and load in transformers.
 
@@ -31,7 +31,7 @@ from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.tarq import TarqConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from voxtral_tiny import load_tiny_voxtral, write_tiny_voxtral  # noqa: E402
+from tarq_deploy.models.voxtral_shapes import load_tiny_voxtral, write_tiny_voxtral  # noqa: E402
 
 SPEC = LatticeSpec(4, 128)
 CLIP_SUFFIXES = ("0870", "0880", "0930")  # rare words: dashwood, prudently | none | amiable

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from tarq_deploy.checkpoint import load_checkpoint
 from tarq_deploy.data.corpus import Utterance, write_manifest
 
-from voxtral_tiny import write_tiny_voxtral
+from tarq_deploy.models.voxtral_shapes import write_tiny_voxtral
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -77,6 +77,25 @@ def random_whisper(dims: str, device: str, processor_source: str = "packaged:tin
     return model.to(device), processor, generation_config
 
 
+# The published non-Whisper models the grid measures at real size (random weights, bfloat16 as on the hub): a
+# folder written once by --write-random, then given as --model like a user's download.
+RANDOM_MODELS = ("qwen3-asr-0.6B", "qwen3-asr-1.7B", "voxtral-mini-3B")
+
+
+def write_random_model(shape: str, directory: Path) -> Path:
+    """A transformers folder of ``shape`` (RANDOM_MODELS) with seeded random bfloat16 weights; an existing
+    non-empty folder is refused, so a model a user cares about is never overwritten."""
+    if directory.exists() and any(directory.iterdir()):
+        raise FileExistsError(f"{directory}: exists and is not empty; --write-random writes a new folder")
+    if shape.startswith("qwen3-asr-"):
+        from tarq_deploy.models.qwen3_asr_shapes import write_random_qwen3_asr
+
+        return write_random_qwen3_asr(directory, shape.removeprefix("qwen3-asr-"))
+    from tarq_deploy.models.voxtral_shapes import write_random_voxtral
+
+    return write_random_voxtral(directory)
+
+
 def processor_only(directory: str):
     """(processor, generation config) from a folder holding only those files (--prepare-carry's processor/)."""
     from transformers import GenerationConfig, WhisperProcessor
@@ -132,7 +151,7 @@ def child(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from tarq_deploy.data.corpus import load_corpus
-    from tarq_deploy.models.loader import STORED, load_whisper
+    from tarq_deploy.models.registry import load_backbone
     from tarq_deploy.models.whisper import WhisperBackbone
     from tarq_deploy.quant.choices import GGML_TYPES
     from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
@@ -145,9 +164,12 @@ def child(args: argparse.Namespace) -> None:
         stages[name] = {"at_s": time.perf_counter() - start, "peak_rss_mb": _peak_rss_mb()}
         print("STAGE " + json.dumps({"stage": name, **stages[name]}), flush=True)
 
-    model, processor, gc = (random_whisper(args.dims, args.device, args.processor, args.source_dtype) if args.dims
-                            else load_whisper(args.model, dtype=STORED))
-    backbone = WhisperBackbone(model, processor, gc, args.device)
+    if args.dims:
+        backbone = WhisperBackbone(*random_whisper(args.dims, args.device, args.processor, args.source_dtype),
+                                   args.device)
+    else:  # any model quantize takes, loaded as quantize loads it (Whisper, Qwen3-ASR, Voxtral; stored precision)
+        backbone = load_backbone(args.model, args.device)
+    model = backbone.model
     milestone("model")
     scheme, bits, native_group = GGML_TYPES[args.type] if args.type else ("symmetric", 4, args.group_size)
     group = args.group_size if scheme == "symmetric" else native_group
@@ -344,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clips", help="a manifest of the clips to cycle (default: the offline real clips)")
     parser.add_argument("--prepare-carry", metavar="DIR",
                         help="write what a machine without the offline data needs (clips, processor, site/) and stop")
+    parser.add_argument("--write-random", nargs=2, metavar=("SHAPE", "DIR"),
+                        help=f"write a whole published model with random weights in bfloat16 to DIR (a --model for "
+                             f"the grid) and stop; SHAPE: {', '.join(RANDOM_MODELS)}")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
@@ -351,6 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_carry:
         prepare_carry(Path(args.prepare_carry))
         print(f"wrote {args.prepare_carry}")
+        return 0
+    if args.write_random:
+        shape, directory = args.write_random
+        if shape not in RANDOM_MODELS:
+            parser.error(f"--write-random: unknown shape {shape!r} (known: {', '.join(RANDOM_MODELS)})")
+        try:
+            print(f"wrote {write_random_model(shape, Path(directory))}")
+        except FileExistsError as error:
+            parser.error(f"--write-random: {error}")
         return 0
     if args.child:
         args.n = int(args.n)

@@ -16,8 +16,12 @@ from torch import nn
 from ..checkpoint import LatticeCheckpoint
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
+from ..quant.precision import is_memory_mapped
 
 SAMPLE_RATE = 16000
+# What a calibration stage hands the model: float32, whatever dtype the weights are stored in (float32_compute widens
+# each module as it runs), so a bfloat16 source is calibrated with a float32 copy's arithmetic.
+CALIBRATION_DTYPE = torch.float32
 WINDOW_SECONDS = 30.0
 GAP_SECONDS = 0.3
 
@@ -142,7 +146,11 @@ def checkpoint_from_model(model: nn.Module, lattice: dict[str, QuantizedWeight],
 
 def _untouched(tensor: torch.Tensor, widen: bool) -> torch.Tensor:
     t = tensor.detach().cpu()
-    return t.float() if widen and t.dtype in (torch.float16, torch.bfloat16) else t.clone()
+    if widen and t.dtype in (torch.float16, torch.bfloat16):
+        return t.float()
+    # A source's memory-mapped weights are never written: shared, not copied (Voxtral-Mini-3B's audio tower, token
+    # table and head are 2.9 GB, and a copy would read every page of them into memory)
+    return t if is_memory_mapped(t) else t.clone()
 
 
 def shared_storage_aliases(state: dict[str, torch.Tensor], lattice: dict[str, QuantizedWeight]) -> dict[str, str]:

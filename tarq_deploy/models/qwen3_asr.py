@@ -59,8 +59,8 @@ from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
-from .common import (HeadStage, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined, load_lattice_weights,
-                     model_files_dir, pack_utterances, saved_files)
+from .common import (CALIBRATION_DTYPE, HeadStage, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined,
+                     load_lattice_weights, model_files_dir, pack_utterances, saved_files)
 
 SAMPLE_RATE = 16000
 CHUNK_MEL_FRAMES = 100  # 2 * n_window: the conv stack runs on 1 s chunks
@@ -201,7 +201,7 @@ class Qwen3ASRBackbone:
     def audio_embeddings(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Projected audio embeddings [audio tokens, hidden] through the model's own ``get_audio_features``."""
         with torch.no_grad():
-            out = self.model.model.get_audio_features(features.to(self.device, self.model.dtype),
+            out = self.model.model.get_audio_features(features.to(self.device, CALIBRATION_DTYPE),
                                                       mask.to(self.device), return_dict=True)
         return out.pooler_output
 
@@ -279,7 +279,7 @@ class _FrontendStage:
         """conv_out's input restricted to valid frames; the encoder layers' cu_seqlens / max_seqlen go to ``stream``
         (taken from the tower's own forward, so the attention windows are the model's)."""
         tower = self.backbone.model.model.audio_tower
-        features = window.inputs["input_features"].to(self.backbone.device, self.backbone.model.dtype)
+        features = window.inputs["input_features"].to(self.backbone.device, CALIBRATION_DTYPE)
         mask = window.inputs["input_features_mask"].to(self.backbone.device)
         (conv_features,), _ = _capture_inputs(tower.conv_out, lambda: tower(features, mask))
         (_, cu_seqlens), layer_kwargs = _capture_inputs(tower.layers[0], lambda: tower(features, mask))
@@ -368,17 +368,19 @@ def qwen3_asr_checkpoint(backbone: Qwen3ASRBackbone, lattice: dict[str, Quantize
     return checkpoint_from_model(backbone.model, lattice, spec, metadata, files)
 
 
-def load_qwen3_asr(directory: str | Path, dtype: torch.dtype = torch.float32
+def load_qwen3_asr(directory: str | Path, dtype: torch.dtype | str = torch.float32
                    ) -> tuple[Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor]:
-    """(model, processor) from a transformers Qwen3-ASR directory (config.json with model_type "qwen3_asr")."""
+    """(model, processor) from a transformers Qwen3-ASR directory (config.json with model_type "qwen3_asr");
+    ``dtype="auto"``: as the directory stores its weights."""
     model = Qwen3ASRForConditionalGeneration.from_pretrained(directory, dtype=dtype).eval()
     return model, Qwen3ASRProcessor.from_pretrained(directory)
 
 
 def load_qwen3_asr_backbone(source: str | Path, device: str = "cpu", head_identity_weight: float = 1.0,
-                            quantize_audio_tower: bool = True) -> Qwen3ASRBackbone:
+                            quantize_audio_tower: bool = True, dtype: torch.dtype | str = torch.float32
+                            ) -> Qwen3ASRBackbone:
     """The backbone for a transformers Qwen3-ASR directory, as tarq_deploy.quant.pipeline.quantize_backbone takes it."""
-    return Qwen3ASRBackbone(*load_qwen3_asr(source), device, head_identity_weight=head_identity_weight,
+    return Qwen3ASRBackbone(*load_qwen3_asr(source, dtype), device, head_identity_weight=head_identity_weight,
                             quantize_audio_tower=quantize_audio_tower)
 
 

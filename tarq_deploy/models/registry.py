@@ -29,6 +29,9 @@ def is_whisper_source(source: str | ModelSource) -> bool:
 
 def load_backbone(source: str | ModelSource, device: str = "cpu", head_identity_weight: float = 1.0,
                   quantize_audio_tower: bool = False):
+    # Every backbone is held in the precision its source stores (a bfloat16 Voxtral-Mini-3B is 9.4 GB, 19 GB in
+    # float32); calibration widens one module at a time to float32 (quant/precision.py), so the arithmetic and the
+    # lattice are those of a float32 copy.
     found = resolve_source(source)
     kind, text = model_type(found), found.text
     if kind == "voxtral":
@@ -37,20 +40,18 @@ def load_backbone(source: str | ModelSource, device: str = "cpu", head_identity_
 
         from .voxtral import VoxtralBackbone
 
-        model = VoxtralForConditionalGeneration.from_pretrained(text, dtype=torch.float32)
+        model = VoxtralForConditionalGeneration.from_pretrained(text, dtype="auto")
         processor = VoxtralProcessor.from_pretrained(text, mistral_format=False)
         return VoxtralBackbone(model, processor, device, quantize_audio_tower=quantize_audio_tower)
     if kind == "qwen3_asr":
         from .qwen3_asr import load_qwen3_asr_backbone
 
-        return load_qwen3_asr_backbone(text, device, head_identity_weight)
+        return load_qwen3_asr_backbone(text, device, head_identity_weight, dtype="auto")
     if kind != "whisper":
         raise ValueError(f"{text}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
     from .loader import STORED
     from .whisper import WhisperBackbone, round_conv_kernels_to_f16
 
-    # Weights stay in the source's precision (a float16 large-v3 holds 3.1 GB, not 6.2); calibration widens one
-    # module at a time to float32 (quant/precision.py), so the arithmetic and the bytes are those of a float32 copy.
     model, processor, generation_config = load_whisper(found, dtype=STORED)
     rounded = round_conv_kernels_to_f16(model)
     if rounded:

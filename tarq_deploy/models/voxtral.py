@@ -46,6 +46,7 @@ the hub layout (``language_model.model.layers.N...``), which transformers 4.x lo
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +58,9 @@ from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
 from ..quant.calibrate import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
-from .common import (SplicedDecoderStage, TextAudio, checkpoint_from_model, joined, load_lattice_weights,
-                     model_files_dir, pack_utterances, saved_files)
+from ..quant.precision import widened
+from .common import (CALIBRATION_DTYPE, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined,
+                     load_lattice_weights, model_files_dir, pack_utterances, saved_files)
 from .whisper import ENCODER_FRAMES_PER_SECOND
 
 SAMPLE_RATE = 16000
@@ -168,8 +170,8 @@ class VoxtralBackbone:
 
     def audio_embeddings(self, features: torch.Tensor) -> torch.Tensor:
         """Projected audio embeddings [audio tokens, hidden] through the model's own ``get_audio_features``."""
-        with torch.no_grad():
-            features = features.to(self.device, self.model.dtype)
+        with torch.no_grad(), _float32_input(self.model.model.audio_tower):
+            features = features.to(self.device, CALIBRATION_DTYPE)
             return self.model.model.get_audio_features(features, return_dict=True).pooler_output
 
     # -- transcription -----------------------------------------------------------------------------------------------
@@ -189,6 +191,12 @@ class _Captured(Exception):
     """Raised from a pre-hook once the wanted input is captured: the rest of the forward is not needed."""
 
 
+def _float32_input(tower: nn.Module) -> contextlib.AbstractContextManager:
+    """The audio tower casts its input to conv1's dtype before anything runs: with conv1 widened first, float32
+    features stay float32 and a bfloat16 source is encoded as its float32 copy would be (not from bfloat16 mels)."""
+    return widened(tower.conv1)
+
+
 class _AudioStage:
     name = "audio_tower"
 
@@ -206,8 +214,8 @@ class _AudioStage:
 
         handle = tower.layers[0].register_forward_pre_hook(grab, with_kwargs=True)
         try:
-            with torch.no_grad():
-                tower(window.inputs["input_features"].to(self.backbone.device, self.backbone.model.dtype))
+            with torch.no_grad(), _float32_input(tower):
+                tower(window.inputs["input_features"].to(self.backbone.device, CALIBRATION_DTYPE))
         except _Captured:
             pass
         finally:

@@ -1,4 +1,5 @@
-"""Tiny and real-dimension Qwen3-ASR models with the real architecture and the real Qwen tokenizer, built offline.
+"""Tiny and real-dimension Qwen3-ASR models with the real architecture and the real Qwen tokenizer, built offline
+(the tests' models, and the calibration bench's full-size random-weight ones).
 
 Tokenizer. Qwen3-ASR uses the Qwen2 byte-level BPE (151643 regular tokens, 151387 merges) plus added control tokens.
 No model hub is reachable here, but llama.cpp ships that vocabulary as a test fixture --
@@ -15,7 +16,9 @@ The built files are cached too (written to a temporary directory, renamed when c
 Models. ``tiny_config()``: audio encoder 2 layers, d_model 64, 2 heads, ffn 128, conv channels 32, 128 mel bins;
 text decoder (Qwen3) 2 layers, hidden 64, 2 query heads / 1 kv head of dim 32, intermediate 128, the real 151936-token
 vocabulary, tied embeddings. Every matrix dimension is a multiple of 32 (ggml blocks). ``real_dimension_config("0.6B"
-| "1.7B", layers=2)``: the published shapes with only ``layers`` encoder and decoder layers. Weights are seeded and
+| "1.7B", layers=2)``: the published shapes with only ``layers`` encoder and decoder layers;
+``write_random_qwen3_asr(directory, "1.7B")``: the whole published model (every layer), random weights stored in
+bfloat16 as the hub's checkpoints are, for measuring calibration at real size. Weights are seeded and
 rounded to fp16-representable values (as a real bf16 checkpoint is), so F16 runtime files hold them exactly.
 """
 from __future__ import annotations
@@ -65,6 +68,8 @@ REAL_DIMENSIONS = {
     "0.6B": {"audio": (896, 14, 3584, 480), "text": (1024, 16, 8, 128, 3072)},
     "1.7B": {"audio": (1024, 16, 4096, 480), "text": (2048, 16, 8, 128, 6144)},
 }
+# (encoder layers, decoder layers) of the published models (formats/qwen3_asr_targets.QWEN3_ASR_SIZES)
+FULL_LAYERS = {"0.6B": (18, 28), "1.7B": (24, 28)}
 TINY_DIMENSIONS = {"audio": (64, 2, 128, 32), "text": (64, 2, 1, 32, 128)}
 # the smallest widths every quantized Linear of which the K-quants' 256-value rows fit (conv_out: 32 channels x 16)
 K_QUANT_DIMENSIONS = {"audio": (256, 2, 512, 32), "text": (256, 2, 1, 128, 512)}
@@ -151,14 +156,16 @@ def vocab_test_cases() -> list[tuple[str, list[int]]]:
 
 
 # ---------------------------------------------------------------------------------------------------------- model
-def _config(audio: tuple[int, ...], text: tuple[int, ...], layers: int, init_range: float = 0.02) -> Qwen3ASRConfig:
+def _config(audio: tuple[int, ...], text: tuple[int, ...], layers: int, init_range: float = 0.02,
+            text_layers: int | None = None) -> Qwen3ASRConfig:
     d_model, heads, ffn, conv = audio
     hidden, q_heads, kv_heads, head_dim, intermediate = text
     audio_config = {"num_mel_bins": 128, "encoder_layers": layers, "encoder_attention_heads": heads,
                     "encoder_ffn_dim": ffn, "d_model": d_model, "output_dim": hidden,
                     "downsample_hidden_size": conv, "max_position_embeddings": 13, "initializer_range": init_range}
     text_config = {"model_type": "qwen3", "vocab_size": VOCAB_SIZE, "hidden_size": hidden,
-                   "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": q_heads,
+                   "intermediate_size": intermediate, "num_hidden_layers": text_layers or layers,
+                   "num_attention_heads": q_heads,
                    "num_key_value_heads": kv_heads, "head_dim": head_dim, "max_position_embeddings": 65536,
                    "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
                    "initializer_range": init_range}
@@ -178,6 +185,27 @@ def k_quant_config() -> Qwen3ASRConfig:
 def real_dimension_config(size: str, layers: int = 2) -> Qwen3ASRConfig:
     dims = REAL_DIMENSIONS[size]
     return _config(dims["audio"], dims["text"], layers)
+
+
+def full_size_config(size: str) -> Qwen3ASRConfig:
+    """The published model: every encoder and decoder layer (FULL_LAYERS)."""
+    dims = REAL_DIMENSIONS[size]
+    encoder_layers, decoder_layers = FULL_LAYERS[size]
+    return _config(dims["audio"], dims["text"], encoder_layers, text_layers=decoder_layers)
+
+
+def write_random_qwen3_asr(directory: str | Path, size: str, dtype: torch.dtype = torch.bfloat16,
+                           seed: int = SEED) -> Path:
+    """The whole published ``size`` with seeded random weights built and saved in ``dtype`` (never a float32 copy:
+    1.7B in float32 is 8 GB), with the real tokenizer: what a user's hub download looks like to the calibration."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = Qwen3ASRForConditionalGeneration._from_config(full_size_config(size), dtype=dtype).eval()
+    model.generation_config = GenerationConfig(eos_token_id=[151643, 151645], pad_token_id=151643)
+    model.save_pretrained(out)
+    processor_for(AutoTokenizer.from_pretrained(qwen_tokenizer_dir())).save_pretrained(out)
+    return out
 
 
 def processor_for(tokenizer) -> Qwen3ASRProcessor:

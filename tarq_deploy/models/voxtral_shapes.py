@@ -17,6 +17,11 @@ slots with the Tekken names at their real ranks (<unk> 0, <s> 1, </s> 2, [INST] 
 bytes, then merges learnt here, deterministically, from a built-in English text). Text token ids are therefore
 1000 + rank, as in the real tokenizer, and the same transformers code path loads it.
 
+``write_random_voxtral``: the published Voxtral-Mini-3B shapes (transformers' VoxtralConfig defaults: 32-layer
+1280-wide audio encoder, 30-layer 3072-wide Llama with a 131,072-token untied head), random weights stored in
+bfloat16 as the hub's are, with the same small tokenizer (its ids are a subset of the real vocabulary's): what the
+calibration bench measures at real size.
+
 Everything is seeded: the same call gives the same weights and files.
 """
 
@@ -137,6 +142,24 @@ def write_tiny_voxtral(directory: str | Path) -> Path:
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     model.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)  # converts tekken.json, as for a real Voxtral directory
+    VoxtralProcessor(WhisperFeatureExtractor(feature_size=128), tokenizer).save_pretrained(out)
+    return out
+
+
+def write_random_voxtral(directory: str | Path, dtype: torch.dtype = torch.bfloat16, seed: int = SEED) -> Path:
+    """Voxtral-Mini-3B's architecture with seeded random weights built and saved in ``dtype`` (float32 would be
+    19 GB), the tokenizer and processor files of ``write_tiny_voxtral``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    ranks = train_byte_bpe(BPE_TEXT, BPE_MERGES)
+    (out / "tekken.json").write_text(json.dumps(tekken_json(ranks)))
+    config = VoxtralConfig(audio_token_id=AUDIO_TOKEN_ID)
+    config.text_config.pad_token_id = PAD_ID
+    torch.manual_seed(seed)
+    model = VoxtralForConditionalGeneration._from_config(config, dtype=dtype).eval()
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    model.save_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
     VoxtralProcessor(WhisperFeatureExtractor(feature_size=128), tokenizer).save_pretrained(out)
     return out
 

@@ -1,0 +1,75 @@
+"""Weights memory-mapped from a source's .safetensors file cost memory only while a module uses them (issue 37 item 1):
+widening reads them in, narrowing gives the tensor its very stored data back (no copy, whatever values the float32
+copy took) and takes the pages out of the resident set again; anonymous memory is never advised."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from tarq_deploy.quant.precision import float32_compute, is_memory_mapped, release_mapped_pages, widened
+
+MIB = 2**20
+ROWS = COLUMNS = 4096  # 32 MiB in bfloat16: far above the page noise of a Python process
+
+
+def rss_file_bytes() -> int:
+    """Pages of mapped files this process has resident (the part of its RSS a mapped model adds)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile line in /proc/self/status")
+
+
+def mapped_linear(tmp_path: Path) -> tuple[nn.Linear, torch.Tensor]:
+    """A Linear whose bfloat16 weight lies in a memory-mapped .safetensors file, as transformers loads one."""
+    path = tmp_path / "weight.safetensors"
+    save_file({"weight": torch.randn(ROWS, COLUMNS, generator=torch.Generator().manual_seed(0)).bfloat16()}, path)
+    with open(path, "rb") as written:
+        os.fsync(written.fileno())  # clean pages: what a model downloaded earlier has
+    with safe_open(str(path), framework="pt") as source:
+        stored = source.get_tensor("weight")
+    linear = nn.Linear(COLUMNS, ROWS, bias=False)
+    linear.weight = nn.Parameter(stored, requires_grad=False)
+    return linear, stored
+
+
+def test_a_widened_mapped_weight_gets_its_stored_data_back_and_leaves_the_resident_set(tmp_path):
+    linear, stored = mapped_linear(tmp_path)
+    expected = stored.clone()  # read once here: an anonymous copy, outside the mapping
+    release_mapped_pages([stored])
+    assert is_memory_mapped(linear.weight) and not is_memory_mapped(expected)
+    before = rss_file_bytes()
+    with widened(linear):
+        assert linear.weight.dtype == torch.float32
+        linear.weight.mul_(2)  # as a calibrated block's Linear takes lattice values
+        read_in = rss_file_bytes() - before
+    left_resident = rss_file_bytes() - before  # measured before anything below reads the weight again
+    assert read_in > 24 * MIB, read_in  # the widening read the 32 MiB in
+    assert left_resident < 4 * MIB, left_resident  # and they left again
+    assert linear.weight.data_ptr() == stored.data_ptr() and torch.equal(linear.weight, expected)
+
+
+def test_a_forward_pass_reads_a_mapped_model_one_module_at_a_time(tmp_path):
+    linear, stored = mapped_linear(tmp_path)
+    release_mapped_pages([stored])
+    before = rss_file_bytes()
+    x = torch.randn(3, COLUMNS)
+    with float32_compute(linear), torch.no_grad():
+        y = linear(x)
+    left_resident = rss_file_bytes() - before
+    assert left_resident < 4 * MIB, left_resident
+    assert linear.weight.dtype == torch.bfloat16 and linear.weight.data_ptr() == stored.data_ptr()
+    assert torch.equal(y, x @ stored.float().T)  # the float32 copy's arithmetic
+
+
+def test_anonymous_memory_is_never_released():
+    weight = torch.randn(ROWS, COLUMNS).bfloat16()
+    copy = weight.clone()
+    assert not is_memory_mapped(weight)
+    assert release_mapped_pages([weight]) == 0 and torch.equal(weight, copy)
