@@ -33,6 +33,7 @@ temporary directory that is renamed into place only when complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -47,15 +48,16 @@ import xxhash
 from safetensors import SafetensorError
 from safetensors.numpy import save_file as save_numpy_file
 from safetensors.torch import load as load_torch_bytes
-from safetensors.torch import save_file
 
 from .errors import JSON_ERRORS
 from .fileio import atomic_directory
-from .hashing import json_fingerprint, sha256_hex
+from .hashing import file_chunks, json_fingerprint, sha256_hex
 from .model_source import CHECKPOINT_LATTICE, CHECKPOINT_MANIFEST, CHECKPOINT_MODEL_DIR
 from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
-from .safetensors_view import SafetensorsViewError, map_private, map_readonly, tensor_views, torch_views
+from .quant.precision import release_mapped_pages
+from .safetensors_view import (SafetensorsViewError, map_private, map_readonly, tensor_views, torch_views,
+                               write_safetensors)
 from .vocabulary import TokenTable, table_of_tokens, token_strings
 
 FORMAT_NAME = "tarq-lattice"
@@ -294,16 +296,19 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
     for name in sorted(ckpt.quantized):
         lattice.update(_lattice_arrays(ckpt.quantized, name))
         shapes[name] = list(ckpt.quantized.shape_of(name))
-    save_numpy_file(lattice, str(directory / LATTICE_FILE), metadata={"format": FORMAT_NAME})
-    tensors = {k: v.detach().cpu().contiguous() for k, v in sorted(ckpt.tensors.items())}
-    save_file(tensors, str(directory / TENSORS_FILE), metadata={"format": FORMAT_NAME})
+    # streamed a tensor at a time (the library's save_file holds a copy of them all), the same bytes; a source's
+    # memory-mapped tensors leave the resident set once written
+    write_safetensors(directory / LATTICE_FILE, lattice, {"format": FORMAT_NAME})
+    del lattice
+    write_safetensors(directory / TENSORS_FILE, dict(ckpt.tensors), {"format": FORMAT_NAME},
+                      written=lambda tensor: release_mapped_pages([tensor]))
     vocabulary = _write_vocabulary(ckpt.model_files, directory)
     (directory / MODEL_FILES_DIR).mkdir()
     for rel, data in sorted(ckpt.model_files.items()):
         target = directory / MODEL_FILES_DIR / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    payload = {rel: (directory / rel).read_bytes() for rel in _payload_files(directory)}  # read once, both digests
+    digests = {rel: _file_digests(directory / rel) for rel in _payload_files(directory)}
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -311,8 +316,8 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         "quantized": shapes,
         "aliases": dict(sorted(ckpt.aliases.items())),
         **ckpt.metadata,
-        "files": {rel: sha256_hex(data) for rel, data in payload.items()},
-        FAST_DIGESTS_KEY: {rel: fast_digest(data) for rel, data in payload.items()},
+        "files": {rel: sha256 for rel, (sha256, _) in digests.items()},
+        FAST_DIGESTS_KEY: {rel: fast for rel, (_, fast) in digests.items()},
     }
     if vocabulary is not None:
         manifest[VOCABULARY_KEY] = vocabulary
@@ -322,6 +327,15 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
         manifest["lattice_overrides"] = overrides
     manifest[MANIFEST_DIGEST_KEY] = manifest_digest(manifest)
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _file_digests(path: Path) -> tuple[str, str]:
+    """(sha256, fast_digest) of a file, read once in chunks (a 3-billion-parameter lattice is not held twice)."""
+    sha256, fast = hashlib.sha256(), xxhash.xxh3_128()
+    for chunk in file_chunks(path):
+        sha256.update(chunk)
+        fast.update(chunk)
+    return sha256.hexdigest(), fast.hexdigest()
 
 
 def _lattice_arrays(weights: LatticeWeights, name: str) -> dict[str, np.ndarray]:

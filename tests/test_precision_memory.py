@@ -73,3 +73,18 @@ def test_anonymous_memory_is_never_released():
     copy = weight.clone()
     assert not is_memory_mapped(weight)
     assert release_mapped_pages([weight]) == 0 and torch.equal(weight, copy)
+
+
+def test_a_mapped_source_is_hashed_without_staying_resident_and_hashes_as_its_float32_copy(tmp_path, monkeypatch):
+    from tarq_deploy.quant import pipeline
+
+    monkeypatch.setattr(pipeline, "HASH_CHUNK_ELEMENTS", 3_000_017)  # slices that end mid-row
+    linear, stored = mapped_linear(tmp_path)
+    release_mapped_pages([stored])
+    before = rss_file_bytes()
+    digest = pipeline.state_sha256(linear)
+    left_resident = rss_file_bytes() - before
+    assert left_resident < 4 * MIB, left_resident
+    wide = nn.Linear(COLUMNS, ROWS, bias=False)
+    wide.weight = nn.Parameter(stored.float(), requires_grad=False)
+    assert digest == pipeline.state_sha256(wide)

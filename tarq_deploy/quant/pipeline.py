@@ -27,7 +27,7 @@ from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrato
 from .ggml_quants import ggml_quantize
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
-from .precision import NARROW_DTYPES, float32_compute, return_freed_memory
+from .precision import NARROW_DTYPES, float32_compute, release_mapped_pages, return_freed_memory
 from .recipe import TypeRecipe
 from .tarq import TarqConfig
 
@@ -119,12 +119,22 @@ def state_sha256(model: torch.nn.Module) -> str:
     return chunks_sha256(_tensor_chunks(model))
 
 
+HASH_CHUNK_ELEMENTS = 1 << 24  # 64 MB of float32 at a time: Voxtral's 131,072 x 3,072 token table is 1.6 GB so
+
+
 def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes]:
+    """Each tensor's name, dtype and shape, then its float32 values in slices of the flattened tensor (the digest
+    is that of the whole bytes), each slice's memory-mapped pages released once hashed: a mapped source is
+    hashed without ever being resident whole."""
     for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().cpu()
-        t = (t.float() if t.dtype in NARROW_DTYPES else t).contiguous()
-        yield f"{name}:{t.dtype}:{tuple(t.shape)}".encode()
-        yield t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        t = tensor.detach().cpu().contiguous()
+        wide = torch.float32 if t.dtype in NARROW_DTYPES else t.dtype
+        yield f"{name}:{wide}:{tuple(t.shape)}".encode()
+        flat = t.reshape(-1)
+        for start in range(0, flat.numel(), HASH_CHUNK_ELEMENTS):
+            part = flat[start:start + HASH_CHUNK_ELEMENTS]
+            yield part.to(wide).view(torch.uint8).numpy().tobytes()
+            release_mapped_pages([part])
 
 
 def select_calibration(utterances: list[Utterance], options: QuantizeOptions) -> list[Utterance]:
