@@ -353,3 +353,28 @@ def test_float32_compute_widens_looked_up_rows_not_the_table() -> None:
     assert out.dtype == torch.float32 and linear.weight.dtype == torch.float16
     expected = nn.functional.linear(embedding.weight.float()[ids], linear.weight.float(), linear.bias.float())
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("method, spec_name", [("tarq", "q4_0"), ("gptq", "q4_0"), ("tarq", "q3_k"), ("rtn", "q3_k")])
+def test_a_tall_linear_is_solved_a_slice_of_rows_at_a_time_with_the_whole_answer(method, spec_name, monkeypatch):
+    """Rows depend on the shared metric alone, so solving a head in row slices (to bound the solver's copies of W)
+    gives the whole solve's codes and parameters; only a closed-form alpha, fitted over all rows, is not sliced."""
+    from tarq_deploy.quant import calibrate
+    from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
+
+    spec = spec_for_type(type_by_name(spec_name))
+    g = torch.Generator().manual_seed(3)
+    x_q = correlated_activations(256, 600, seed=1)
+    x_fp = x_q + 0.05 * torch.randn(x_q.shape, generator=g)
+    tail = torch.rand(600, generator=g) < 0.2
+    W = torch.randn(200, 256, generator=g) * 0.05
+    config = TarqConfig(method=method, record_losses=True)
+    whole, whole_record = solve_layer("head", W, stats_for(x_q, tail, x_fp), spec, config)
+    monkeypatch.setattr(calibrate, "ROW_SLICE_BYTES", 64 * 256 * 4)  # 64-row slices: 4 of them, the last short
+    assert len(calibrate.row_slices(W, config)) == 4
+    sliced, sliced_record = solve_layer("head", W, stats_for(x_q, tail, x_fp), spec, config)
+    assert torch.equal(sliced.codes, whole.codes)
+    assert all(torch.equal(v, whole.params()[k]) for k, v in sliced.params().items())
+    # the logged loss is summed slice by slice: the same up to float32 summation order
+    assert sliced_record.loss_final == pytest.approx(whole_record.loss_final, rel=1e-5)
+    assert calibrate.row_slices(W, TarqConfig(method="tarq", alpha_rule="closed-form")) == [slice(None)]

@@ -95,8 +95,10 @@ def _narrow(widened: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 _MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; clean file-backed pages are simply dropped
 _PAGE = 4096
+# Both caches may go stale (a file unmapped, its addresses reused): harmless, since MADV_PAGEOUT never loses data
+# (an anonymous page is swapped out or left alone) and a missed release only leaves pages resident.
 _mapped_files: list[tuple[int, int]] = []  # address ranges of memory-mapped .safetensors files (refreshed on a miss)
-_not_mapped: set[tuple[int, int]] = set()  # (address, bytes) of narrow tensors found in anonymous memory
+_not_mapped: set[tuple[int, int]] = set()  # (address, bytes) of tensors found in anonymous memory
 
 
 def _safetensors_mappings() -> list[tuple[int, int]]:
