@@ -33,7 +33,6 @@ temporary directory that is renamed into place only when complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -51,7 +50,7 @@ from safetensors.torch import load as load_torch_bytes
 
 from .errors import JSON_ERRORS
 from .fileio import atomic_directory
-from .hashing import file_chunks, json_fingerprint, sha256_hex
+from .hashing import file_sha256_and, json_fingerprint, sha256_hex
 from .model_source import CHECKPOINT_LATTICE, CHECKPOINT_MANIFEST, CHECKPOINT_MODEL_DIR
 from .quant.ggml_types import block_matrix_shape, check_block_scales, native_type, pack, unpack
 from .quant.lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
@@ -331,11 +330,7 @@ def _write_contents(ckpt: LatticeCheckpoint, directory: Path) -> None:
 
 def _file_digests(path: Path) -> tuple[str, str]:
     """(sha256, fast_digest) of a file, read once in chunks (a 3-billion-parameter lattice is not held twice)."""
-    sha256, fast = hashlib.sha256(), xxhash.xxh3_128()
-    for chunk in file_chunks(path):
-        sha256.update(chunk)
-        fast.update(chunk)
-    return sha256.hexdigest(), fast.hexdigest()
+    return file_sha256_and(path, xxhash.xxh3_128())
 
 
 def _lattice_arrays(weights: LatticeWeights, name: str) -> dict[str, np.ndarray]:

