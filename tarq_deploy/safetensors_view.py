@@ -152,12 +152,13 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor |
     """Write ``tensors`` as the safetensors library's save_file does, one tensor at a time and 64 MB at a time: the
     library first makes a bytes copy of every tensor, which for a 3-billion-parameter model's checkpoint doubles
     the memory it takes. ``written(tensor)`` runs after each tensor is on disk (to let its pages go)."""
-    order = sorted(tensors, key=lambda name: (WRITE_ORDER.index(_dtype_name(tensors[name])), name))
+    dtypes = {name: _dtype_name(tensor) for name, tensor in tensors.items()}
+    order = sorted(tensors, key=lambda name: (WRITE_ORDER.index(dtypes[name]), name))
     header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for name in order:
         size = _nbytes(tensors[name])
-        header[name] = {"dtype": _dtype_name(tensors[name]), "shape": list(tensors[name].shape),
+        header[name] = {"dtype": dtypes[name], "shape": list(tensors[name].shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()

@@ -168,13 +168,13 @@ def solve_layer(
         stats.check_usable(name)  # positions reached it, and its statistics are finite
     start = time.perf_counter()
     metrics = {} if metrics is None else metrics  # the row slices of one Linear share its prepared metric
-    answers = [quantize_weight(W[rows], stats, spec, config, identity_weight, metrics)
-               for rows in row_slices(W, config)]
+    slices = row_slices(W, config)
+    answers = [quantize_weight(W[rows], stats, spec, config, identity_weight, metrics) for rows in slices]
     W_hat, info = joined_rows([q for q, _ in answers]), joined_info([i for _, i in answers])
     seconds = time.perf_counter() - start
     losses = {}
     if config.record_losses and stats is not None:  # sums over rows: added up slice by slice
-        for rows in row_slices(W, config):
+        for rows in slices:
             for key, value in rounding_losses(W[rows], rows_of(W_hat, rows), stats).items():
                 losses[key] = losses.get(key, 0.0) + value
     record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method,  # type: ignore[arg-type]
@@ -192,11 +192,16 @@ def row_slices(W: torch.Tensor, config: TarqConfig) -> list[slice]:
     """The row slices W is solved in: one, unless W is over ROW_SLICE_BYTES and every row's answer depends on the
     shared metric alone (GPTQ's sweep, RTN, imatrix, TARQ's exact target W + D with alpha = 1; not a closed-form
     alpha, which is fitted over all rows at once)."""
-    rows = max(1, ROW_SLICE_BYTES // (4 * W.shape[1]))
+    rows = rows_per_slice(W.shape[1])
     separable = not config.uses_residual or config.alpha_rule == "one"
     if W.shape[0] <= rows or not separable:
         return [slice(None)]
     return [slice(start, start + rows) for start in range(0, W.shape[0], rows)]
+
+
+def rows_per_slice(n_columns: int) -> int:
+    """How many float32 rows of ``n_columns`` fit in ROW_SLICE_BYTES (at least one)."""
+    return max(1, ROW_SLICE_BYTES // (4 * n_columns))
 
 
 def rows_of(q: QuantizedWeight, rows: slice) -> QuantizedWeight:
@@ -654,7 +659,7 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _assign(linear: nn.Linear, q: QuantizedWeight) -> None:
     """Replace a Linear's weight by the lattice's exact value (in place, so tied parameters follow), a slice of rows
     at a time (a head's whole dequantized copy is 1.2 GB)."""
-    rows = max(1, ROW_SLICE_BYTES // (4 * q.shape[1]))
+    rows = rows_per_slice(q.shape[1])
     with torch.no_grad():
         for start in range(0, q.shape[0], rows):
             part = rows_of(q, slice(start, start + rows)).dequantize()
