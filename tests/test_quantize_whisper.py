@@ -148,7 +148,7 @@ class _Interrupt(Exception):
 
 
 def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path, monkeypatch) -> None:
-    """Also: the fp encoder kept from the alignment pass (a budget it fits, whatever the machine's memory) and the
+    """Also: the fp stream kept from the alignment pass (a budget it fits, whatever the machine's memory) and the
     one recomputed block by block (--max-memory 0) give the same bytes."""
     options = QuantizeOptions(method="tarq", n_calib=2, max_memory=1 << 40)
     kept_blocks: list[str] = []
@@ -169,7 +169,8 @@ def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path,
         return save_checkpoint(ckpt, out)
 
     reference = run(tmp_path / "ref.partial", tmp_path / "ref")
-    assert kept_blocks == [f"model.encoder.layers.{i}" for i in range(4)]  # tiny.en's whole encoder was reused
+    # tiny.en's whole encoder and decoder were reused from the alignment pass
+    assert kept_blocks == [f"model.{stack}.layers.{i}" for stack in ("encoder", "decoder") for i in range(4)]
     kept_blocks.clear()
     recomputed = run(None, tmp_path / "recomputed", QuantizeOptions(method="tarq", n_calib=2, max_memory=0))
     assert kept_blocks == []

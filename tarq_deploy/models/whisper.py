@@ -76,28 +76,33 @@ class WhisperBackbone:
                       encoder_tagging: str = "align", keep_fp_bytes: int = 0,
                       compute_dtype: str = "float32") -> list[Window]:
         """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
-        encoder is the calibration's full-precision stream through the encoder blocks, value for value (both run in
-        ``compute_dtype``: precision.compute_in); when every encoder Linear's input for every window fits
-        (``fp_encoder_bytes``), the windows keep them (``Window.fp_stream``) and the calibration does not run the fp
-        encoder a second time."""
+        encoder and decoder are the calibration's full-precision stream through the encoder and decoder blocks, value
+        for value (all run in ``compute_dtype``: precision.compute_in, by the stages' own code); when every Linear's
+        input for every window fits (``fp_stream_bytes``), the windows keep them (``Window.fp_stream``) and the
+        calibration does not run the fp blocks a second time."""
         if encoder_tagging not in ("align", "none"):
             raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
         pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
         if encoder_tagging == "align":
-            kept = self.fp_encoder_bytes(len(pending))
-            # All or nothing, with room for the blocks' working set (about one layer's worth). Keeping some layers
-            # would raise the peaks measured for large-v3 and turbo, which keep none.
+            kept = self.fp_stream_bytes(pending)
+            # All or nothing, with room for the blocks' working set (about one encoder layer's worth). Keeping some
+            # layers would raise the peaks measured for large-v3 and turbo, which keep none.
             keep = self.device.type == "cpu" and kept + kept // self.model.config.encoder_layers <= keep_fp_bytes
             with compute_in(compute_dtype, self.device):  # not the features: their mel product stays float32
                 self._tag_rare_frames(pending, keep)
         return [p.window for p in pending]
 
-    def fp_encoder_bytes(self, n_windows: int) -> int:
-        """What the fp encoder's Linear inputs and block outputs of ``n_windows`` windows take in float32: per frame
-        and layer, q/k/v's input, out_proj's, fc1's (d each), fc2's (the MLP width) and the output (d)."""
+    def fp_stream_bytes(self, pending: list[_PendingWindow]) -> int:
+        """What the fp stream of ``pending`` takes in float32 when the alignment pass keeps it: per encoder frame and
+        layer, q/k/v's input, out_proj's, fc1's (d each), fc2's (the MLP width) and the output (d); per decoder
+        token and layer, the same with cross-attention's query and output besides (its keys and values read the
+        encoder output, held once)."""
         config = self.model.config
-        per_frame = 4 * config.d_model + config.encoder_ffn_dim
-        return 4 * per_frame * config.max_source_positions * config.encoder_layers * n_windows
+        frames = 4 * config.d_model + config.encoder_ffn_dim
+        tokens = 6 * config.d_model + config.decoder_ffn_dim
+        per_window = frames * config.max_source_positions * config.encoder_layers + config.d_model * \
+            config.max_source_positions
+        return 4 * sum(per_window + tokens * p.window.info["tokens"] * config.decoder_layers for p in pending)
 
     def _window(self, group: list[TextAudio], k: float) -> _PendingWindow:
         audio, text = joined(group)
@@ -119,11 +124,12 @@ class WhisperBackbone:
     # -- encoder frame tags ------------------------------------------------------------------------------------------
     def _tag_rare_frames(self, pending: list[_PendingWindow], keep: bool) -> None:
         """Tag the frames of each window's rare words (the windows without one need no alignment, unless the fp
-        encoder is kept for the calibration)."""
+        stream is kept for the calibration)."""
         aligned = pending if keep else [p for p in pending if p.rare_spans]
-        for p, encoded in zip(aligned, self._encode(aligned, keep)):
+        encoded = self._encode(aligned, keep)
+        for p, attention in zip(aligned, self._decode(aligned, encoded, keep)):
             if p.rare_spans:
-                mask = self._rare_frames(encoded, p)
+                mask = self._rare_frames(attention, p)
                 p.window.masks["frames"] = mask
                 p.window.info["rare_frames"] = int(mask.sum())
 
@@ -150,9 +156,39 @@ class WhisperBackbone:
                 encoded.append(stream["encoder_out"])
         return encoded
 
-    def _rare_frames(self, encoded: torch.Tensor, p: _PendingWindow) -> torch.Tensor:
+    def _decode(self, pending: list[_PendingWindow], encoded: list[torch.Tensor],
+                keep: bool) -> list[torch.Tensor | None]:
+        """The full-precision decoder on each window's teacher-forced tokens over its encoder output, layer by layer
+        over all windows, by the decoder stage's own code (the calibration's fp stream, value for value). Returns
+        each window's alignment-head cross-attention [heads, tokens, frames] (None for a window without rare words).
+        With ``keep``, each window also keeps every layer's Linear inputs and output (Window.fp_stream); else the
+        pass stops after the last layer that holds an alignment head."""
+        heads = [tuple(pair) for pair in self.generation_config.alignment_heads]
+        layers = self.model.model.decoder.layers
+        depth = len(layers) if keep else 1 + max(layer for layer, _ in heads)
+        groups = DECODER_GROUPS if keep else [["encoder_attn.q_proj"]]
+        stage = _DecoderStage(self, [])
+        streams = [{"encoder_out": e} for e in encoded]
+        found: list[dict[tuple[int, int], torch.Tensor]] = [{} for _ in pending]
+        with torch.no_grad():
+            hidden = [stage.enter(p.window, s) for p, s in zip(pending, streams)]
+            for index, layer in enumerate(layers[:depth]):
+                own = [head for at, head in heads if at == index]
+                with widened(layer):
+                    for j, p in enumerate(pending):
+                        run = partial(stage.call_block, layer, hidden[j], p.window, streams[j])
+                        inputs, hidden[j] = run_capturing_inputs(layer, groups, run)
+                        if keep:
+                            p.window.fp_stream[f"model.decoder.layers.{index}"] = (inputs, hidden[j])
+                        if own and p.rare_spans:
+                            weights = cross_attention_weights(layer.encoder_attn, inputs["encoder_attn.q_proj"],
+                                                              encoded[j], own)
+                            found[j].update({(index, head): w for head, w in zip(own, weights)})
+        return [torch.stack([f[head] for head in heads]) if f else None for f in found]
+
+    def _rare_frames(self, attention: torch.Tensor, p: _PendingWindow) -> torch.Tensor:
         mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.bool)
-        starts = token_start_frames(self._alignment_matrix(encoded, p.input_ids, p.speech_frames))
+        starts = token_start_frames(self._alignment_matrix(attention, p.speech_frames))
         n_prompt = len(self.prompt_ids())
         for span in p.rare_spans:
             first, last = span[0] - n_prompt, span[-1] - n_prompt  # indices among the text tokens
@@ -161,19 +197,10 @@ class WhisperBackbone:
             mask[begin : max(end, begin + 1)] = True
         return mask
 
-    def _alignment_matrix(self, encoded: torch.Tensor, input_ids: torch.Tensor, speech_frames: int) -> np.ndarray:
-        """[text tokens + 1, speech frames] alignment-head attention over the encoder output ``encoded``,
-        standardised and median-filtered."""
-        heads = self.generation_config.alignment_heads
-        inner = self.model.model
-        # The encoder runs apart (``_encode``), as the whole model runs it, so that only the decoder's attention
-        # weights are kept: asked of the whole model, output_attentions also keeps every encoder layer's [heads, 1500,
-        # 1500] (large-v3: 32 x 180 MB per window). Only the decoder needs eager attention for its weights; no logits.
-        with torch.no_grad(), _eager_attention(self.model):
-            out = inner.decoder(input_ids=input_ids[None, :-1].to(self.device), encoder_hidden_states=encoded,
-                                output_attentions=True, use_cache=False)
-        weights = torch.stack([out.cross_attentions[layer][0, head] for layer, head in heads]).float().cpu()
-        weights = weights[:, :, :speech_frames]
+    def _alignment_matrix(self, attention: torch.Tensor, speech_frames: int) -> np.ndarray:
+        """[text tokens + 1, speech frames]: the alignment heads' cross-attention [heads, tokens, frames] over the
+        speech frames, standardised and median-filtered, averaged over the heads."""
+        weights = attention.float().cpu()[:, :, :speech_frames]
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True)
         weights = _median_filter((weights - mean) / (std + 1e-8), MEDIAN_FILTER_WIDTH)
         n_prompt = len(self.prompt_ids())
@@ -291,18 +318,18 @@ def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
     return padded.unfold(-1, width, 1).median(dim=-1).values
 
 
-class _eager_attention:
-    """Temporarily switch to eager attention, which returns attention weights."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-
-    def __enter__(self) -> None:
-        self.previous = self.model.config._attn_implementation
-        self.model.set_attn_implementation("eager")
-
-    def __exit__(self, *exc: object) -> None:
-        self.model.set_attn_implementation(self.previous)
+def cross_attention_weights(attention: nn.Module, x: torch.Tensor, encoded: torch.Tensor,
+                            heads: list[int]) -> list[torch.Tensor]:
+    """The softmax weights [tokens, frames] of ``heads`` of a Whisper cross-attention whose query projection reads
+    ``x`` [tokens, d] and whose keys are projected from ``encoded`` [1, frames, d]: the module's own arithmetic
+    (query scaled after its projection, then q k^T), for these heads only. The stream's forward passes use fused
+    attention, which returns no weights."""
+    size = attention.head_dim
+    queries = (attention.q_proj(x) * attention.scaling).view(x.shape[0], -1, size).transpose(0, 1)
+    keys = attention.k_proj(encoded[0]).view(encoded.shape[1], -1, size).transpose(0, 1)
+    index = torch.tensor(heads)
+    scores = torch.matmul(queries[index], keys[index].transpose(1, 2))
+    return list(nn.functional.softmax(scores, dim=-1))
 
 
 # --------------------------------------------------------------------------------------------------------- stages

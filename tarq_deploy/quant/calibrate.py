@@ -53,7 +53,7 @@ class Window:
     masks: dict[str, torch.Tensor]  # domain ("frames", "tokens") -> bool [positions]
     info: dict[str, Any] = field(default_factory=dict)
     # The full-precision stream through blocks the backbone already ran while building the window (Whisper's
-    # alignment pass runs the whole fp encoder): block name -> (its Linears' inputs x_fp, its output). The driver
+    # alignment pass runs the whole fp encoder and decoder): block name -> (its Linears' inputs x_fp, its output). The driver
     # takes an entry instead of running that fp block again; the values are those the run would compute.
     fp_stream: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = field(default_factory=dict, repr=False)
 
@@ -522,8 +522,14 @@ class SequentialCalibrator:
 
     def _capture_fp_inputs(self, stage: Stage, block: Block, h_fp: list[torch.Tensor],
                            streams: list[dict]) -> tuple[list[dict], list[torch.Tensor]]:
-        """Run a full-precision copy of the block once per window, keeping every Linear's input (x_fp) and the
-        output."""
+        """Run the full-precision block once per window, keeping every Linear's input (x_fp) and the output. A stage
+        with step programs runs them to their end, keeping what they yield: no group of the block is solved yet, so
+        its weights are the full-precision ones, and no Linear runs whose output nothing reads (the head's logits).
+        Otherwise a full-precision copy of the block runs with input hooks."""
+        if hasattr(stage, "steps"):
+            runs = [_run_steps(stage.steps(block.module, hidden, window, stream))
+                    for hidden, window, stream in zip(h_fp, self.windows, streams)]
+            return [inputs for inputs, _ in runs], [output for _, output in runs]
         fp_module = copy.deepcopy(block.module)
         captured: list[dict[str, torch.Tensor]] = []
         outputs: list[torch.Tensor] = []
@@ -591,8 +597,8 @@ class SequentialCalibrator:
         fp stream): such an input is the same in every block of the stage."""
         for key, value in streams["q"][w_index].items():
             if torch.is_tensor(value) and value.dim() > 0 and _same_tensor(value.reshape(-1, value.shape[-1]), x_q):
-                if x_fp is None or _same_tensor(streams["fp"][w_index][key].reshape(-1, value.shape[-1]),
-                                                x_fp[w_index][rel]):
+                if x_fp is None or _same_or_equal(streams["fp"][w_index][key].reshape(-1, value.shape[-1]),
+                                                  x_fp[w_index][rel]):
                     return key, block.domain_of(rel)
         return None
 
@@ -619,6 +625,18 @@ def _finish(program) -> torch.Tensor:
         except StopIteration as done:
             return done.value
     raise RuntimeError("a block's steps yielded more groups than the block has")
+
+
+def _run_steps(program) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(every Linear's input as the step program yields it, flattened to [positions, n]; the block's output)."""
+    inputs: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        while True:
+            try:
+                group = next(program)
+            except StopIteration as done:
+                return inputs, done.value
+            inputs.update({rel: x.detach().reshape(-1, x.shape[-1]) for rel, x in group.items()})
 
 
 def run_capturing_inputs(module: nn.Module, groups: list[list[str]],
@@ -654,6 +672,12 @@ def input_of(linear: nn.Module, run: Callable[[], object]) -> torch.Tensor:
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
+def _same_or_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same tensor, or one of equal values: a stream tensor the backbone's own pass computed for a kept fp
+    stream (Window.fp_stream) is a copy of the one the driver's stream holds, value for value."""
+    return _same_tensor(a, b) or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
 
 
 def _assign(linear: nn.Linear, q: QuantizedWeight) -> None:
