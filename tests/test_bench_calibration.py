@@ -125,6 +125,20 @@ def test_write_random_refuses_an_unknown_shape_and_a_used_folder(shape, message,
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
 
 
+def test_write_random_whisper_writes_a_folder_quantize_loads_in_float16(tmp_path):
+    """--write-random whisper-DIMS (for bench.peers at sizes with no offline checkpoint): a transformers folder with
+    the real dimensions, float16 weights as the hub stores them, the packaged multilingual tokenizer."""
+    from tarq_deploy.models.registry import load_backbone
+
+    folder = tmp_path / "whisper-tiny"
+    assert main(["--write-random", "whisper-tiny", str(folder)]) == 0
+    backbone = load_backbone(str(folder))
+    config = backbone.model.config
+    assert (config.d_model, config.encoder_layers, config.decoder_layers) == (384, 4, 4)
+    assert {p.dtype for p in backbone.model.parameters()} == {torch.float16}
+    assert len(backbone.processor.tokenizer) == config.vocab_size > 51864  # multilingual: base's vocabulary
+
+
 def test_a_non_whisper_folder_is_measured_as_quantize_loads_it(tmp_path):
     """A bfloat16 Qwen3-ASR folder (tiny, real architecture) through the grid: the child loads it as quantize does,
     held in bfloat16, and finishes a TARQ row with its stages."""

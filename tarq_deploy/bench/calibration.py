@@ -77,16 +77,23 @@ def random_whisper(dims: str, device: str, processor_source: str = "packaged:tin
     return model.to(device), processor, generation_config
 
 
-# The published non-Whisper models the grid measures at real size (random weights, bfloat16 as on the hub): a
-# folder written once by --write-random, then given as --model like a user's download.
-RANDOM_MODELS = ("qwen3-asr-0.6B", "qwen3-asr-1.7B", "voxtral-mini-3B")
+# The published models the grid and bench.peers measure at real size from a folder (random weights, as the hub
+# stores them: bfloat16 for the audio LLMs, float16 for Whisper): written once by --write-random, then given as
+# --model like a user's download.
+RANDOM_MODELS = ("qwen3-asr-0.6B", "qwen3-asr-1.7B", "voxtral-mini-3B", *(f"whisper-{d}" for d in DIMS))
 
 
 def write_random_model(shape: str, directory: Path) -> Path:
-    """A transformers folder of ``shape`` (RANDOM_MODELS) with seeded random bfloat16 weights; an existing
-    non-empty folder is refused, so a model a user cares about is never overwritten."""
+    """A transformers folder of ``shape`` (RANDOM_MODELS) with seeded random weights; an existing non-empty folder
+    is refused, so a model a user cares about is never overwritten."""
     if directory.exists() and any(directory.iterdir()):
         raise FileExistsError(f"{directory}: exists and is not empty; --write-random writes a new folder")
+    if shape.startswith("whisper-"):
+        model, processor, generation_config = random_whisper(shape.removeprefix("whisper-"), "cpu",
+                                                             "packaged:base")
+        for part in (model, processor, generation_config):
+            part.save_pretrained(directory)
+        return directory
     if shape.startswith("qwen3-asr-"):
         from tarq_deploy.models.qwen3_asr_shapes import write_random_qwen3_asr
 
@@ -367,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-carry", metavar="DIR",
                         help="write what a machine without the offline data needs (clips, processor, site/) and stop")
     parser.add_argument("--write-random", nargs=2, metavar=("SHAPE", "DIR"),
-                        help=f"write a whole published model with random weights in bfloat16 to DIR (a --model for "
-                             f"the grid) and stop; SHAPE: {', '.join(RANDOM_MODELS)}")
+                        help=f"write a whole published model with random weights to DIR (a --model for the grid "
+                             f"or bench.peers) and stop; SHAPE: {', '.join(RANDOM_MODELS)}")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
