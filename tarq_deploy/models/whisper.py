@@ -119,7 +119,7 @@ class WhisperBackbone:
         window = Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
                         masks={"tokens": token_mask, "frames": torch.zeros(n_frames, dtype=torch.bool)}, info=info)
         rare_spans = [w.token_positions for w in tagged.words if w.rare and w.token_positions]
-        return _PendingWindow(window, torch.tensor(tagged.input_ids), rare_spans, speech_frames)
+        return _PendingWindow(window, rare_spans, speech_frames)
 
     # -- encoder frame tags ------------------------------------------------------------------------------------------
     def _tag_rare_frames(self, pending: list[_PendingWindow], keep: bool) -> None:
@@ -247,11 +247,10 @@ class WhisperBackbone:
 
 @dataclass
 class _PendingWindow:
-    """A window whose encoder frames are still to be tagged: the whole teacher-forced token ids (the label too),
-    the token positions of each rare word, and how many encoder frames hold speech."""
+    """A window whose encoder frames are still to be tagged: the token positions of each rare word, and how many
+    encoder frames hold speech."""
 
     window: Window
-    input_ids: torch.Tensor
     rare_spans: list[tuple[int, ...]]
     speech_frames: int
 

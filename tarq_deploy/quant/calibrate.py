@@ -53,8 +53,8 @@ class Window:
     masks: dict[str, torch.Tensor]  # domain ("frames", "tokens") -> bool [positions]
     info: dict[str, Any] = field(default_factory=dict)
     # The full-precision stream through blocks the backbone already ran while building the window (Whisper's
-    # alignment pass runs the whole fp encoder and decoder): block name -> (its Linears' inputs x_fp, its output). The driver
-    # takes an entry instead of running that fp block again; the values are those the run would compute.
+    # alignment pass runs the whole fp encoder and decoder): block name -> (its Linears' inputs x_fp, its output).
+    # The driver takes an entry instead of running that fp block again; the values are those the run would compute.
     fp_stream: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = field(default_factory=dict, repr=False)
 
 
