@@ -132,7 +132,8 @@ def test_rotate_refuses_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("method, type_name, model, expected", [
     ("tarq", "q3_k", "packaged:base", "none"), ("tarq", "iq3_s", "packaged:base", "heads"),
-    ("tarq", "iq2_s", "packaged:base", "heads"), ("tarq", "q4_0", "packaged:base", "none"),
+    ("tarq", "iq2_s", "packaged:base", "heads"), ("tarq", "iq2_xs", "packaged:base", "heads"),
+    ("tarq", "q4_0", "packaged:base", "none"),
     ("tarq", None, "packaged:base", "none"), ("tarq", "q2_k", "packaged:base", "none"),
     ("gptq", "q3_k", "packaged:base", "none"), ("rtn", "iq3_xxs", "packaged:base", "none"),
 ])

@@ -45,3 +45,14 @@ for type in q3_k iq3_s; do
   done
 done
 $T eval "${args[@]}" -o "$W/seeds/eval"
+# 2026-11-29: the IQ2_XS cell (TARQ, none and heads), calibrated on this project's corpora/synth/calib.jsonl (seed 0)
+# and scored on its dev split; as run, the whisper.cpp files exported from these checkpoints were scored
+for rot in none heads; do
+  $T quantize --model packaged:base --calib corpora/synth/calib.jsonl --n-calib 128 --method tarq --type iq2_xs \
+    --rotate $rot --out "$W/iq2_xs/tarq-iq2_xs-$rot"
+  $T export --target whisper.cpp "$W/iq2_xs/tarq-iq2_xs-$rot" -o "$W/iq2_xs/tarq-iq2_xs-$rot.bin" --quiet
+done
+$T eval --data dev=corpora/synth/eval.jsonl --reference F16 --teacher-forced-only --model F16=packaged:base \
+  --backend torch --resamples 2000 --threads 2 --quiet --model "tarq-iq2_xs-none=$W/iq2_xs/tarq-iq2_xs-none.bin" \
+  --model "tarq-iq2_xs-heads=$W/iq2_xs/tarq-iq2_xs-heads.bin" --compare tarq-iq2_xs-heads:tarq-iq2_xs-none \
+  -o "$W/iq2_xs/eval"

@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "weights by a random orthogonal matrix that the head undoes (heads: the model's outputs "
                         "stay the same in every runtime; outliers spread across each head's 64 columns), or not "
                         "(none); auto (default): heads where the dev split showed it helps (tarq at iq3_s, "
-                        "iq3_xxs, iq2_s, for Whisper), none elsewhere")
+                        "iq3_xxs, iq2_s, iq2_xs, for Whisper), none elsewhere")
     p.add_argument("--compute-dtype", choices=COMPUTE_DTYPES, default="float32",
                    help="precision of the calibration's forward passes (the second moments and the solver stay "
                         "float32/float64): bfloat16 autocast takes TARQ of Whisper base from 82 to 60 s where the CPU "

@@ -13,10 +13,10 @@ COMPUTE_DTYPES = ("auto", "float32", "bfloat16")  # --compute-dtype (quant/preci
 ROTATIONS = ("auto", "none", "heads")
 # --rotate auto: Whisper's attention heads are rotated (models/whisper_rotation.py) for these (method, --type) pairs
 # only, those whose dev-split KLD the rotation lowered beyond its interval (results/rotation: IQ3_S's common KLD in
-# each of three rotation draws; IQ3_XXS and IQ2_S, common, one draw). Left out as measured: Q3_K (rare KLD lower in
-# three draws, significantly in one, common worse in one), Q4_0 (no change), Q2_K (common worse), GPTQ at Q3_K (no
-# change), rtn (IQ3_XXS worse); every pair not measured keeps the weights as they are.
-ROTATE_HEADS_BY_DEFAULT = frozenset({("tarq", "iq3_s"), ("tarq", "iq3_xxs"), ("tarq", "iq2_s")})
+# each of three rotation draws; IQ3_XXS, IQ2_S and IQ2_XS, common, one draw). Left out as measured: Q3_K (rare KLD
+# lower in three draws, significantly in one, common worse in one), Q4_0 (no change), Q2_K (common worse), GPTQ at
+# Q3_K (no change), rtn (IQ3_XXS worse); every pair not measured keeps the weights as they are.
+ROTATE_HEADS_BY_DEFAULT = frozenset({("tarq", "iq3_s"), ("tarq", "iq3_xxs"), ("tarq", "iq2_s"), ("tarq", "iq2_xs")})
 
 # Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
