@@ -85,8 +85,7 @@ class HeadStage:
         return stream["decoder_out"]
 
     def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
-        module(h)  # for input hooks
-        return h  # the logits are not needed downstream
+        return h  # the logits are not needed downstream; the head's input is fed by ``steps``
 
     def steps(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict):
         """The head's one group is fed its input, and no logits are computed (Whisper's: 51,865 x 512 per token, in

@@ -134,56 +134,43 @@ class WhisperBackbone:
                 p.window.info["rare_frames"] = int(mask.sum())
 
     def _encode(self, pending: list[_PendingWindow], keep: bool) -> list[torch.Tensor]:
-        """The full-precision encoder output of each window, layer by layer over all windows (each layer widened to
-        float32 once), by the encoder stage's own code: the values of the calibration's fp stream. With ``keep``,
-        each window also keeps every layer's Linear inputs and output (Window.fp_stream)."""
+        """The full-precision encoder output of each window, by the encoder stage's own code: the values of the
+        calibration's fp stream. With ``keep``, each window also keeps every layer's Linear inputs and output."""
         stage = _EncoderStage(self, [])
+        streams: list[dict] = [{} for _ in pending]
         with torch.no_grad():
-            hidden = [stage.enter(p.window, {}) for p in pending]
-            for index, layer in enumerate(self.model.model.encoder.layers):
-                with widened(layer):
-                    for j, p in enumerate(pending):
-                        run = partial(stage.call_block, layer, hidden[j], p.window, {})
-                        if keep:
-                            inputs, hidden[j] = run_capturing_inputs(layer, ENCODER_GROUPS, run)
-                            p.window.fp_stream[f"model.encoder.layers.{index}"] = (inputs, hidden[j])
-                        else:
-                            hidden[j] = run()
-            encoded = []
-            for h, p in zip(hidden, pending):
-                stream: dict = {}
+            hidden = [stage.enter(p.window, s) for p, s in zip(pending, streams)]
+            layers = self.model.model.encoder.layers
+            for _ in _fp_layers(stage, layers, "model.encoder.layers", pending, hidden, streams,
+                                ENCODER_GROUPS if keep else [], keep):
+                pass
+            for h, p, stream in zip(hidden, pending, streams):
                 stage.leave(h, p.window, stream)
-                encoded.append(stream["encoder_out"])
-        return encoded
+        return [stream["encoder_out"] for stream in streams]
 
     def _decode(self, pending: list[_PendingWindow], encoded: list[torch.Tensor],
                 keep: bool) -> list[torch.Tensor | None]:
-        """The full-precision decoder on each window's teacher-forced tokens over its encoder output, layer by layer
-        over all windows, by the decoder stage's own code (the calibration's fp stream, value for value). Returns
-        each window's alignment-head cross-attention [heads, tokens, frames] (None for a window without rare words).
-        With ``keep``, each window also keeps every layer's Linear inputs and output (Window.fp_stream); else the
-        pass stops after the last layer that holds an alignment head."""
+        """The full-precision decoder on each window's teacher-forced tokens over its encoder output, by the decoder
+        stage's own code (the calibration's fp stream, value for value). Returns each window's alignment-head
+        cross-attention [heads, tokens, frames] (None for a window without rare words). With ``keep``, each window
+        also keeps every layer's Linear inputs and output; else the pass stops after the last layer that holds an
+        alignment head."""
         heads = [tuple(pair) for pair in self.generation_config.alignment_heads]
         layers = self.model.model.decoder.layers
         depth = len(layers) if keep else 1 + max(layer for layer, _ in heads)
-        groups = DECODER_GROUPS if keep else [["encoder_attn.q_proj"]]
         stage = _DecoderStage(self, [])
         streams = [{"encoder_out": e} for e in encoded]
         found: list[dict[tuple[int, int], torch.Tensor]] = [{} for _ in pending]
         with torch.no_grad():
             hidden = [stage.enter(p.window, s) for p, s in zip(pending, streams)]
-            for index, layer in enumerate(layers[:depth]):
+            passes = _fp_layers(stage, layers[:depth], "model.decoder.layers", pending, hidden, streams,
+                                DECODER_GROUPS if keep else [["encoder_attn.q_proj"]], keep)
+            for index, layer, j, inputs in passes:
                 own = [head for at, head in heads if at == index]
-                with widened(layer):
-                    for j, p in enumerate(pending):
-                        run = partial(stage.call_block, layer, hidden[j], p.window, streams[j])
-                        inputs, hidden[j] = run_capturing_inputs(layer, groups, run)
-                        if keep:
-                            p.window.fp_stream[f"model.decoder.layers.{index}"] = (inputs, hidden[j])
-                        if own and p.rare_spans:
-                            weights = cross_attention_weights(layer.encoder_attn, inputs["encoder_attn.q_proj"],
-                                                              encoded[j], own)
-                            found[j].update({(index, head): w for head, w in zip(own, weights)})
+                if own and pending[j].rare_spans:
+                    weights = cross_attention_weights(layer.encoder_attn, inputs["encoder_attn.q_proj"], encoded[j],
+                                                      own)
+                    found[j].update({(index, head): w for head, w in zip(own, weights)})
         return [torch.stack([f[head] for head in heads]) if f else None for f in found]
 
     def _rare_frames(self, attention: torch.Tensor, p: _PendingWindow) -> torch.Tensor:
@@ -253,6 +240,23 @@ class _PendingWindow:
     window: Window
     rare_spans: list[tuple[int, ...]]
     speech_frames: int
+
+
+def _fp_layers(stage, layers: nn.ModuleList, prefix: str, pending: list[_PendingWindow], hidden: list[torch.Tensor],
+               streams: list[dict], groups: list[list[str]], keep: bool):
+    """Advance every window's hidden states (``hidden``, in place) through ``layers`` by the stage's own code, layer
+    by layer over all windows (each layer widened to float32 once), capturing the inputs of the Linears in
+    ``groups``. With ``keep``, each window keeps each layer's captured inputs and output (Window.fp_stream, under
+    ``prefix.index``). Yields (layer index, layer, window index, captured inputs) after each window's pass, while
+    the layer is still widened."""
+    for index, layer in enumerate(layers):
+        with widened(layer):
+            for j, p in enumerate(pending):
+                run = partial(stage.call_block, layer, hidden[j], p.window, streams[j])
+                inputs, hidden[j] = run_capturing_inputs(layer, groups, run)
+                if keep:
+                    p.window.fp_stream[f"{prefix}.{index}"] = (inputs, hidden[j])
+                yield index, layer, j, inputs
 
 
 def round_conv_kernels_to_f16(model: nn.Module) -> int:
