@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch
 
 from tarq_deploy.bench.calibration import (DIMS, _progress, beyond_a_stopped_cell, cell_figures, child_launch, main,
@@ -155,3 +157,100 @@ def test_a_non_whisper_folder_is_measured_as_quantize_loads_it(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["weights_dtype"] == "bfloat16" and row["dims"] == str(folder), row
     assert row["blocks"] == 6 and row["stage_s"]["solve"] > 0  # frontend, 2 encoder, 2 decoder layers, the head
+
+
+def _fake_cell(calls: list, interrupt_at: int | None = None):
+    """A run_child that records the cell and returns a finished row without calibrating (KeyboardInterrupt at the
+    ``interrupt_at``-th call: a grid killed mid-way)."""
+    def run(args, method, manifest, dims, n, baseline=False):
+        calls.append((method, dims, n))
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return {"method": method, "dims": dims, "n": n, "type": "", "wall_s": 10.0 * len(calls),
+                "calibration_s": 5.0, "stage_s": {"model": 1.0, "windows": 2.0, "propagate": 3.0, "solve": 4.0},
+                "peak_rss_mb_after": {"model": 100.0, "windows": 200.0, "done": 300.0}, "peak_rss_mb": 300.0,
+                "load_average_at_start": [0.1, 0.2, 0.3], "idle_at_start": True}
+    return run
+
+
+GRID = ["--settle-seconds", "0", "--dims", "tiny,base", "--n", "1", "--methods", "gptq,tarq"]
+
+
+def test_an_interrupted_grid_resumes_at_the_first_cell_it_had_not_finished(tmp_path, monkeypatch):
+    import tarq_deploy.bench.calibration as bench
+
+    out, calls = tmp_path / "grid.json", []
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls, interrupt_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        main([*GRID, "--out", str(out)])
+    assert [(r["method"], r["dims"]) for r in json.loads(out.read_text())["rows"]] == [("gptq", "tiny"),
+                                                                                        ("tarq", "tiny")]
+    assert "| tiny | 1 | tarq | 20 |" in out.with_suffix(".md").read_text()  # the table is written with the JSON
+    calls.clear()
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls))
+    assert main([*GRID, "--out", str(out), "--resume"]) == 0
+    assert calls == [("gptq", "base", 1), ("tarq", "base", 1)]  # the finished cells were kept, not measured again
+    grid = json.loads(out.read_text())
+    assert [r["wall_s"] for r in grid["rows"]] == [10.0, 20.0, 10.0, 20.0]
+    assert all("measured_at" in r and "code_version" in r for r in grid["rows"])
+    assert [r["dims"] for r in grid["ratios_tarq_over_gptq"]] == ["tiny", "base"]
+    calls.clear()
+    assert main([*GRID, "--out", str(out)]) == 0  # without --resume the grid is measured again
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("change, named", [(["--group-size", "128"], "group_size"),
+                                           (["--max-seconds", "60"], "max_seconds")])
+def test_resume_refuses_a_grid_of_other_settings(tmp_path, monkeypatch, capsys, change, named):
+    import tarq_deploy.bench.calibration as bench
+
+    out, calls = tmp_path / "grid.json", []
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls))
+    assert main([*GRID, "--out", str(out)]) == 0
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        main([*GRID, *change, "--out", str(out), "--resume"])
+    assert stop.value.code == 2 and len(calls) == 4
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(out) in message and named in message
+    assert out.read_bytes() == before  # nothing written over it
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]", '{"benchmark": "peers", "rows": []}',
+                                  '{"benchmark": "calibration", "rows": "x", "settings": {}}'])
+def test_resume_refuses_a_file_it_did_not_write(tmp_path, capsys, text):
+    out = tmp_path / "grid.json"
+    out.write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        main([*GRID, "--out", str(out), "--resume"])
+    assert stop.value.code == 2 and str(out) in capsys.readouterr().err
+    assert out.read_text() == text
+
+
+def test_resume_with_a_baseline_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*GRID, "--resume", "--baseline-code", "."])
+    assert stop.value.code == 2 and "--resume" in capsys.readouterr().err
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                        max_size=4), max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(max_size=64).map(lambda b: b),
+                      st.fixed_dictionaries({"benchmark": st.just("calibration"), "rows": st.lists(json_values, max_size=3),
+                                             "settings": json_values}).map(lambda d: json.dumps(d).encode())))
+def test_resumed_rows_reads_any_file_or_refuses_it_in_one_line(tmp_path, data):
+    from tarq_deploy.bench.calibration import resumed_rows
+    from tarq_deploy.errors import UserError
+
+    out = tmp_path / "grid.json"
+    out.write_bytes(data)
+    try:
+        rows = resumed_rows(out, {"threads": 2})
+    except UserError as error:
+        assert str(out) in str(error) and "\n" not in str(error)
+    else:
+        assert all(isinstance(r, dict) for r in rows)

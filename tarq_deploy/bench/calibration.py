@@ -11,6 +11,10 @@ recorded with how far it got (the last block finished, the RSS so far); the larg
 least as large a model are then recorded as skipped, so the grid always finishes and never spends the limit twice on
 what is certain to exceed it. Every model is still tried at the smallest set.
 
+The JSON (and its table, FILE.md) is rewritten after every cell; ``--resume`` keeps the cells an earlier run of the
+same grid finished (same settings, same processor kind; each row says when and by which code it ran) and measures
+only the rest, so a grid of hours survives an interrupted session.
+
 Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
 cycles them (utterance i = clip i mod 11, its audio shifted by i * 37 ms so no two windows are identical) — a timing
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 from tarq_deploy.commands.options import memory_size
+from tarq_deploy.errors import UserError
 from tarq_deploy.quant.choices import COMPUTE_DTYPES
 from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
 
@@ -366,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-seconds", type=float, default=120.0,
                         help="before each cell, wait up to this long for the machine's load to settle below "
                              f"{IDLE_LOAD} (the row records the load it started at)")
-    parser.add_argument("-o", "--out", default="runs/bench/calibration.json")
+    parser.add_argument("-o", "--out", default="runs/bench/calibration.json",
+                        help="the grid's JSON, rewritten after every cell, and its table beside it (FILE.md)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished (and stopped) cells of an earlier run in --out, measured with the same "
+                             "settings on the same processor kind, and run only the rest")
     parser.add_argument("--baseline-code", metavar="DIR",
                         help="also run every cell with the package of an older checkout (e.g. a git worktree of the "
                              "commit to compare with), right after the current code's, and report the speedups")
@@ -397,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         args.n = int(args.n)
         child(args)
         return 0
+    if args.resume and args.baseline_code:
+        parser.error("--resume: not with --baseline-code (old and new code are timed one right after the other)")
     grid_dims = args.dims.split(",") if args.dims else [None]
     unknown = [d for d in grid_dims if d is not None and d not in DIMS]
     if unknown:
@@ -410,29 +421,102 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("CUDA is not available on this machine: nothing measured.")
             return 0
+    settings = grid_settings(args)
+    out = Path(args.out)
+    try:
+        kept = resumed_rows(out, settings) if args.resume else []
+    except UserError as error:
+        parser.error(str(error))
     with tempfile.TemporaryDirectory() as tmp:
         manifest = Path(args.calib) if args.calib else cycled_corpus(max(grid_n), Path(tmp), args.clips)
-        rows = []
+        rows: list[dict] = []
         for dims in grid_dims:
             for n in grid_n:
                 for method in args.methods.split(","):
+                    earlier = next((r for r in kept if _cell_key(r) == (method, dims or args.model, n)), None)
                     # Every model is tried at the smallest set even after a smaller model stopped: how far it gets
                     # and its memory then are what tell a user this machine is not enough.
                     blocker = beyond_a_stopped_cell(rows, method, dims, n) if n > grid_n[0] else None
-                    rows.append({**cell_name(args, method, dims, n),
-                                 "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"}
-                                if blocker else run_child(args, method, manifest, dims, n))
+                    if earlier is not None:
+                        rows.append(earlier)
+                    elif blocker:
+                        rows.append({**cell_name(args, method, dims, n),
+                                     "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"})
+                    else:
+                        rows.append({**run_child(args, method, manifest, dims, n), **measured_now()})
                     print(json.dumps(rows[-1]), flush=True)
                     if args.baseline_code and not blocker:  # the same cell by the older code, right after
-                        rows.append(run_child(args, method, manifest, dims, n, baseline=True))
+                        rows.append({**run_child(args, method, manifest, dims, n, baseline=True), **measured_now()})
                         print(json.dumps(rows[-1]), flush=True)
+                    write_grid(out, grid_result(args, settings, rows))  # after every cell: an interrupted grid resumes
+    result = grid_result(args, settings, rows)
+    if "ratio_tarq_over_gptq" in result:
+        print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
+    write_grid(out, result)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def grid_settings(args: argparse.Namespace) -> dict:
+    """What makes two runs' cells comparable: the same workload on the same processor kind. A grid resumed from an
+    earlier run's file must match all of it (time on an Intel Xeon and time on an AMD EPYC are not one table)."""
+    from tarq_deploy.machine import cpu_field, cpu_isa, cpu_model
+
+    return {"model": args.model if not args.dims else "random weights, real dimensions", "device": args.device,
+            "type": args.type or "symmetric 4-bit", "group_size": args.group_size,
+            "corpus": args.calib or "cycled real clips", "threads": args.threads or "default",
+            "compute_dtype": args.compute_dtype, "source_dtype": args.source_dtype, "max_memory": args.max_memory,
+            "max_seconds": args.max_seconds,
+            "processor": {"cpu_model": cpu_model(), "cpu_family": cpu_field("cpu family"), "cpu_isa": cpu_isa(),
+                          "logical_cores": os.cpu_count()}}
+
+
+def resumed_rows(out: Path, settings: dict) -> list[dict]:
+    """The rows of an earlier run of this grid in ``out`` worth keeping: finished cells and cells stopped at the same
+    --max-seconds; a failed, skipped or never-reached cell runs again. No file: nothing to keep. A file of another
+    benchmark, settings or processor kind is refused (UserError), never mixed in."""
+    if not out.exists():
+        return []
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise UserError(f"--resume: {out} is not a calibration grid this bench wrote ({error})") from None
+    if not isinstance(earlier, dict) or earlier.get("benchmark") != "calibration" or \
+            not isinstance(earlier.get("rows"), list) or not isinstance(earlier.get("settings"), dict):
+        raise UserError(f"--resume: {out} is not a calibration grid this bench wrote (no settings and rows)")
+    differ = sorted(k for k in settings.keys() | earlier["settings"].keys()
+                    if settings.get(k) != earlier["settings"].get(k))
+    if differ:
+        then = ", ".join(f"{key}={earlier['settings'].get(key)!r}" for key in differ)
+        raise UserError(f"--resume: {out} was measured with other {', '.join(differ)} ({then}); give another --out")
+    return [row for row in earlier["rows"] if isinstance(row, dict) and row.get("code") != "baseline"
+            and ("wall_s" in row or "stopped_after_s" in row) and _names_a_cell(row)]
+
+
+def _names_a_cell(row: dict) -> bool:
+    method, dims, n = _cell_key(row)
+    return isinstance(method, str) and isinstance(dims, str) and isinstance(n, int)
+
+
+def _cell_key(row: dict) -> tuple:
+    return row.get("method"), row.get("dims"), row.get("n")
+
+
+def measured_now() -> dict:
+    """When and by which code a cell ran (a resumed grid's rows may come from several sessions)."""
+    from tarq_deploy.sweep.plan import code_version
+
+    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version()}
+
+
+def grid_result(args: argparse.Namespace, settings: dict, rows: list[dict]) -> dict:
     current = [r for r in rows if r.get("code") != "baseline"]
     by_method = {r["method"]: r for r in current if "wall_s" in r}
     result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,
               "type": args.type or "symmetric 4-bit",
               "corpus": args.calib or "cycled real clips", "threads": args.threads or "default",
-              "group_size": args.group_size, "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                                                          "load_average": os.getloadavg()},
+              "group_size": args.group_size, "settings": settings,
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
               "rows": rows}
     result["ratios_tarq_over_gptq"] = tarq_over_gptq(current)
     if args.baseline_code:
@@ -440,13 +524,45 @@ def main(argv: list[str] | None = None) -> int:
         result["speedups_over_baseline"] = speedups_over_baseline(rows)
     if {"gptq", "tarq"} <= by_method.keys() and len(current) == 2:
         result["ratio_tarq_over_gptq"] = by_method["tarq"]["wall_s"] / by_method["gptq"]["wall_s"]
-        print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
-    from tarq_deploy.fileio import write_json_atomic
+    return result
 
-    out = write_json_atomic(args.out, result)
-    print(f"wrote {out}")
-    return 0
 
+def write_grid(out: Path, result: dict) -> None:
+    """The JSON and, beside it, its table (FILE.md), each written whole (never half a file)."""
+    from tarq_deploy.fileio import write_json_atomic, write_text_atomic
+
+    write_json_atomic(out, result)
+    write_text_atomic(out.with_suffix(".md"), grid_markdown(result))
+
+
+def grid_markdown(result: dict) -> str:
+    """The cost-growth table: per cell the time of every stage, the RSS high-water mark after the windows and at the
+    end, the load the cell started at and when it ran; a cell that did not finish says what became of it."""
+    settings = result.get("settings", {})
+    processor = settings.get("processor", {})
+    lines = [f"# Calibration cost: {result['model']} ({result['device']})", "",
+             f"Processor: {processor.get('cpu_model', 'unknown')} (family {processor.get('cpu_family', '?')}, "
+             f"{processor.get('logical_cores', '?')} logical cores, {' '.join(processor.get('cpu_isa', []))}); "
+             f"threads {result['threads']}; lattice {result['type']}, groups of {result['group_size']}; "
+             f"corpus: {result['corpus']}.", "",
+             "| model | utts | method | wall s | model s | windows s | propagate s | solve s | RSS after windows MiB "
+             "| peak RSS MiB | load at start | measured |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for row in result["rows"]:
+        head = f"| {row['dims']} | {row['n']} | {row['method']}{' (baseline code)' if row.get('code') else ''} |"
+        load = row.get("load_average_at_start")
+        started = f"{load[0]:.2f}{'' if row.get('idle_at_start') else ' (not idle)'}" if load else "—"
+        when = row.get("measured_at", "—")
+        if "wall_s" in row:
+            stage = row["stage_s"]
+            lines.append(f"{head} {row['wall_s']:.0f} | {stage['model']:.0f} | {stage['windows']:.0f} | "
+                         f"{stage['propagate']:.0f} | {stage['solve']:.0f} | "
+                         f"{row['peak_rss_mb_after']['windows']:,.0f} | {row['peak_rss_mb']:,.0f} | {started} | {when} |")
+        else:
+            what = (f"stopped at {row['stopped_after_s']:.0f} s after {row.get('reached', 'start')}"
+                    if "stopped_after_s" in row else row.get("skipped") or row.get("failed", "not run"))
+            lines.append(f"{head} {what} | | | | | | | {started} | {when} |")
+    return "\n".join(lines) + "\n"
 
 if __name__ == "__main__":
     raise SystemExit(main())
