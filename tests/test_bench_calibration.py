@@ -192,7 +192,7 @@ def test_an_interrupted_grid_resumes_at_the_first_cell_it_had_not_finished(tmp_p
     assert calls == [("gptq", "base", 1), ("tarq", "base", 1)]  # the finished cells were kept, not measured again
     grid = json.loads(out.read_text())
     assert [r["wall_s"] for r in grid["rows"]] == [10.0, 20.0, 10.0, 20.0]
-    assert all("measured_at" in r and "code_version" in r for r in grid["rows"])
+    assert all("measured_at" in r and "code_version" in r and "git_commit" in r for r in grid["rows"])
     assert [r["dims"] for r in grid["ratios_tarq_over_gptq"]] == ["tiny", "base"]
     calls.clear()
     assert main([*GRID, "--out", str(out)]) == 0  # without --resume the grid is measured again

@@ -503,10 +503,26 @@ def _cell_key(row: dict) -> tuple:
 
 
 def measured_now() -> dict:
-    """When and by which code a cell ran (a resumed grid's rows may come from several sessions)."""
+    """When a cell finished and by which code it ran (a resumed grid's rows may come from several sessions)."""
     from tarq_deploy.sweep.plan import code_version
 
-    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version()}
+    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version(),
+            "git_commit": _git_commit()}
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit, "+changes" when the package differs from it; None outside a git checkout."""
+    package = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=package, capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=package, capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def grid_result(args: argparse.Namespace, settings: dict, rows: list[dict]) -> dict:
@@ -546,7 +562,7 @@ def grid_markdown(result: dict) -> str:
              f"threads {result['threads']}; lattice {result['type']}, groups of {result['group_size']}; "
              f"corpus: {result['corpus']}.", "",
              "| model | utts | method | wall s | model s | windows s | propagate s | solve s | RSS after windows MiB "
-             "| peak RSS MiB | load at start | measured |",
+             "| peak RSS MiB | load at start | finished (UTC) |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for row in result["rows"]:
         head = f"| {row['dims']} | {row['n']} | {row['method']}{' (baseline code)' if row.get('code') else ''} |"
