@@ -9,9 +9,10 @@ from typing import Sequence
 from ..data.corpus import POOLS
 from ..errors import UserError
 from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
-from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE, GGML_NEEDS_IMPORTANCE,
-                             GGML_TARGETS, GGML_TYPES, GGUF_TARGETS, K_QUANT_ROW, METHODS, ROTATE_HEADS_BY_DEFAULT,
-                             ROTATIONS, SCALE_RULES, SOURCES)
+from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE,
+                             DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS, GGML_TYPES, GGUF_TARGETS,
+                             HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, METHODS, ROTATE_HEADS_BY_DEFAULT, ROTATIONS,
+                             SCALE_RULES, SOURCES)
 from ..quant.presets import PRESETS, find_preset
 from .options import add_out, memory_size, thread_count
 
@@ -73,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for the methods that re-weight rare positions (tarq, rarebal), none for the others, whose "
                         "metric sums the tags away")
     p.add_argument("--no-pack", action="store_true", help="one utterance per 30 s window instead of packing")
-    p.add_argument("--head-identity-weight", type=float, default=1.0,
-                   help="mu: weight of the token-lookup role in the tied head's metric")
+    p.add_argument("--head-identity-weight", type=float, default=None,
+                   help="mu: weight of the token-lookup role in the tied head's metric (default 1; 4 for tarq at "
+                        "iq2_s and iq2_xs, where the dev split measured it better)")
     p.add_argument("--scale-rule", choices=SCALE_RULES, default="search",
                    help="group scales: max (ggml's rule, all 2^b levels) or search (candidate scales scored by the "
                         "metric-diagonal-weighted error)")
@@ -136,7 +138,8 @@ def options_from(args: argparse.Namespace):
         zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
-        head_identity_weight=args.head_identity_weight, scale_rule=args.scale_rule, act_order=args.act_order,
+        head_identity_weight=head_identity_choice(args, args.type or preset_type), scale_rule=args.scale_rule,
+        act_order=args.act_order,
         alpha_rule=args.alpha_rule, refit_scales=args.refit_scales,
         device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, args.type or preset_type),
         compute_dtype=compute_dtype_choice(args),
@@ -151,6 +154,13 @@ def compute_dtype_choice(args: argparse.Namespace) -> str:
     if args.method in DATA_FREE_METHODS or args.imatrix:
         return "float32"
     return resolve_compute_dtype(args.compute_dtype, args.device)
+
+
+def head_identity_choice(args: argparse.Namespace, type_name: str | None) -> float:
+    """--head-identity-weight as given, else the default measured for the method and type (choices.py)."""
+    if args.head_identity_weight is not None:
+        return args.head_identity_weight
+    return HEAD_IDENTITY_WEIGHT_BY_DEFAULT.get((args.method, type_name), DEFAULT_HEAD_IDENTITY_WEIGHT)
 
 
 def rotation_choice(args: argparse.Namespace, type_name: str | None) -> str:

@@ -18,6 +18,14 @@ ROTATIONS = ("auto", "none", "heads")
 # Q3_K (no change), rtn (IQ3_XXS worse); every pair not measured keeps the weights as they are.
 ROTATE_HEADS_BY_DEFAULT = frozenset({("tarq", "iq3_s"), ("tarq", "iq3_xxs"), ("tarq", "iq2_s"), ("tarq", "iq2_xs")})
 
+# --head-identity-weight's default (mu: the weight of the token-lookup role in the tied head's metric, H + mu tr(H)/n I)
+# for (method, --type) pairs where the dev split measured another value better than 1 (results/head-identity). TARQ
+# at 2 bits, mu 4 against 1: IQ2_XS rare KLD -0.236 [-0.300, -0.171]*, capped WER in whisper.cpp -6.9*, loops 6 -> 4;
+# IQ2_S rare KLD -0.094*, capped WER -10.1*, loops 7 -> 4. At IQ3_S every other value was worse (0.25, 4 and 16:
+# rare KLD +0.010 to +0.032, each beyond its interval), so every pair not named keeps 1.
+HEAD_IDENTITY_WEIGHT_BY_DEFAULT = {("tarq", "iq2_xs"): 4.0, ("tarq", "iq2_s"): 4.0}
+DEFAULT_HEAD_IDENTITY_WEIGHT = 1.0
+
 # Group size by export target: ggml Q4_0 stores one fp16 scale per 32 weights anyway, so a 32-group lattice costs
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
 DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "transcribe.cpp": 32, "gptq": 128,
