@@ -6,13 +6,15 @@ run on a short clip. What ggml cannot quantize is refused in one line.
 
 TARQ at 2 bits, measured on the 2-core AMD EPYC (2026-11-28/29; jfk WER in whisper.cpp, greedy):
 - IQ2_S loops from the 3 real clips and from 11 ("And he has not not not ..."), stops after four words from 24
-  synthetic utterances (0.77), loops on quote marks from 64 (0.68). From 128 it transcribes jfk: WER 0 from the
-  corpus of seed 0 (results/rotation and again 2026-11-29) and from seed 2's (this test's); 0.045 from both together
-  (256: "ask, but you can do").
+  synthetic utterances (0.77), loops on quote marks from 64 (0.68). From 128 it transcribes jfk. With the head's
+  identity weight mu 4 (its default since the dev split measured it better, results/head-identity): WER 0.136 from
+  seed 2's corpus (this test's; the same with one torch thread), 0.045 from seed 0's, 0.091 from both (256). With
+  mu 1: 0 from seed 0's and seed 2's, 0.045 from both.
 - IQ2_XS (2.31 bpw) is not in this test because no calibration of it transcribes jfk reliably. Unrotated: WER 0.045
   from seed 2's 128, 0.86 from seed 0's ("and so my foal America."), 0.77 from both (256: "and so my fellow
   Americans,"). Rotated (`--rotate auto` since the dev split measured its gain, results/rotation): 0.18 from seed 0's,
-  0.36 from seed 2's, a loop from both ("and and and ..."). Knobs tuned until jfk passes would tune on the check."""
+  0.36 from seed 2's, a loop from both ("and and and ..."). Rotated with mu 4 (the default now): 0.27, a loop, a
+  loop. Knobs tuned until jfk passes would tune on the check."""
 from __future__ import annotations
 
 import subprocess
