@@ -580,5 +580,6 @@ def grid_markdown(result: dict) -> str:
             lines.append(f"{head} {what} | | | | | | | {started} | {when} |")
     return "\n".join(lines) + "\n"
 
+
 if __name__ == "__main__":
     raise SystemExit(main())
