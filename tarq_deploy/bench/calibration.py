@@ -449,10 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append({**run_child(args, method, manifest, dims, n, baseline=True), **measured_now()})
                         print(json.dumps(rows[-1]), flush=True)
                     write_grid(out, grid_result(args, settings, rows))  # after every cell: an interrupted grid resumes
-    result = grid_result(args, settings, rows)
+    result = grid_result(args, settings, rows)  # written after the last cell
     if "ratio_tarq_over_gptq" in result:
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
-    write_grid(out, result)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 
@@ -529,9 +528,7 @@ def grid_result(args: argparse.Namespace, settings: dict, rows: list[dict]) -> d
     current = [r for r in rows if r.get("code") != "baseline"]
     by_method = {r["method"]: r for r in current if "wall_s" in r}
     result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,
-              "type": args.type or "symmetric 4-bit",
-              "corpus": args.calib or "cycled real clips", "threads": args.threads or "default",
-              "group_size": args.group_size, "settings": settings,
+              **{key: settings[key] for key in ("type", "corpus", "threads", "group_size")}, "settings": settings,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
               "rows": rows}
     result["ratios_tarq_over_gptq"] = tarq_over_gptq(current)

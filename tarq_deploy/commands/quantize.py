@@ -130,6 +130,7 @@ def options_from(args: argparse.Namespace):
 
     preset = preset_choice(args)
     preset_type = PRESETS[preset].main if preset else None
+    type_name = args.type or preset_type
     scheme, bits, group = lattice_choice(args, preset_type)
     tensor_types = () if preset else tensor_type_choice(args)  # a preset's are resolved by shape once loaded
     return QuantizeOptions(
@@ -138,10 +139,10 @@ def options_from(args: argparse.Namespace):
         zipf_threshold=args.zipf_threshold,
         cost_ratio=args.cost_ratio, source=args.reweight_source, n_calib=args.n_calib, pool=args.pool,
         seed=args.seed, encoder_tagging=args.encoder_tagging, pack=not args.no_pack,
-        head_identity_weight=head_identity_choice(args, args.type or preset_type), scale_rule=args.scale_rule,
+        head_identity_weight=head_identity_choice(args, type_name), scale_rule=args.scale_rule,
         act_order=args.act_order,
         alpha_rule=args.alpha_rule, refit_scales=args.refit_scales,
-        device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, args.type or preset_type),
+        device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, type_name),
         compute_dtype=compute_dtype_choice(args),
     )
 
