@@ -217,7 +217,8 @@ def test_resume_refuses_a_grid_of_other_settings(tmp_path, monkeypatch, capsys, 
 
 
 @pytest.mark.parametrize("text", ["", "not json", "[1, 2]", '{"benchmark": "peers", "rows": []}',
-                                  '{"benchmark": "calibration", "rows": "x", "settings": {}}'])
+                                  '{"benchmark": "calibration", "rows": "x", "settings": {}}',
+                                  '{"benchmark": "calibration", "rows": [], "settings": {"\\n": false}}'])
 def test_resume_refuses_a_file_it_did_not_write(tmp_path, capsys, text):
     out = tmp_path / "grid.json"
     out.write_text(text)

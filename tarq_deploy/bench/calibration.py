@@ -483,8 +483,9 @@ def resumed_rows(out: Path, settings: dict) -> list[dict]:
     if not isinstance(earlier, dict) or earlier.get("benchmark") != "calibration" or \
             not isinstance(earlier.get("rows"), list) or not isinstance(earlier.get("settings"), dict):
         raise UserError(f"--resume: {out} is not a calibration grid this bench wrote (no settings and rows)")
-    differ = sorted(k for k in settings.keys() | earlier["settings"].keys()
-                    if settings.get(k) != earlier["settings"].get(k))
+    if not earlier["settings"].keys() <= settings.keys():  # names this bench never writes: not its file
+        raise UserError(f"--resume: {out} is not a calibration grid this bench wrote (settings it does not know)")
+    differ = sorted(k for k in settings if settings[k] != earlier["settings"].get(k))
     if differ:
         then = ", ".join(f"{key}={earlier['settings'].get(key)!r}" for key in differ)
         raise UserError(f"--resume: {out} was measured with other {', '.join(differ)} ({then}); give another --out")
