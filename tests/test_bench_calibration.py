@@ -199,6 +199,28 @@ def test_an_interrupted_grid_resumes_at_the_first_cell_it_had_not_finished(tmp_p
     assert len(calls) == 4
 
 
+def test_a_narrower_resumed_run_measures_its_cells_and_keeps_the_others(tmp_path, monkeypatch):
+    import tarq_deploy.bench.calibration as bench
+
+    out, calls = tmp_path / "grid.json", []
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls, interrupt_at=2))
+    with pytest.raises(KeyboardInterrupt):
+        main([*GRID, "--out", str(out)])  # only tiny's GPTQ finished
+    calls.clear()
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls))
+    narrow = ["--settle-seconds", "0", "--dims", "base", "--n", "1", "--methods", "tarq"]
+    assert main([*narrow, "--out", str(out), "--resume"]) == 0  # the cell that matters first
+    assert calls == [("tarq", "base", 1)]
+    grid = json.loads(out.read_text())
+    assert [(r["method"], r["dims"]) for r in grid["rows"]] == [("gptq", "tiny"), ("tarq", "base")]
+    assert grid["model"] == "tiny,base" and "| tiny | 1 | gptq |" in out.with_suffix(".md").read_text()
+    calls.clear()
+    assert main([*GRID, "--out", str(out), "--resume"]) == 0  # the whole grid again: only the two cells never run
+    assert calls == [("tarq", "tiny", 1), ("gptq", "base", 1)]
+    assert [(r["method"], r["dims"]) for r in json.loads(out.read_text())["rows"]] == [
+        ("gptq", "tiny"), ("tarq", "tiny"), ("gptq", "base"), ("tarq", "base")]
+
+
 @pytest.mark.parametrize("change, named", [(["--group-size", "128"], "group_size"),
                                            (["--max-seconds", "60"], "max_seconds")])
 def test_resume_refuses_a_grid_of_other_settings(tmp_path, monkeypatch, capsys, change, named):

@@ -13,7 +13,8 @@ what is certain to exceed it. Every model is still tried at the smallest set.
 
 The JSON (and its table, FILE.md) is rewritten after every cell; ``--resume`` keeps the cells an earlier run of the
 same grid finished (same settings, same processor kind; each row says when and by which code it ran) and measures
-only the rest, so a grid of hours survives an interrupted session.
+only the rest, so a grid of hours survives an interrupted session. A resumed run may name fewer models, sets or methods
+(the cell that matters first); the file keeps the cells it does not name.
 
 Each method runs in a fresh child process (peak RSS of that child from its own VmHWM, so the two do not share a high-water
 mark), on the same calibration set. 128 utterances: offline there are only a dozen real transcribed clips, so the set
@@ -427,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         kept = resumed_rows(out, settings) if args.resume else []
     except UserError as error:
         parser.error(str(error))
+    planned = {(method, dims or args.model, n)
+               for dims in grid_dims for n in grid_n for method in args.methods.split(",")}
+    # A narrower run of a resumed grid (one model, one method: the cell that matters first) keeps the file's other cells
+    elsewhere = [row for row in kept if _cell_key(row) not in planned]
     with tempfile.TemporaryDirectory() as tmp:
         manifest = Path(args.calib) if args.calib else cycled_corpus(max(grid_n), Path(tmp), args.clips)
         rows: list[dict] = []
@@ -443,13 +448,16 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append({**cell_name(args, method, dims, n),
                                      "skipped": f"{blocker['dims']} at {blocker['n']} was already over the limit"})
                     else:
-                        rows.append({**run_child(args, method, manifest, dims, n), **measured_now()})
+                        # the code taken before the child starts: the checkout may change while an hour's cell runs
+                        rows.append({**code_identity(), **run_child(args, method, manifest, dims, n),
+                                     **measured_now()})
                     print(json.dumps(rows[-1]), flush=True)
                     if args.baseline_code and not blocker:  # the same cell by the older code, right after
                         rows.append({**run_child(args, method, manifest, dims, n, baseline=True), **measured_now()})
                         print(json.dumps(rows[-1]), flush=True)
-                    write_grid(out, grid_result(args, settings, rows))  # after every cell: an interrupted grid resumes
-    result = grid_result(args, settings, rows)  # written after the last cell
+                    # after every cell: an interrupted grid resumes
+                    write_grid(out, grid_result(args, settings, in_grid_order(rows, elsewhere)))
+    result = grid_result(args, settings, in_grid_order(rows, elsewhere))  # written after the last cell
     if "ratio_tarq_over_gptq" in result:
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
     print(f"wrote {out} and {out.with_suffix('.md')}")
@@ -493,6 +501,14 @@ def resumed_rows(out: Path, settings: dict) -> list[dict]:
             and ("wall_s" in row or "stopped_after_s" in row) and _names_a_cell(row)]
 
 
+def in_grid_order(rows: list[dict], elsewhere: list[dict]) -> list[dict]:
+    """This run's rows with the resumed file's cells it did not plan, smallest model and set first (a run's own rows
+    keep the order it measured them in when there are none)."""
+    if not elsewhere:
+        return rows
+    return sorted(rows + elsewhere, key=lambda row: (_model_rank(row["dims"]), row["n"], row["method"]))
+
+
 def _names_a_cell(row: dict) -> bool:
     method, dims, n = _cell_key(row)
     return isinstance(method, str) and isinstance(dims, str) and isinstance(n, int)
@@ -503,11 +519,15 @@ def _cell_key(row: dict) -> tuple:
 
 
 def measured_now() -> dict:
-    """When a cell finished and by which code it ran (a resumed grid's rows may come from several sessions)."""
+    """When a cell finished (a resumed grid's rows may come from several sessions)."""
+    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def code_identity() -> dict:
+    """The current package's code hash and git commit: which code a cell ran."""
     from tarq_deploy.sweep.plan import code_version
 
-    return {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "code_version": code_version(),
-            "git_commit": _git_commit()}
+    return {"code_version": code_version(), "git_commit": _git_commit()}
 
 
 def _git_commit() -> str | None:
@@ -528,7 +548,9 @@ def _git_commit() -> str | None:
 def grid_result(args: argparse.Namespace, settings: dict, rows: list[dict]) -> dict:
     current = [r for r in rows if r.get("code") != "baseline"]
     by_method = {r["method"]: r for r in current if "wall_s" in r}
-    result = {"benchmark": "calibration", "model": args.dims or args.model, "device": args.device, "n": args.n,
+    models = (",".join(dict.fromkeys(str(r["dims"]) for r in rows)) or args.dims) if args.dims else args.model
+    sets = ",".join(str(n) for n in sorted({r["n"] for r in rows})) or args.n
+    result = {"benchmark": "calibration", "model": models, "device": args.device, "n": sets,
               **{key: settings[key] for key in ("type", "corpus", "threads", "group_size")}, "settings": settings,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_average": os.getloadavg()},
               "rows": rows}
