@@ -215,8 +215,15 @@ def test_a_narrower_resumed_run_measures_its_cells_and_keeps_the_others(tmp_path
     assert [(r["method"], r["dims"]) for r in grid["rows"]] == [("gptq", "tiny"), ("tarq", "base")]
     assert grid["model"] == "tiny,base" and "| tiny | 1 | gptq |" in out.with_suffix(".md").read_text()
     calls.clear()
-    assert main([*GRID, "--out", str(out), "--resume"]) == 0  # the whole grid again: only the two cells never run
-    assert calls == [("tarq", "tiny", 1), ("gptq", "base", 1)]
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls, interrupt_at=2))
+    with pytest.raises(KeyboardInterrupt):  # the whole grid, stopped in base's GPTQ, before base's kept TARQ
+        main([*GRID, "--out", str(out), "--resume"])
+    assert [(r["method"], r["dims"]) for r in json.loads(out.read_text())["rows"]] == [
+        ("gptq", "tiny"), ("tarq", "tiny"), ("tarq", "base")]  # a kept cell not reached yet stays in the file
+    calls.clear()
+    monkeypatch.setattr(bench, "run_child", _fake_cell(calls))
+    assert main([*GRID, "--out", str(out), "--resume"]) == 0  # the whole grid again: only the cell never run
+    assert calls == [("gptq", "base", 1)]
     assert [(r["method"], r["dims"]) for r in json.loads(out.read_text())["rows"]] == [
         ("gptq", "tiny"), ("tarq", "tiny"), ("gptq", "base"), ("tarq", "base")]
 

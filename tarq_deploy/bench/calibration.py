@@ -428,10 +428,6 @@ def main(argv: list[str] | None = None) -> int:
         kept = resumed_rows(out, settings) if args.resume else []
     except UserError as error:
         parser.error(str(error))
-    planned = {(method, dims or args.model, n)
-               for dims in grid_dims for n in grid_n for method in args.methods.split(",")}
-    # A narrower run of a resumed grid (one model, one method: the cell that matters first) keeps the file's other cells
-    elsewhere = [row for row in kept if _cell_key(row) not in planned]
     with tempfile.TemporaryDirectory() as tmp:
         manifest = Path(args.calib) if args.calib else cycled_corpus(max(grid_n), Path(tmp), args.clips)
         rows: list[dict] = []
@@ -456,8 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append({**run_child(args, method, manifest, dims, n, baseline=True), **measured_now()})
                         print(json.dumps(rows[-1]), flush=True)
                     # after every cell: an interrupted grid resumes
-                    write_grid(out, grid_result(args, settings, in_grid_order(rows, elsewhere)))
-    result = grid_result(args, settings, in_grid_order(rows, elsewhere))  # written after the last cell
+                    write_grid(out, grid_result(args, settings, with_kept(rows, kept)))
+    result = grid_result(args, settings, with_kept(rows, kept))  # written after the last cell
     if "ratio_tarq_over_gptq" in result:
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
     print(f"wrote {out} and {out.with_suffix('.md')}")
@@ -501,12 +497,16 @@ def resumed_rows(out: Path, settings: dict) -> list[dict]:
             and ("wall_s" in row or "stopped_after_s" in row) and _names_a_cell(row)]
 
 
-def in_grid_order(rows: list[dict], elsewhere: list[dict]) -> list[dict]:
-    """This run's rows with the resumed file's cells it did not plan, smallest model and set first (a run's own rows
-    keep the order it measured them in when there are none)."""
-    if not elsewhere:
+def with_kept(rows: list[dict], kept: list[dict]) -> list[dict]:
+    """This run's rows so far and every kept row of the resumed file not among them: the cells it has not reached
+    yet, and those it does not name (a narrower run: one model, one method, the cell that matters first), so a run
+    stopped at any cell leaves the file holding all it held. Smallest model and set first; with nothing left to
+    add, the rows in the order they were measured."""
+    reached = {_cell_key(row) for row in rows}
+    pending = [row for row in kept if _cell_key(row) not in reached]
+    if not pending:
         return rows
-    return sorted(rows + elsewhere, key=lambda row: (_model_rank(row["dims"]), row["n"], row["method"]))
+    return sorted(rows + pending, key=lambda row: (_model_rank(row["dims"]), row["n"], row["method"]))
 
 
 def _names_a_cell(row: dict) -> bool:
