@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(json.dumps(rows[-1]), flush=True)
                     # after every cell: an interrupted grid resumes
                     write_grid(out, grid_result(args, settings, with_kept(rows, kept)))
-    result = grid_result(args, settings, with_kept(rows, kept))  # written after the last cell
+    result = grid_result(args, settings, with_kept(rows, kept))  # what the last cell wrote, for the ratio below
     if "ratio_tarq_over_gptq" in result:
         print(f"tarq/gptq end to end: {result['ratio_tarq_over_gptq']:.2f}")
     print(f"wrote {out} and {out.with_suffix('.md')}")
