@@ -6,8 +6,7 @@ Readers: the WAV decoder (through ``load_audio``, resampling included), the JSON
 whisper.cpp ``.bin`` reader and the gate in front of pywhispercpp (``describe_whisper_cpp_file``, what the bench and
 publish validate with), the GGUF reader and the gates in front of CrispASR / qwen3-asr.cpp (``checked_gguf``,
 ``is_crispasr_file``, ``describe_crispasr_file``), the lattice checkpoint (``load_checkpoint`` on a mutated
-manifest.json or safetensors file, then decoding every weight), the sweep TOML (``load_sweep``) and a block's fp
-stream spilled to disk during a calibration (``OnDisk.take``).
+manifest.json or safetensors file, then decoding every weight) and the sweep TOML (``load_sweep``).
 
 Seeds are built here in milliseconds with the project's own writers (a 1-layer, 32-wide Whisper of 16 tokens; a
 3-tensor GGUF; a 2-weight checkpoint). Field edits land on the bytes where structure lies (headers, sizes, counts,
@@ -54,7 +53,6 @@ from tarq_deploy.formats.ggml_file import (FTYPE_OF_TYPE, QNT_VERSION, QNT_VERSI
 from tarq_deploy.formats.ggml_tensors import PackedTensor
 from tarq_deploy.formats.gguf_file import KV, GGUFFileError, GGUFModel, file_kv, read_gguf, write_gguf
 from tarq_deploy.formats.whisper_cpp import WhisperCppModel, write_whisper_cpp
-from tarq_deploy.quant.fp_stream import FpSpillError, OnDisk
 from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.lattice_fit import quantize_rtn
 from tarq_deploy.runtimes.base import BackendError, DecodeOptions, ModelSpec
@@ -546,30 +544,6 @@ def safetensors_edited(draw: st.DrawFn, data: bytes) -> bytes:
         header = json.dumps(draw(json_edited(json.loads(data[8:8 + n])))).encode()
         return len(header).to_bytes(8, "little") + header + data[8 + n:]
     return draw(mutated(Seed(data, tuple(range(8 + n)))))
-
-
-@given(data=st.data())
-def test_spilled_fp_stream_reader(work, data):
-    """A block's spilled fp stream (three inputs, two of them one tensor, and the output) with its header edited or
-    its bytes mutated: read back, or FpSpillError naming the file."""
-    seed = work / "seed-spill.safetensors"
-    if not seed.exists():
-        x, fc = torch.randn(6, 4), torch.randn(6, 8)
-        OnDisk.write(seed, {"q": x, "k": x, "fc2": fc}, torch.randn(6, 4))
-    path = fresh_path(work, ".safetensors")
-    path.write_bytes(data.draw(safetensors_edited(seed.read_bytes())))
-    parses_or_refuses(lambda: OnDisk(path).take(), FpSpillError)
-
-
-def test_the_spilled_fp_stream_reads_back_as_written(tmp_path):
-    """Values, shared inputs (q and k one tensor again) and the output come back; the file is gone after."""
-    x, fc, out = torch.randn(6, 4), torch.randn(6, 8), torch.randn(6, 4)
-    entry = OnDisk.write(tmp_path / "b.safetensors", {"q": x, "k": x, "fc2": fc[:, :8]}, out)
-    inputs, output = entry.take()
-    assert torch.equal(inputs["q"], x) and torch.equal(inputs["fc2"], fc) and torch.equal(output, out)
-    assert inputs["k"] is inputs["q"] and not entry.path.exists()
-    with pytest.raises(FpSpillError, match="b.safetensors"):
-        entry.take()
 
 
 def _record_digests(manifest: dict, rel: str, data: bytes) -> None:

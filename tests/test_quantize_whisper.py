@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -21,8 +20,7 @@ from tarq_deploy.models.common import TextAudio
 from tarq_deploy.models.whisper import WhisperBackbone
 from tarq_deploy.quant import calibrate
 from tarq_deploy.quant.gptq import weighted_loss
-from tarq_deploy.quant.fp_stream import OnDisk
-from tarq_deploy.quant.pipeline import FP_SPILL_FOLDER, QuantizeOptions, quantize_backbone
+from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
 
 HELD_OUT = ("jfk", "cards-004", "cards-005", "goforward")
 # rarebal (metric only) and residual (solver only) are TARQ's two halves: their arithmetic is tested in
@@ -150,11 +148,9 @@ class _Interrupt(Exception):
 
 
 def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path, monkeypatch) -> None:
-    """Also: the fp stream kept from the alignment pass (a budget it fits, whatever the machine's memory), the one
-    recomputed block by block (--max-memory 0, no work directory) and the one spilled to the work directory
-    (--max-memory 0) give the same bytes; the interrupted and resumed runs spill."""
+    """Also: the fp stream kept from the alignment pass (a budget it fits, whatever the machine's memory) and the
+    one recomputed block by block (--max-memory 0) give the same bytes."""
     options = QuantizeOptions(method="tarq", n_calib=2, max_memory=1 << 40)
-    over_budget = QuantizeOptions(method="tarq", n_calib=2, max_memory=0)
     kept_blocks: list[str] = []
     take_kept = calibrate.SequentialCalibrator._kept_fp_stream
 
@@ -180,16 +176,6 @@ def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path,
     assert kept_blocks == []
     for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
         assert (recomputed / name).read_bytes() == (reference / name).read_bytes(), name
-    # past the budget with a work directory: spilled to its disk, read back block by block, then removed
-    read_back: list[str] = []
-    take_spilled = OnDisk.take
-    monkeypatch.setattr(OnDisk, "take", lambda self: read_back.append(self.path.name) or take_spilled(self))
-    spilled = run(tmp_path / "sp.partial", tmp_path / "spilled", over_budget)
-    windows = json.loads((reference / "manifest.json").read_text())["calibration"]["windows"]
-    assert len(kept_blocks) == 8 and len(read_back) == 8 * windows == len(set(read_back))
-    assert not (tmp_path / "sp.partial" / FP_SPILL_FOLDER).exists()
-    for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
-        assert (spilled / name).read_bytes() == (reference / name).read_bytes(), name
     original = calibrate.SequentialCalibrator._calibrate_block
     calls = {"n": 0}
 
@@ -201,16 +187,11 @@ def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path,
 
     monkeypatch.setattr(calibrate.SequentialCalibrator, "_calibrate_block", flaky)
     with pytest.raises(_Interrupt):
-        run(tmp_path / "res.partial", tmp_path / "res", over_budget)
+        run(tmp_path / "res.partial", tmp_path / "res")
     assert (tmp_path / "res.partial" / "progress.json").is_file() and not (tmp_path / "res").exists()
-    assert not (tmp_path / "res.partial" / FP_SPILL_FOLDER).exists()  # the spill goes whatever ends the run
     monkeypatch.setattr(calibrate.SequentialCalibrator, "_calibrate_block", original)
     calls["n"] = 0
-    # a killed run's spill is left behind: the next pass clears it before writing its own
-    stale = tmp_path / "res.partial" / FP_SPILL_FOLDER / "model.encoder.layers.0.w00000.safetensors"
-    stale.parent.mkdir()
-    stale.write_bytes(b"not the fp stream")
-    resumed = run(tmp_path / "res.partial", tmp_path / "res", over_budget)
+    resumed = run(tmp_path / "res.partial", tmp_path / "res")
     for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
         assert (resumed / name).read_bytes() == (reference / name).read_bytes(), name
 

@@ -116,9 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", type=memory_size, metavar="SIZE",
                    help="memory the calibration may use, e.g. 8GB or 6GiB (default: 8 GB or half the machine's, the "
                         "smaller): where the work of one pass fits in it, it is kept for reuse instead of being "
-                        "computed again (Whisper + tarq/rarebal: the alignment pass's encoder and decoder); past it, "
-                        "tarq spills that work to OUT.partial/fp-stream where the disk has room, and reads it back a "
-                        "block at a time. It never changes the result")
+                        "computed again (Whisper + tarq/rarebal: the alignment pass's encoder). It never changes the "
+                        "result")
     p.add_argument("--threads", type=thread_count, metavar="N",
                    help="CPU threads of the calibration (default: torch's, one per core); the same inputs, seed, "
                         "processor kind and threads give the same bytes")

@@ -149,10 +149,10 @@ class Qwen3ASRBackbone:
     # -- windows ---------------------------------------------------------------------------------------------------
     def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
                       encoder_tagging: str = "none", keep_fp_bytes: int = 0,
-                      compute_dtype: str = "float32", spill: object = None) -> list[Window]:
+                      compute_dtype: str = "float32") -> list[Window]:
         """Windows of at most 30 s (``pack``). Encoder frames are never tagged (no alignment heads; see the module
         doc): ``encoder_tagging`` is accepted for the common interface and has no effect, and no pass is kept for
-        reuse (``keep_fp_bytes``, ``spill``); no model runs here, so ``compute_dtype`` changes nothing."""
+        reuse (``keep_fp_bytes``); no model runs here, so ``compute_dtype`` changes nothing."""
         return [self._window(group, k) for group in pack_utterances(utterances, pack)]
 
     def _window(self, group: list[TextAudio], k: float) -> Window:

@@ -124,11 +124,11 @@ class VoxtralBackbone:
     # -- windows -----------------------------------------------------------------------------------------------------
     def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD,
                       pack: bool = True, encoder_tagging: str = "none", keep_fp_bytes: int = 0,
-                      compute_dtype: str = "float32", spill: object = None) -> list[Window]:
+                      compute_dtype: str = "float32") -> list[Window]:
         """Encoder frames are never tagged (no alignment heads): with the default 16-bit audio tower that costs
         nothing; a quantized audio tower gets the plain metric. ``encoder_tagging`` is accepted for a common
-        interface and recorded as 'none'; no pass is kept for reuse (``keep_fp_bytes``, ``spill``); no model runs
-        here, so ``compute_dtype`` changes nothing."""
+        interface and recorded as 'none'; no pass is kept for reuse (``keep_fp_bytes``); no model runs here, so
+        ``compute_dtype`` changes nothing."""
         return [self._window(group, k) for group in pack_utterances(utterances, pack)]
 
     def _window(self, group: list[TextAudio], k: float) -> Window:

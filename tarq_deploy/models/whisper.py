@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import numpy as np
 import torch
@@ -37,7 +36,6 @@ from torch import nn
 from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
 from ..quant.calibrate import Block, Window, input_of, run_capturing_inputs
-from ..quant.fp_stream import FpSpill, InMemory, KeptLayer
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import compute_in, widened
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
@@ -52,9 +50,6 @@ DECODER_GROUPS = [
     ["fc1"], ["fc2"],
 ]
 CROSS_KV = {"encoder_attn.k_proj": "frames", "encoder_attn.v_proj": "frames"}
-# How the alignment pass keeps a block's fp stream on a window: (block name, window index, the block's Linear
-# inputs, its output) -> the entry Window.fp_stream holds (in memory or on disk: quant/fp_stream.py)
-Keeper = Callable[[str, int, dict, torch.Tensor], KeptLayer]
 
 
 class WhisperBackbone:
@@ -79,40 +74,23 @@ class WhisperBackbone:
 
     def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
                       encoder_tagging: str = "align", keep_fp_bytes: int = 0,
-                      compute_dtype: str = "float32", spill: FpSpill | None = None) -> list[Window]:
+                      compute_dtype: str = "float32") -> list[Window]:
         """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
         encoder and decoder are the calibration's full-precision stream through the encoder and decoder blocks, value
         for value (all run in ``compute_dtype``: precision.compute_in, by the stages' own code); when every Linear's
         input for every window fits (``fp_stream_bytes``), the windows keep them (``Window.fp_stream``) and the
-        calibration does not run the fp blocks a second time. Past the budget they go to ``spill`` where its disk
-        has room (fp_stream.py); without one the calibration recomputes them."""
+        calibration does not run the fp blocks a second time."""
         if encoder_tagging not in ("align", "none"):
             raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
         pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
         if encoder_tagging == "align":
+            kept = self.fp_stream_bytes(pending)
+            # All or nothing, with room for the blocks' working set (about one encoder layer's worth). Keeping some
+            # layers would raise the peaks measured for large-v3 and turbo, which keep none.
+            keep = self.device.type == "cpu" and kept + kept // self.model.config.encoder_layers <= keep_fp_bytes
             with compute_in(compute_dtype, self.device):  # not the features: their mel product stays float32
-                self._tag_rare_frames(pending, self._fp_keeper(pending, keep_fp_bytes, spill))
-            if spill is not None:
-                spill.flush()  # a write that failed fails here, before any calibration
+                self._tag_rare_frames(pending, keep)
         return [p.window for p in pending]
-
-    def _fp_keeper(self, pending: list[_PendingWindow], keep_fp_bytes: int,
-                   spill: FpSpill | None) -> Keeper | None:
-        """How the alignment pass keeps each block's fp stream: in memory where all of it fits the budget with
-        room for the blocks' working set (about one encoder layer's worth; keeping some layers would raise the
-        peaks measured for large-v3 and turbo), else on ``spill``'s disk where it has room (read a block ahead
-        where the budget holds two blocks' streams), else not at all. Only on a CPU: a GPU recomputes a block
-        faster than a disk returns it."""
-        if self.device.type != "cpu":
-            return None
-        kept = self.fp_stream_bytes(pending)
-        if kept + kept // self.model.config.encoder_layers <= keep_fp_bytes:
-            return lambda block, window, inputs, output: InMemory(inputs, output)
-        if spill is not None and spill.has_room(self.spilled_bytes(pending)):
-            spill.clear()
-            spill.prefetch = 2 * (kept // self.model.config.encoder_layers) <= keep_fp_bytes
-            return spill.write
-        return None
 
     def fp_stream_bytes(self, pending: list[_PendingWindow]) -> int:
         """What the fp stream of ``pending`` takes in float32 when the alignment pass keeps it: per encoder frame and
@@ -125,13 +103,6 @@ class WhisperBackbone:
         per_window = frames * config.max_source_positions * config.encoder_layers + config.d_model * \
             config.max_source_positions
         return 4 * sum(per_window + tokens * p.window.info["tokens"] * config.decoder_layers for p in pending)
-
-    def spilled_bytes(self, pending: list[_PendingWindow]) -> int:
-        """What the fp stream of ``pending`` takes on disk: ``fp_stream_bytes`` and, in each decoder layer's file,
-        the encoder output its cross-attention keys and values read (held once in memory)."""
-        config = self.model.config
-        per_window = config.d_model * config.max_source_positions * config.decoder_layers
-        return self.fp_stream_bytes(pending) + 4 * per_window * len(pending)
 
     def _window(self, group: list[TextAudio], k: float) -> _PendingWindow:
         audio, text = joined(group)
@@ -151,10 +122,10 @@ class WhisperBackbone:
         return _PendingWindow(window, rare_spans, speech_frames)
 
     # -- encoder frame tags ------------------------------------------------------------------------------------------
-    def _tag_rare_frames(self, pending: list[_PendingWindow], keep: Keeper | None) -> None:
+    def _tag_rare_frames(self, pending: list[_PendingWindow], keep: bool) -> None:
         """Tag the frames of each window's rare words (the windows without one need no alignment, unless the fp
-        stream is kept for the calibration: ``keep``)."""
-        aligned = pending if keep is not None else [p for p in pending if p.rare_spans]
+        stream is kept for the calibration)."""
+        aligned = pending if keep else [p for p in pending if p.rare_spans]
         encoded = self._encode(aligned, keep)
         for p, attention in zip(aligned, self._decode(aligned, encoded, keep)):
             if p.rare_spans:
@@ -162,7 +133,7 @@ class WhisperBackbone:
                 p.window.masks["frames"] = mask
                 p.window.info["rare_frames"] = int(mask.sum())
 
-    def _encode(self, pending: list[_PendingWindow], keep: Keeper | None) -> list[torch.Tensor]:
+    def _encode(self, pending: list[_PendingWindow], keep: bool) -> list[torch.Tensor]:
         """The full-precision encoder output of each window, by the encoder stage's own code: the values of the
         calibration's fp stream. With ``keep``, each window also keeps every layer's Linear inputs and output."""
         stage = _EncoderStage(self, [])
@@ -171,14 +142,14 @@ class WhisperBackbone:
             hidden = [stage.enter(p.window, s) for p, s in zip(pending, streams)]
             layers = self.model.model.encoder.layers
             for _ in _fp_layers(stage, layers, "model.encoder.layers", pending, hidden, streams,
-                                ENCODER_GROUPS if keep is not None else [], keep):
+                                ENCODER_GROUPS if keep else [], keep):
                 pass
             for h, p, stream in zip(hidden, pending, streams):
                 stage.leave(h, p.window, stream)
         return [stream["encoder_out"] for stream in streams]
 
     def _decode(self, pending: list[_PendingWindow], encoded: list[torch.Tensor],
-                keep: Keeper | None) -> list[torch.Tensor | None]:
+                keep: bool) -> list[torch.Tensor | None]:
         """The full-precision decoder on each window's teacher-forced tokens over its encoder output, by the decoder
         stage's own code (the calibration's fp stream, value for value). Returns each window's alignment-head
         cross-attention [heads, tokens, frames] (None for a window without rare words). With ``keep``, each window
@@ -186,14 +157,14 @@ class WhisperBackbone:
         alignment head."""
         heads = [tuple(pair) for pair in self.generation_config.alignment_heads]
         layers = self.model.model.decoder.layers
-        depth = len(layers) if keep is not None else 1 + max(layer for layer, _ in heads)
+        depth = len(layers) if keep else 1 + max(layer for layer, _ in heads)
         stage = _DecoderStage(self, [])
         streams = [{"encoder_out": e} for e in encoded]
         found: list[dict[tuple[int, int], torch.Tensor]] = [{} for _ in pending]
         with torch.no_grad():
             hidden = [stage.enter(p.window, s) for p, s in zip(pending, streams)]
             passes = _fp_layers(stage, layers[:depth], "model.decoder.layers", pending, hidden, streams,
-                                DECODER_GROUPS if keep is not None else [["encoder_attn.q_proj"]], keep)
+                                DECODER_GROUPS if keep else [["encoder_attn.q_proj"]], keep)
             for index, layer, j, inputs in passes:
                 own = [head for at, head in heads if at == index]
                 if own and pending[j].rare_spans:
@@ -272,20 +243,19 @@ class _PendingWindow:
 
 
 def _fp_layers(stage, layers: nn.ModuleList, prefix: str, pending: list[_PendingWindow], hidden: list[torch.Tensor],
-               streams: list[dict], groups: list[list[str]], keep: Keeper | None):
+               streams: list[dict], groups: list[list[str]], keep: bool):
     """Advance every window's hidden states (``hidden``, in place) through ``layers`` by the stage's own code, layer
     by layer over all windows (each layer widened to float32 once), capturing the inputs of the Linears in
-    ``groups``. With ``keep``, each window keeps each layer's captured inputs and output as ``keep`` stores them
-    (Window.fp_stream, under ``prefix.index``). Yields (layer index, layer, window index, captured inputs) after
-    each window's pass, while the layer is still widened."""
+    ``groups``. With ``keep``, each window keeps each layer's captured inputs and output (Window.fp_stream, under
+    ``prefix.index``). Yields (layer index, layer, window index, captured inputs) after each window's pass, while
+    the layer is still widened."""
     for index, layer in enumerate(layers):
         with widened(layer):
             for j, p in enumerate(pending):
                 run = partial(stage.call_block, layer, hidden[j], p.window, streams[j])
                 inputs, hidden[j] = run_capturing_inputs(layer, groups, run)
-                if keep is not None:
-                    name = f"{prefix}.{index}"
-                    p.window.fp_stream[name] = keep(name, j, inputs, hidden[j])
+                if keep:
+                    p.window.fp_stream[f"{prefix}.{index}"] = (inputs, hidden[j])
                 yield index, layer, j, inputs
 
 

@@ -37,7 +37,6 @@ from tqdm.auto import tqdm
 from ..errors import require_finite
 from ..fileio import write_bytes_atomic, write_json_atomic
 from ..hashing import json_fingerprint, sha256_hex
-from .fp_stream import KeptLayer, same_tensor
 from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
 from .precision import compute_in, full_precision, widened
 from .recipe import TypeRecipe
@@ -54,10 +53,9 @@ class Window:
     masks: dict[str, torch.Tensor]  # domain ("frames", "tokens") -> bool [positions]
     info: dict[str, Any] = field(default_factory=dict)
     # The full-precision stream through blocks the backbone already ran while building the window (Whisper's
-    # alignment pass runs the whole fp encoder and decoder): block name -> its Linears' inputs x_fp and its output,
-    # in memory or spilled to disk (fp_stream.py). The driver takes an entry instead of running that fp block again;
-    # the values are those the run would compute.
-    fp_stream: dict[str, KeptLayer] = field(default_factory=dict, repr=False)
+    # alignment pass runs the whole fp encoder and decoder): block name -> (its Linears' inputs x_fp, its output).
+    # The driver takes an entry instead of running that fp block again; the values are those the run would compute.
+    fp_stream: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -349,8 +347,6 @@ class SequentialCalibrator:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.masks = [self._reweighting_masks(w) for w in windows]
         self.paired = config.solver.uses_residual
-        names = [block.name for stage in stages for block in stage.blocks]
-        self._next_block = dict(zip(names, names[1:]))  # whose kept fp stream to prefetch while a block runs
 
     def _reweighting_masks(self, window: Window) -> dict[str, torch.Tensor]:
         return {domain: reweighting_mask(mask, self.config.solver.source, self.generator)
@@ -519,14 +515,9 @@ class SequentialCalibrator:
     def _kept_fp_stream(self, block: Block) -> tuple[list[dict], list[torch.Tensor]] | None:
         """(x_fp per window, the block's fp outputs) when every window kept them from the backbone's own pass (see
         ``Window.fp_stream``); taken out of the windows, so each is let go once the block is done."""
-        entries = [window.fp_stream.pop(block.name, None) for window in self.windows]
-        following = self._next_block.get(block.name)
-        for window in self.windows:  # a spilled stream is read from disk while this block is calibrated
-            if following in window.fp_stream:
-                window.fp_stream[following].prefetch()
-        if any(entry is None for entry in entries):
+        kept = [window.fp_stream.pop(block.name, None) for window in self.windows]
+        if any(entry is None for entry in kept):
             return None
-        kept = [entry.take() for entry in entries]
         return [inputs for inputs, _ in kept], [output for _, output in kept]
 
     def _capture_fp_inputs(self, stage: Stage, block: Block, h_fp: list[torch.Tensor],
@@ -565,7 +556,7 @@ class SequentialCalibrator:
             seen: list[tuple[str, torch.Tensor]] = []  # held, so no address is reused within this forward
 
             def fold(rel: str, x_q: torch.Tensor) -> None:
-                twin = next((r for r, x in seen if same_tensor(x, x_q)
+                twin = next((r for r, x in seen if _same_tensor(x, x_q)
                              and block.domain_of(r) == block.domain_of(rel)), None)
                 source = self._stream_source(rel, block, x_q, x_fp, w_index, streams)
                 if w_index == 0:
@@ -605,7 +596,7 @@ class SequentialCalibrator:
         """(stream key, domain) when x_q is a tensor of the window's quantized stream (and x_fp the same key of its
         fp stream): such an input is the same in every block of the stage."""
         for key, value in streams["q"][w_index].items():
-            if torch.is_tensor(value) and value.dim() > 0 and same_tensor(value.reshape(-1, value.shape[-1]), x_q):
+            if torch.is_tensor(value) and value.dim() > 0 and _same_tensor(value.reshape(-1, value.shape[-1]), x_q):
                 if x_fp is None or _same_or_equal(streams["fp"][w_index][key].reshape(-1, value.shape[-1]),
                                                   x_fp[w_index][rel]):
                     return key, block.domain_of(rel)
@@ -679,10 +670,14 @@ def input_of(linear: nn.Module, run: Callable[[], object]) -> torch.Tensor:
     return captured[0]
 
 
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
 def _same_or_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The same tensor, or one of equal values: a stream tensor the backbone's own pass computed for a kept fp
     stream (Window.fp_stream) is a copy of the one the driver's stream holds, value for value."""
-    return same_tensor(a, b) or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
+    return _same_tensor(a, b) or (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))
 
 
 def _assign(linear: nn.Linear, q: QuantizedWeight) -> None:

@@ -24,7 +24,6 @@ from ..machine import machine_record, peak_rss_mb, physical_memory_bytes, reside
 from ..models.common import WINDOW_SECONDS, TextAudio
 from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
 from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
-from .fp_stream import FpSpill, OnDisk
 from .ggml_quants import ggml_quantize
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
@@ -40,7 +39,7 @@ class Backbone(Protocol):
     model: torch.nn.Module
 
     def build_windows(self, utterances: list[TextAudio], k: float, pack: bool, encoder_tagging: str,
-                      keep_fp_bytes: int = 0, compute_dtype: str = "float32", spill: FpSpill | None = None) -> list: ...
+                      keep_fp_bytes: int = 0, compute_dtype: str = "float32") -> list: ...
     def stages(self) -> list: ...
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint: ...
     # Optional (Whisper): rotate the weights in place without changing the model's outputs; returns a record.
@@ -171,7 +170,6 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     spec = options.spec()
     calibration: dict = {}
     fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
-    fp_stream = "not kept"  # where: "in memory", "on disk" (timing log only)
     if options.method in DATA_FREE_METHODS or importance is not None:
         lattice = _round_to_nearest(backbone, options.recipe(), options.method, importance)
         result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
@@ -181,30 +179,21 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     else:
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
-        # Only the residual step reads the fp stream; past the memory budget it is spilled into the work directory
-        spill = FpSpill(work_path / FP_SPILL_FOLDER) if work_path and options.solver().uses_residual else None
-        try:
-            with float32_compute(backbone.model):
-                windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
-                                                 options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
-                                                 compute_dtype=options.compute_dtype, spill=spill)
-            peak_rss["windows"] = peak_rss_mb()
-            fp_blocks_reused = len({name for window in windows for name in window.fp_stream})
-            fp_stream = _where_fp_stream_is_kept(windows)
-            if fp_stream != "not kept":
-                log(f"the alignment pass's fp stream is kept {fp_stream} for {fp_blocks_reused} blocks")
-            if milestone:
-                milestone("windows")
-            calibration = _calibration_summary(chosen, stats, windows, options)
-            key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
-            work_dir = WorkDir(work_path, key) if work_path and importance_sink is None else None
-            config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe(),
-                                       compute_dtype=options.compute_dtype, importance_sink=importance_sink)
-            with full_float32(), float32_compute(backbone.model):
-                result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
-        finally:
-            if spill is not None:
-                spill.remove()
+        with float32_compute(backbone.model):
+            windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
+                                             options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
+                                             compute_dtype=options.compute_dtype)
+        peak_rss["windows"] = peak_rss_mb()
+        fp_blocks_reused = len({name for window in windows for name in window.fp_stream})
+        if milestone:
+            milestone("windows")
+        calibration = _calibration_summary(chosen, stats, windows, options)
+        key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
+        work_dir = WorkDir(work_path, key) if work_path and importance_sink is None else None
+        config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe(),
+                                   compute_dtype=options.compute_dtype, importance_sink=importance_sink)
+        with full_float32(), float32_compute(backbone.model):
+            result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
     metadata = {
         "method": {"name": options.method, **options.result_knobs()},
         "layers": [_without_timing(r) for r in result.records],
@@ -217,13 +206,11 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
     peak_rss["calibration"] = peak_rss_mb()
     timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss, "fp_blocks_reused": fp_blocks_reused,
-              "fp_stream": fp_stream,
               "compute_dtype": options.compute_dtype,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
 
 
-FP_SPILL_FOLDER = "fp-stream"  # in the work directory: the alignment pass's fp stream past the memory budget
 DEFAULT_MAX_MEMORY = 8 * 10**9
 SOLVE_RESERVE_BYTES = 512 << 20  # the statistics and solver temporaries of the widest Linear, with room to spare
 
@@ -308,13 +295,6 @@ def _calibration_summary(chosen: list[Utterance], stats, windows, options: Quant
                        "encoder_frames": rare_frames / max(total_frames, 1)},
         "padding_frame_share": 1 - frames / max(total_frames, 1),
     }
-
-
-def _where_fp_stream_is_kept(windows: list) -> str:
-    entries = [entry for window in windows for entry in window.fp_stream.values()]
-    if not entries:
-        return "not kept"
-    return "on disk" if isinstance(entries[0], OnDisk) else "in memory"
 
 
 def _without_timing(record: dict) -> dict:
