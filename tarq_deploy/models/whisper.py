@@ -35,7 +35,7 @@ from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
-from ..quant.calibrate import Block, Window, input_of, run_capturing_inputs
+from ..quant.calibrate import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import compute_in, widened
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
@@ -54,6 +54,7 @@ CROSS_KV = {"encoder_attn.k_proj": "frames", "encoder_attn.v_proj": "frames"}
 
 class WhisperBackbone:
     architecture = "whisper"
+    tied_head = "proj_out.weight"  # the output head, which is also the decoder's token embedding
 
     def __init__(self, model: nn.Module, processor, generation_config, device: str = "cpu",
                  head_identity_weight: float = 1.0) -> None:
@@ -62,6 +63,9 @@ class WhisperBackbone:
         self.generation_config = generation_config
         self.device = torch.device(device)
         self.head_identity_weight = head_identity_weight
+        # The lookup pass (quant/pipeline.py): the tied head's dequantized lattice from a first calibration, which the
+        # quantized stream's decoder looks its tokens up in; None: the model's own table in every stream
+        self.quantized_lookup: torch.Tensor | None = None
 
     # -- prompt and windows ------------------------------------------------------------------------------------------
     def prompt_ids(self) -> list[int]:
@@ -378,10 +382,15 @@ class _DecoderStage:
         self.backbone, self.blocks = backbone, blocks
 
     def enter(self, window: Window, stream: dict) -> torch.Tensor:
+        """Token lookup plus positions. The quantized stream looks its tokens up in ``quantized_lookup`` where the
+        backbone has one (the lookup pass: what the runtime's tied matrix will return); every other stream in the
+        model's own table."""
         dec = self.backbone.model.model.decoder
         ids = window.inputs["decoder_input_ids"].to(self.backbone.device)
+        lookup = self.backbone.quantized_lookup if stream.get(STREAM_KIND) == "q" else None
         with torch.no_grad():
-            return dec.embed_tokens(ids) + dec.embed_positions.weight[: ids.shape[1]]
+            tokens = dec.embed_tokens(ids) if lookup is None else lookup.to(self.backbone.device)[ids]
+            return tokens + dec.embed_positions.weight[: ids.shape[1]]
 
     def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
         return module(h, attention_mask=_causal_mask(h), encoder_hidden_states=stream["encoder_out"], use_cache=False)

@@ -45,6 +45,11 @@ from .tarq import (MetricCache, SolveInfo, TarqConfig, importance_sums, quantize
                    rounding_losses)
 
 
+# Each stream dict a stage sees names its stream under this key ("fp" or "q"): a stage may compute the quantized
+# stream's entry otherwise than the runtime-free fp one (Whisper's decoder lookup, ``lookup pass``).
+STREAM_KIND = "stream"
+
+
 @dataclass
 class Window:
     """One calibration input: what the backbone needs to run it, and tail tags per position domain."""
@@ -401,7 +406,7 @@ class SequentialCalibrator:
         # The full-precision stream only feeds H_delta: methods without the residual step run the quantized stream
         # alone, as GPTQ itself does.
         kinds = ("fp", "q") if self.paired else ("q",)
-        streams = {kind: [dict() for _ in self.windows] for kind in kinds}
+        streams = {kind: [{STREAM_KIND: kind} for _ in self.windows] for kind in kinds}
         block_index = 0
         blocks_total = sum(len(s.blocks) for s in self.stages)
         progress = tqdm(total=blocks_total, desc="calibrating", unit="block", initial=finished)
