@@ -231,16 +231,18 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
     first, first_timing = quantize_backbone(load(), utterances, options, source_id, first_dir, log)
     backbone = load()
     head = backbone.tied_head
-    backbone.quantized_lookup = first.quantized[head].dequantize()
+    record = head.removesuffix(".weight")
+    first_head = first.quantized[head]
+    first_record = next(r for r in first.metadata["layers"] if r["name"] == record)
+    first_head_timing = next(t for t in first_timing["layers"] if t["name"] == record)
+    del first  # only its head is kept: the rest of a large model's lattice is not held through the second pass
+    backbone.quantized_lookup = first_head.dequantize()
     log("lookup pass: the second calibration, its decoder looking tokens up in the first head's lattice")
     second, timing = quantize_backbone(backbone, utterances, options, source_id, second_dir, log)
-    second.quantized[head] = first.quantized[head]
-    record = head.removesuffix(".weight")
-    first_record = next(r for r in first.metadata["layers"] if r["name"] == record)
+    second.quantized[head] = first_head
     second.metadata["layers"] = [first_record if r["name"] == record else r for r in second.metadata["layers"]]
     second.metadata["lookup_pass"] = {"head": "the first calibration's", "first_pass_seconds": first_timing["seconds"]}
-    timing["layers"] = [next(t for t in first_timing["layers"] if t["name"] == record) if t["name"] == record else t
-                        for t in timing["layers"]]
+    timing["layers"] = [first_head_timing if t["name"] == record else t for t in timing["layers"]]
     timing["seconds"] += first_timing["seconds"]
     timing["lookup_pass"] = {"first_pass": {k: first_timing[k] for k in ("seconds", "peak_rss_mb")}}
     return second, timing
