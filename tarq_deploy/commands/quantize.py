@@ -11,9 +11,8 @@ from ..errors import UserError
 from ..model_source import PACKAGED_PREFIX, ModelSource, SourceKind, resolve_source
 from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE,
                              DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS, GGML_TYPES, GGUF_TARGETS,
-                             HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES, METHODS,
-                             ROTATE_HEADS_BY_DEFAULT, ROTATIONS,
-                             SCALE_RULES, SOURCES)
+                             HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES,
+                             METHODS, ROTATE_HEADS_BY_DEFAULT, ROTATIONS, SCALE_RULES, SOURCES)
 from ..quant.presets import PRESETS, find_preset
 from .options import add_out, memory_size, thread_count
 
@@ -173,23 +172,22 @@ def head_identity_choice(args: argparse.Namespace, type_name: str | None) -> flo
 
 
 def rotation_choice(args: argparse.Namespace, type_name: str | None) -> str:
-    """--rotate as given, or for auto: heads for a Whisper model where ROTATE_HEADS_BY_DEFAULT names the method and
-    type, else none."""
+    """--rotate as given, or for auto: heads where the dev split measured it (ROTATE_HEADS_BY_DEFAULT), else none."""
     if args.rotate != "auto":
         return args.rotate
-    if (args.method, type_name) not in ROTATE_HEADS_BY_DEFAULT:
-        return "none"
-    from ..models.registry import is_whisper_source
-
-    return "heads" if is_whisper_source(args.model) else "none"
+    return "heads" if _measured_for_whisper(args, type_name, ROTATE_HEADS_BY_DEFAULT) else "none"
 
 
 def lookup_pass_choice(args: argparse.Namespace, type_name: str | None) -> bool:
-    """--lookup-pass as given, or for auto: on for a Whisper model where LOOKUP_PASS_BY_DEFAULT names the method and
-    type."""
+    """--lookup-pass as given, or for auto: on where the dev split measured it (LOOKUP_PASS_BY_DEFAULT)."""
     if args.lookup_pass != "auto":
         return args.lookup_pass == "on"
-    if (args.method, type_name) not in LOOKUP_PASS_BY_DEFAULT:
+    return _measured_for_whisper(args, type_name, LOOKUP_PASS_BY_DEFAULT)
+
+
+def _measured_for_whisper(args: argparse.Namespace, type_name: str | None, pairs: frozenset) -> bool:
+    """Whether an ``auto`` Whisper-only step is on: ``pairs`` names the method and type, and the model is Whisper."""
+    if (args.method, type_name) not in pairs:
         return False
     from ..models.registry import is_whisper_source
 

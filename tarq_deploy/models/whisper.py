@@ -389,7 +389,8 @@ class _DecoderStage:
         ids = window.inputs["decoder_input_ids"].to(self.backbone.device)
         lookup = self.backbone.quantized_lookup if stream.get(STREAM_KIND) == "q" else None
         with torch.no_grad():
-            tokens = dec.embed_tokens(ids) if lookup is None else lookup.to(self.backbone.device)[ids]
+            # the rows are taken where the table lives and only they move (not the table, once per window)
+            tokens = dec.embed_tokens(ids) if lookup is None else lookup[ids.to(lookup.device)].to(self.backbone.device)
             return tokens + dec.embed_positions.weight[: ids.shape[1]]
 
     def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
