@@ -1,6 +1,7 @@
 """Diagnostic (from the repository root: python results/lookup-pass/roles.py CHECKPOINT): how much of a quantized
-Whisper's teacher-forced KLD comes from the token lookup vs the output projection of the tied matrix. Variants of one checkpoint: as is; fp lookup (decoder input embedding from F16,
-head quantized); fp head (projection F16, lookup quantized). Dev split, 200 utterances; means over positions."""
+Whisper's teacher-forced KLD comes from the token lookup vs the output projection of the tied matrix. Variants of
+one checkpoint: as is; fp lookup (decoder input embedding from F16, head quantized); fp head (projection F16, lookup
+quantized). Dev split, 200 utterances; means over positions."""
 import copy, sys, json
 import numpy as np, torch
 from torch import nn

@@ -1,12 +1,13 @@
 #!/bin/bash
 # The lookup pass of results/lookup-pass/README.md, for one calibration manifest (default: the dev-tuning set).
-# Pass 1 is `tarq-deploy quantize` with every default; pass 2 recalibrates with pass 1's token table as the
+# Pass 1 is `tarq-deploy quantize` with every default but one pass (`--lookup-pass off`: the product now runs the
+# lookup pass itself at IQ2_XS, `quantize` alone reproduces it); pass 2 recalibrates with pass 1's token table as the
 # quantized stream's lookup; the head of pass 1 is put back; both files exported and tried on jfk in whisper.cpp.
 set -eu
 C=${C:-corpora/synth/calib.jsonl}; N=${N:-128}; W=${W:-runs/lookup-pass}; T=${T:-.venv/bin/tarq-deploy}
 P=${P:-.venv/bin/python}
 mkdir -p $W
-$T quantize --model packaged:base --type iq2_xs --calib $C --n-calib $N --out $W/pass1
+$T quantize --model packaged:base --type iq2_xs --calib $C --n-calib $N --lookup-pass off --out $W/pass1
 sed -e "s#corpora/synth/calib.jsonl#$C#" -e "s#\"--n-calib\", \"128\"#\"--n-calib\", \"$N\"#" \
     results/lookup-pass/second_pass.py > $W/second_pass.py
 $P $W/second_pass.py $W/pass1 $W/pass2

@@ -2,6 +2,7 @@
 time): TARQ IQ2_XS of base whose decoder blocks are calibrated with the QUANTIZED token lookup in the quantized
 stream (the table of an earlier TARQ IQ2_XS run, W1), the fp stream keeping the F16 lookup; the head is solved last
 as usual and the file ties lookup and head as always (keep_first_head.py then puts W1 back as the head).
+--lookup-pass off: the product's own two passes (its default at IQ2_XS since) are what this script emulates.
 Usage: python results/lookup-pass/second_pass.py W1_CHECKPOINT OUT"""
 import sys, torch
 from tarq_deploy.models import whisper as wm
@@ -29,4 +30,4 @@ def enter(self, window, stream):
     return w1.to(self.backbone.device)[ids] + dec.embed_positions.weight[: ids.shape[1]].float()
 wm._DecoderStage.enter = enter
 sys.exit(cli.main(["quantize", "--model", "packaged:base", "--type", "iq2_xs", "--calib", "corpora/synth/calib.jsonl",
-                   "--n-calib", "128", "--out", sys.argv[2]]))
+                   "--n-calib", "128", "--lookup-pass", "off", "--out", sys.argv[2]]))
