@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from tarq_deploy.models.whisper import dtw_path, token_start_frames
+import torch
+
+from tarq_deploy.models.whisper import _median_filter, dtw_path, dtw_paths, token_start_frames
 
 
 def reference_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,5 +45,26 @@ def test_a_window_sized_alignment_matches_and_starts_are_monotonic():
     cost = np.random.default_rng(7).standard_normal((60, 700))
     expected, got = reference_path(cost), dtw_path(cost)
     assert all(np.array_equal(a, b) for a, b in zip(expected, got))
-    starts = token_start_frames(-cost)
+    (starts,) = token_start_frames([-cost])
     assert starts == sorted(starts) and starts[0] == 0
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10), st.integers(1, 30)), min_size=1, max_size=5), st.integers(0, 2**32 - 1))
+def test_matrices_aligned_together_take_their_own_paths(shapes, seed):
+    """Padded to the largest and run in one recurrence, each matrix keeps the path it has alone (ties included)."""
+    rng = np.random.default_rng(seed)
+    costs = [np.round(rng.standard_normal(shape), 1) for shape in shapes]
+    for cost, got in zip(costs, dtw_paths(costs)):
+        assert all(np.array_equal(a, b) for a, b in zip(reference_path(cost), got))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 30), st.integers(0, 2**32 - 1), st.sampled_from([1, 3, 7]))
+def test_the_median_filter_is_the_median_of_each_window(frames, seed, width):
+    """The sorting network's middle value is torch's median of each reflected window, value for value."""
+    x = torch.round(torch.randn(3, 4, frames, generator=torch.Generator().manual_seed(seed)), decimals=1)
+    pad = width // 2
+    expected = x if frames <= pad else \
+        torch.nn.functional.pad(x, (pad, pad), mode="reflect").unfold(-1, width, 1).median(dim=-1).values
+    assert torch.equal(_median_filter(x, width), expected)

@@ -128,14 +128,16 @@ class WhisperBackbone:
     # -- encoder frame tags ------------------------------------------------------------------------------------------
     def _tag_rare_frames(self, pending: list[_PendingWindow], keep: bool) -> None:
         """Tag the frames of each window's rare words (the windows without one need no alignment, unless the fp
-        stream is kept for the calibration)."""
+        stream is kept for the calibration). The windows' DTWs run together (``token_start_frames``)."""
         aligned = pending if keep else [p for p in pending if p.rare_spans]
         encoded = self._encode(aligned, keep)
-        for p, attention in zip(aligned, self._decode(aligned, encoded, keep)):
-            if p.rare_spans:
-                mask = self._rare_frames(attention, p)
-                p.window.masks["frames"] = mask
-                p.window.info["rare_frames"] = int(mask.sum())
+        tagged = [(p, attention) for p, attention in zip(aligned, self._decode(aligned, encoded, keep))
+                  if p.rare_spans]
+        matrices = [self._alignment_matrix(attention, p.speech_frames) for p, attention in tagged]
+        for (p, _), starts in zip(tagged, token_start_frames(matrices)):
+            mask = self._rare_frames(starts, p)
+            p.window.masks["frames"] = mask
+            p.window.info["rare_frames"] = int(mask.sum())
 
     def _encode(self, pending: list[_PendingWindow], keep: bool) -> list[torch.Tensor]:
         """The full-precision encoder output of each window, by the encoder stage's own code: the values of the
@@ -177,9 +179,9 @@ class WhisperBackbone:
                     found[j].update({(index, head): w for head, w in zip(own, weights)})
         return [torch.stack([f[head] for head in heads]) if f else None for f in found]
 
-    def _rare_frames(self, attention: torch.Tensor, p: _PendingWindow) -> torch.Tensor:
+    def _rare_frames(self, starts: list[int], p: _PendingWindow) -> torch.Tensor:
+        """The frames of ``p``'s rare words, from the frame where the alignment reaches each text token."""
         mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.bool)
-        starts = token_start_frames(self._alignment_matrix(attention, p.speech_frames))
         n_prompt = len(self.prompt_ids())
         for span in p.rare_spans:
             first, last = span[0] - n_prompt, span[-1] - n_prompt  # indices among the text tokens
@@ -278,35 +280,66 @@ def round_conv_kernels_to_f16(model: nn.Module) -> int:
     return changed
 
 
-def token_start_frames(matrix: np.ndarray) -> list[int]:
-    """DTW path through -matrix [tokens, frames]; the frame where the path first reaches each token row."""
-    text_idx, time_idx = dtw_path(-matrix.astype(np.float64))
-    starts = [0] * matrix.shape[0]
-    seen = set()
-    for t, f in zip(text_idx, time_idx):
-        if t not in seen:
-            seen.add(t)
-            starts[t] = int(f)
-    return starts
+def token_start_frames(matrices: list[np.ndarray]) -> list[list[int]]:
+    """For each matrix [tokens, frames]: the frame where the DTW path through -matrix first reaches each token row."""
+    found = []
+    paths = dtw_paths([-matrix.astype(np.float64) for matrix in matrices])
+    for matrix, (text_idx, time_idx) in zip(matrices, paths):
+        starts = [0] * matrix.shape[0]
+        seen = set()
+        for t, f in zip(text_idx, time_idx):
+            if t not in seen:
+                seen.add(t)
+                starts[t] = int(f)
+        found.append(starts)
+    return found
+
+
+DTW_BATCH = 16  # cost matrices whose recurrences run together: ~50 MB of float64 sums for 30 s windows
 
 
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Monotonic alignment minimising the summed cost (steps: diagonal, down, right; ties in that order).
+    """Monotonic alignment of one cost matrix [n, m] minimising the summed cost (see ``dtw_paths``)."""
+    return dtw_paths([cost])[0]
+
+
+def dtw_paths(costs: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each cost matrix [n, m]: the monotonic alignment minimising the summed cost (steps: diagonal, down, right;
+    ties in that order), as (row indices, column indices).
 
     The accumulated cost of a cell needs only cells of the two anti-diagonals before it, so each anti-diagonal is
-    computed at once (n + m vector steps instead of n * m Python steps: a window of 100 tokens x 1500 frames took a
-    second); the sums and the tie-breaking are those of the cell-by-cell recurrence, so the path is the same."""
-    n, m = cost.shape
-    acc = np.full((n + 1, m + 1), np.inf)
-    acc[0, 0] = 0.0
-    step = np.zeros((n + 1, m + 1), dtype=np.int8)
+    computed at once, and for up to DTW_BATCH matrices at once, padded to the largest (n + m vector steps per batch
+    instead of n * m Python steps per matrix: a window of 100 tokens x 1500 frames took a second). A cell inside a
+    matrix reads only cells inside it, so the padding never reaches a path; the sums and the tie-breaking are those
+    of the cell-by-cell recurrence, so each path is the same."""
+    paths = []
+    for start in range(0, len(costs), DTW_BATCH):
+        batch = costs[start : start + DTW_BATCH]
+        step = _dtw_steps(batch)
+        paths += [_backtrack(step[b], *cost.shape) for b, cost in enumerate(batch)]
+    return paths
+
+
+def _dtw_steps(costs: list[np.ndarray]) -> np.ndarray:
+    """The recurrence's chosen step per cell, [matrices, n + 1, m + 1] (0 diagonal, 1 down, 2 right)."""
+    n, m = (max(cost.shape[axis] for cost in costs) for axis in (0, 1))
+    padded = np.zeros((len(costs), n, m))
+    for b, cost in enumerate(costs):
+        padded[b, : cost.shape[0], : cost.shape[1]] = cost
+    acc = np.full((len(costs), n + 1, m + 1), np.inf)
+    acc[:, 0, 0] = 0.0
+    step = np.zeros((len(costs), n + 1, m + 1), dtype=np.int8)
     for d in range(2, n + m + 1):
         i = np.arange(max(1, d - m), min(n, d - 1) + 1)
         j = d - i
-        choices = np.stack([acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]])
+        choices = np.stack([acc[:, i - 1, j - 1], acc[:, i - 1, j], acc[:, i, j - 1]])
         k = np.argmin(choices, axis=0)
-        acc[i, j] = cost[i - 1, j - 1] + choices[k, np.arange(i.size)]
-        step[i, j] = k
+        acc[:, i, j] = padded[:, i - 1, j - 1] + np.take_along_axis(choices, k[None], axis=0)[0]
+        step[:, i, j] = k
+    return step
+
+
+def _backtrack(step: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     i, j = n, m
     path = []
     while i > 0 and j > 0:
@@ -318,11 +351,20 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    """The running median over the last dimension (odd ``width``, reflected edges). Found by sorting the ``width``
+    shifted views elementwise (odd-even transposition: ``width`` rounds of min/max, which sort any ``width`` values)
+    and taking the middle one: the same values as a median of the unfolded windows, three times faster here."""
+    if width % 2 == 0:
+        raise ValueError(f"median filter width must be odd, got {width}")
     pad = width // 2
     if x.shape[-1] <= pad:
         return x
     padded = nn.functional.pad(x, (pad, pad), mode="reflect")
-    return padded.unfold(-1, width, 1).median(dim=-1).values
+    views = [padded[..., k : k + x.shape[-1]] for k in range(width)]
+    for round_ in range(width):
+        for k in range(round_ % 2, width - 1, 2):
+            views[k], views[k + 1] = torch.minimum(views[k], views[k + 1]), torch.maximum(views[k], views[k + 1])
+    return views[pad]
 
 
 def cross_attention_weights(attention: nn.Module, x: torch.Tensor, encoded: torch.Tensor,
