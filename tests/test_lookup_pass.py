@@ -71,8 +71,17 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
     head_record = next(r for r in single.metadata["layers"] if r["name"] == "proj_out")
     assert head_record in twice.metadata["layers"]
     assert twice.metadata["method"]["lookup_pass"] is True and "lookup_pass" not in single.metadata["method"]
-    assert twice.metadata["lookup_pass"]["head"] == "the first calibration's"
+    assert twice.metadata["lookup_pass"] == {"head": "the first calibration's", "recalibrated": ["decoder"]}
     assert timing["seconds"] > timing["lookup_pass"]["first_pass"]["seconds"] > 0
+
+    # The second pass starts from the first's encoder: the same bytes as a whole second calibration with the lookup
+    reference = tiny_en()
+    reference.quantized_lookup = single.quantized[HEAD].dequantize()
+    whole, _ = quantize_backbone(reference, clips, options, "packaged:tiny.en", log=lambda _: None)
+    for name, q in twice.quantized.items():
+        if name != HEAD:
+            assert torch.equal(q.codes, whole.quantized[name].codes), name
+            assert all(torch.equal(v, whole.quantized[name].params()[k]) for k, v in q.params().items()), name
 
 
 def _args(method: str, lookup_pass: str = "auto", model: str = "packaged:base") -> argparse.Namespace:

@@ -334,6 +334,9 @@ class CalibrationResult:
     lattice: dict[str, QuantizedWeight]  # full weight name ("<block>.<linear>.weight") -> lattice
     records: list[dict]
     seconds: float
+    # with ``keep_streams_after``: each stream's per-window dicts as that stage left them (what a later run of the
+    # stages after it starts from: SequentialCalibrator's ``streams``)
+    streams: dict[str, list[dict]] | None = None
 
 
 class SequentialCalibrator:
@@ -341,8 +344,13 @@ class SequentialCalibrator:
 
     def __init__(self, stages: list[Stage], windows: list[Window], config: CalibrationConfig,
                  work_dir: WorkDir | None = None, log: Callable[[str], None] = print,
-                 milestone: Callable[[str], None] | None = None) -> None:
+                 milestone: Callable[[str], None] | None = None,
+                 streams: dict[str, list[dict]] | None = None, keep_streams_after: str | None = None) -> None:
+        """``streams``: what earlier stages, calibrated by another run, left in each stream (a run of the stages
+        after them: the lookup pass); ``keep_streams_after``: the stage after which the result keeps the streams."""
         self.stages = stages
+        self.initial_streams = streams
+        self.keep_streams_after = keep_streams_after
         self.windows = windows
         self.config = config
         self.device = torch.device(config.device)
@@ -406,7 +414,9 @@ class SequentialCalibrator:
         # The full-precision stream only feeds H_delta: methods without the residual step run the quantized stream
         # alone, as GPTQ itself does.
         kinds = ("fp", "q") if self.paired else ("q",)
-        streams = {kind: [{STREAM_KIND: kind} for _ in self.windows] for kind in kinds}
+        streams = {kind: [dict(s) for s in self.initial_streams[kind]] if self.initial_streams else
+                   [{STREAM_KIND: kind} for _ in self.windows] for kind in kinds}
+        kept_streams = None
         block_index = 0
         blocks_total = sum(len(s.blocks) for s in self.stages)
         progress = tqdm(total=blocks_total, desc="calibrating", unit="block", initial=finished)
@@ -432,11 +442,13 @@ class SequentialCalibrator:
             for kind in streams:
                 for w, s, hidden in zip(self.windows, streams[kind], h[kind]):
                     stage.leave(hidden, w, s)
+            if stage.name == self.keep_streams_after:  # copies of the dicts: later stages add their own keys
+                kept_streams = {kind: [dict(s) for s in streams[kind]] for kind in streams}
         progress.close()
         del streams, h
         if self.work_dir:
             lattice = self._read_back()
-        return CalibrationResult(lattice, records, time.perf_counter() - start)
+        return CalibrationResult(lattice, records, time.perf_counter() - start, kept_streams)
 
     # -- one block -------------------------------------------------------------------------------------------------
     def _calibrate_block(self, stage: Stage, block: Block, h: dict[str, list[torch.Tensor]],

@@ -165,11 +165,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     takes its ``importance`` ready-made (an imatrix file read by the caller: no calibration at all, as llama.cpp's
     quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
     not resume from a work directory, whose finished blocks would be missing from it)."""
-    torch.manual_seed(options.seed)
-    return_freed_memory()
-    peak_rss = {"model": peak_rss_mb()}  # the high-water mark as each stage ends, for the timing log
-    source_sha = state_sha256(backbone.model)
-    rotation = backbone.rotate(options.rotate, options.seed) if options.rotate != "none" else None
+    start = _Start.of(backbone, options)
     spec = options.spec()
     calibration: dict = {}
     fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
@@ -180,35 +176,87 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         if importance is not None:
             calibration = {"importance": importance.origin}
     else:
+        prepared = _Windows.of(backbone, utterances, options, start)
+        fp_blocks_reused = prepared.fp_blocks_reused
+        if milestone:
+            milestone("windows")
+        calibration = prepared.summary
+        work_dir = WorkDir(work_path, prepared.key) if work_path and importance_sink is None else None
+        result = _calibrate(backbone, backbone.stages(), prepared.windows, options, work_dir, log, milestone,
+                            importance_sink=importance_sink)
+    return _finished(backbone, result, options, source_id, start, calibration, fp_blocks_reused)
+
+
+@dataclass
+class _Start:
+    """What a calibration records of its model before anything changes it."""
+
+    source_sha: str
+    rotation: dict | None
+    peak_rss: dict  # the high-water mark as each stage ends, for the timing log
+
+    @classmethod
+    def of(cls, backbone: Backbone, options: QuantizeOptions) -> "_Start":
+        """Seed, hash the source weights, then rotate them when asked (the same rotation for the same seed)."""
+        torch.manual_seed(options.seed)
+        return_freed_memory()
+        peak_rss = {"model": peak_rss_mb()}
+        source_sha = state_sha256(backbone.model)
+        rotation = backbone.rotate(options.rotate, options.seed) if options.rotate != "none" else None
+        return cls(source_sha, rotation, peak_rss)
+
+
+@dataclass
+class _Windows:
+    """The calibration windows and what is recorded of them; ``key`` identifies the calibration's result (the work
+    directory's fingerprint)."""
+
+    windows: list
+    summary: dict
+    key: str
+    fp_blocks_reused: int
+
+    @classmethod
+    def of(cls, backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
+           start: _Start) -> "_Windows":
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
                                              compute_dtype=options.compute_dtype)
-        peak_rss["windows"] = peak_rss_mb()
-        fp_blocks_reused = len({name for window in windows for name in window.fp_stream})
-        if milestone:
-            milestone("windows")
-        calibration = _calibration_summary(chosen, stats, windows, options)
-        key = fingerprint(source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
-        work_dir = WorkDir(work_path, key) if work_path and importance_sink is None else None
-        config = CalibrationConfig(spec, options.solver(), options.device, options.seed, options.recipe(),
-                                   compute_dtype=options.compute_dtype, importance_sink=importance_sink)
-        with full_float32(), float32_compute(backbone.model):
-            result = SequentialCalibrator(backbone.stages(), windows, config, work_dir, log, milestone).run()
+        start.peak_rss["windows"] = peak_rss_mb()
+        key = fingerprint(start.source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
+        return cls(windows, _calibration_summary(chosen, stats, windows, options), key,
+                   len({name for window in windows for name in window.fp_stream}))
+
+
+def _calibrate(backbone: Backbone, stages: list, windows: list, options: QuantizeOptions, work_dir: WorkDir | None,
+               log: Callable[[str], None], milestone: Callable[[str], None] | None = None, **extra) -> CalibrationResult:
+    """The sequential calibration of ``stages`` (``extra``: SequentialCalibrator's optional arguments)."""
+    config = CalibrationConfig(options.spec(), options.solver(), options.device, options.seed, options.recipe(),
+                               compute_dtype=options.compute_dtype, importance_sink=extra.pop("importance_sink", None))
+    with full_float32(), float32_compute(backbone.model):
+        return SequentialCalibrator(stages, windows, config, work_dir, log, milestone, **extra).run()
+
+
+def _finished(backbone: Backbone, result: CalibrationResult, options: QuantizeOptions, source_id: str,
+              start: _Start, calibration: dict, fp_blocks_reused: int,
+              extra_metadata: dict | None = None) -> tuple[LatticeCheckpoint, dict]:
+    """The checkpoint of ``result`` and the timing log."""
     metadata = {
         "method": {"name": options.method, **options.result_knobs()},
         "layers": [_without_timing(r) for r in result.records],
         "calibration": calibration,
-        "source_model": {"id": source_id, "architecture": backbone.architecture, "state_sha256": source_sha},
-        **({"rotation": rotation} if rotation else {}),
+        "source_model": {"id": source_id, "architecture": backbone.architecture, "state_sha256": start.source_sha},
+        **({"rotation": start.rotation} if start.rotation else {}),
+        **(extra_metadata or {}),
         "tool": {"name": "tarq-deploy", "version": __version__},
         "machine": machine_record(),  # the scope of the same-bytes promise (machine.py)
     }
-    checkpoint = backbone.checkpoint(result.lattice, spec, metadata)
-    peak_rss["calibration"] = peak_rss_mb()
-    timing = {"seconds": result.seconds, "peak_rss_mb": peak_rss, "fp_blocks_reused": fp_blocks_reused,
+    checkpoint = backbone.checkpoint(result.lattice, options.spec(), metadata)
+    start.peak_rss["calibration"] = peak_rss_mb()
+    timing = {"seconds": result.seconds, "peak_rss_mb": start.peak_rss, "fp_blocks_reused": fp_blocks_reused,
               "compute_dtype": options.compute_dtype,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing
@@ -221,31 +269,54 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
 
     The first calibration, as quantize_backbone runs it, keeps the decoder's input lookup at full precision while it
     calibrates the decoder blocks: at 2 bits the lookup the runtime will do carries about 40 % of the quantized
-    model's KLD (results/lookup-pass), and no block saw it. So the model is loaded again and calibrated a second
-    time with the first head's lattice as the quantized stream's token lookup (the fp stream keeps the model's own),
-    and the checkpoint keeps the *first* head: the file's lookup is then the one the blocks were calibrated against
-    (the second pass's own head differs in every row, and the blocks' compensation missed it: rare KLD +0.18 on
-    dev). Each pass resumes from its own part of the work directory. ``load`` gives a fresh backbone each call."""
+    model's KLD (results/lookup-pass), and no block saw it. So the decoder blocks are calibrated a second time, on a
+    fresh copy of the model, with the first head's lattice as the quantized stream's token lookup (the fp stream
+    keeps the model's own), and the checkpoint keeps the *first* head: the file's lookup is then the one the blocks
+    were calibrated against (the second pass's own head differs in every row, and the blocks' compensation missed
+    it: rare KLD +0.18 on dev). The lookup reaches nothing before the decoder, so the second pass starts from what
+    the first left at the encoder's end (its windows, the encoder's lattice, both streams' encoder output): the
+    bytes of a whole second calibration, without its alignment pass and encoder. Each pass resumes from its own
+    part of the work directory. ``load`` gives a fresh backbone each call."""
     first_dir, second_dir = (work_path / f"pass{n}" if work_path else None for n in (1, 2))
-    log("lookup pass: the first calibration")
-    first, first_timing = quantize_backbone(load(), utterances, options, source_id, first_dir, log)
     backbone = load()
+    start = _Start.of(backbone, options)
+    prepared = _Windows.of(backbone, utterances, options, start)
+    stages = backbone.stages()
+    log("lookup pass: the first calibration")
+    first = _calibrate(backbone, stages, prepared.windows, options, _work_dir(first_dir, prepared.key), log,
+                       keep_streams_after=stages[0].name)
     head = backbone.tied_head
-    record = head.removesuffix(".weight")
-    first_head = first.quantized[head]
-    first_record = next(r for r in first.metadata["layers"] if r["name"] == record)
-    first_head_timing = next(t for t in first_timing["layers"] if t["name"] == record)
-    del first  # only its head is kept: the rest of a large model's lattice is not held through the second pass
-    backbone.quantized_lookup = first_head.dequantize()
-    log("lookup pass: the second calibration, its decoder looking tokens up in the first head's lattice")
-    second, timing = quantize_backbone(backbone, utterances, options, source_id, second_dir, log)
-    second.quantized[head] = first_head
-    second.metadata["layers"] = [first_record if r["name"] == record else r for r in second.metadata["layers"]]
-    second.metadata["lookup_pass"] = {"head": "the first calibration's", "first_pass_seconds": first_timing["seconds"]}
-    timing["layers"] = [first_head_timing if t["name"] == record else t for t in timing["layers"]]
-    timing["seconds"] += first_timing["seconds"]
-    timing["lookup_pass"] = {"first_pass": {k: first_timing[k] for k in ("seconds", "peak_rss_mb")}}
-    return second, timing
+    first_head = first.lattice[head]
+    del backbone, stages  # its blocks hold lattice values now; the second pass takes a fresh copy
+    second_backbone = load()
+    if options.rotate != "none":  # the same rotation as the first copy's (the same seed)
+        second_backbone.rotate(options.rotate, options.seed)
+    second_backbone.quantized_lookup = first_head.dequantize()
+    redone = [stage for stage in second_backbone.stages()[1:] if not _holds(stage, head)]
+    log("lookup pass: the decoder again, looking its tokens up in the first head's lattice")
+    second = _calibrate(second_backbone, redone, prepared.windows, options,
+                        _work_dir(second_dir, fingerprint(prepared.key, "after the first pass's encoder")), log,
+                        streams=first.streams)
+    redone_records = {r["name"]: r for r in second.records}
+    result = CalibrationResult({**first.lattice, **second.lattice},
+                               [redone_records.get(r["name"], r) for r in first.records],
+                               first.seconds + second.seconds)
+    checkpoint, timing = _finished(second_backbone, result, options, source_id, start, prepared.summary,
+                                   prepared.fp_blocks_reused,
+                                   {"lookup_pass": {"head": "the first calibration's",
+                                                    "recalibrated": [stage.name for stage in redone]}})
+    timing["lookup_pass"] = {"first_pass": {"seconds": first.seconds}, "second_pass": {"seconds": second.seconds}}
+    return checkpoint, timing
+
+
+def _work_dir(path: Path | None, key: str) -> WorkDir | None:
+    return WorkDir(path, key) if path else None
+
+
+def _holds(stage, weight_name: str) -> bool:
+    """Whether ``stage`` calibrates the Linear whose weight is ``weight_name``."""
+    return any(f"{block.full_name(rel)}.weight" == weight_name for block in stage.blocks for group in block.groups
+               for rel in group)
 
 
 DEFAULT_MAX_MEMORY = 8 * 10**9
