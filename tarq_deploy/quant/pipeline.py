@@ -166,7 +166,6 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
     not resume from a work directory, whose finished blocks would be missing from it)."""
     start = _Start.of(backbone, options)
-    spec = options.spec()
     calibration: dict = {}
     fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
     if options.method in DATA_FREE_METHODS or importance is not None:
@@ -232,12 +231,16 @@ class _Windows:
 
 
 def _calibrate(backbone: Backbone, stages: list, windows: list, options: QuantizeOptions, work_dir: WorkDir | None,
-               log: Callable[[str], None], milestone: Callable[[str], None] | None = None, **extra) -> CalibrationResult:
-    """The sequential calibration of ``stages`` (``extra``: SequentialCalibrator's optional arguments)."""
+               log: Callable[[str], None], milestone: Callable[[str], None] | None = None,
+               importance_sink: dict[str, tuple[torch.Tensor, float]] | None = None,
+               streams: dict[str, list[dict]] | None = None,
+               keep_streams_after: str | None = None) -> CalibrationResult:
+    """The sequential calibration of ``stages`` (``streams``, ``keep_streams_after``: see SequentialCalibrator)."""
     config = CalibrationConfig(options.spec(), options.solver(), options.device, options.seed, options.recipe(),
-                               compute_dtype=options.compute_dtype, importance_sink=extra.pop("importance_sink", None))
+                               compute_dtype=options.compute_dtype, importance_sink=importance_sink)
     with full_float32(), float32_compute(backbone.model):
-        return SequentialCalibrator(stages, windows, config, work_dir, log, milestone, **extra).run()
+        return SequentialCalibrator(stages, windows, config, work_dir, log, milestone, streams=streams,
+                                    keep_streams_after=keep_streams_after).run()
 
 
 def _finished(backbone: Backbone, result: CalibrationResult, options: QuantizeOptions, source_id: str,
