@@ -192,8 +192,7 @@ class Qwen3ASRBackbone:
         return stages
 
     def quantized_weight_names(self) -> list[str]:
-        return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
-                for g in b.groups for rel in g]
+        return [name for stage in self.stages() for b in stage.blocks for name in b.weight_names()]
 
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint:
         return qwen3_asr_checkpoint(self, lattice, spec, metadata)

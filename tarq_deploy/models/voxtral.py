@@ -162,8 +162,7 @@ class VoxtralBackbone:
         return stages
 
     def quantized_weight_names(self) -> list[str]:
-        return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
-                for g in b.groups for rel in g]
+        return [name for stage in self.stages() for b in stage.blocks for name in b.weight_names()]
 
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint:
         return voxtral_checkpoint(self, lattice, spec, metadata)

@@ -210,8 +210,7 @@ class WhisperBackbone:
                 HeadStage("proj_out", m.proj_out, self.head_identity_weight)]
 
     def quantized_weight_names(self) -> list[str]:
-        return [f"{b.full_name(rel)}.weight" for stage in self.stages() for b in stage.blocks
-                for g in b.groups for rel in g]
+        return [name for stage in self.stages() for b in stage.blocks for name in b.weight_names()]
 
     # -- exact rotation --------------------------------------------------------------------------------------------
     def rotate(self, kind: str, seed: int) -> dict:

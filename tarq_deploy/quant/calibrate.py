@@ -78,6 +78,10 @@ class Block:
         """State-dict name of a Linear of this block (without the ".weight")."""
         return f"{self.name}.{rel}" if self.name else rel
 
+    def weight_names(self) -> list[str]:
+        """State-dict names of the weights this block calibrates, in group order."""
+        return [f"{self.full_name(rel)}.weight" for group in self.groups for rel in group]
+
     def linear(self, rel: str) -> nn.Linear:
         return self.module.get_submodule(rel)  # type: ignore[return-value]
 
@@ -298,7 +302,7 @@ class WorkDir:
             raise WorkDirError(f"{path}: not a readable safetensors file ({e})") from None
         names = sorted({k.rsplit(".", 1)[0] for k in raw})
         if block is not None:
-            expected = sorted(f"{block.full_name(rel)}.weight" for group in block.groups for rel in group)
+            expected = sorted(block.weight_names())
             if names != expected:
                 raise WorkDirError(f"{path}: holds {len(names)} matrices, not the {len(expected)} Linears of "
                                    f"{block.name}")

@@ -18,9 +18,9 @@ ROTATIONS = ("auto", "none", "heads")
 # Q3_K (no change), rtn (IQ3_XXS worse); every pair not measured keeps the weights as they are.
 ROTATE_HEADS_BY_DEFAULT = frozenset({("tarq", "iq3_s"), ("tarq", "iq3_xxs"), ("tarq", "iq2_s"), ("tarq", "iq2_xs")})
 LOOKUP_PASSES = ("auto", "on", "off")
-# --lookup-pass auto: Whisper is calibrated twice (quant/pipeline.py quantize_with_lookup_pass) for these pairs only.
-# Dev split, TARQ IQ2_XS of base (results/lookup-pass): common KLD -0.085 [-0.119, -0.054]*, rare +0.012 (n.s.).
-# Not measured elsewhere, so off: it doubles the calibration's time.
+# --lookup-pass auto: Whisper's decoder is calibrated twice (quant/pipeline.py quantize_with_lookup_pass) for these
+# pairs only. Dev split, TARQ of base (results/lookup-pass): IQ2_XS common KLD -0.085 [-0.119, -0.054]*, rare +0.012
+# (n.s.); IQ2_S nothing significant (rare +0.024, common -0.019). Not measured elsewhere, so off.
 LOOKUP_PASS_BY_DEFAULT = frozenset({("tarq", "iq2_xs")})
 
 # --head-identity-weight's default (mu: the weight of the token-lookup role in the tied head's metric, H + mu tr(H)/n I)

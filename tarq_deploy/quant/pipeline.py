@@ -81,7 +81,7 @@ class QuantizeOptions:
     # The forward passes' precision: "float32", or "bfloat16" autocast (precision.py; an opt-in: the dev split
     # moved by a few percent). The second moments and the solver stay float32/float64.
     compute_dtype: str = "float32"
-    # Whisper's tied head: calibrate twice, the second time with the first head's lattice as the quantized stream's
+    # Whisper's tied head: calibrate the decoder a second time with the first head's lattice as the quantized stream's
     # token lookup, and keep the first head (quantize_with_lookup_pass; results/lookup-pass).
     lookup_pass: bool = False
 
@@ -180,7 +180,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         if milestone:
             milestone("windows")
         calibration = prepared.summary
-        work_dir = WorkDir(work_path, prepared.key) if work_path and importance_sink is None else None
+        work_dir = _work_dir(work_path if importance_sink is None else None, prepared.key)
         result = _calibrate(backbone, backbone.stages(), prepared.windows, options, work_dir, log, milestone,
                             importance_sink=importance_sink)
     return _finished(backbone, result, options, source_id, start, calibration, fp_blocks_reused)
@@ -201,8 +201,12 @@ class _Start:
         return_freed_memory()
         peak_rss = {"model": peak_rss_mb()}
         source_sha = state_sha256(backbone.model)
-        rotation = backbone.rotate(options.rotate, options.seed) if options.rotate != "none" else None
-        return cls(source_sha, rotation, peak_rss)
+        return cls(source_sha, _rotated(backbone, options), peak_rss)
+
+
+def _rotated(backbone: Backbone, options: QuantizeOptions) -> dict | None:
+    """Rotate the weights in place when asked (the same rotation for the same seed); the rotation's record."""
+    return backbone.rotate(options.rotate, options.seed) if options.rotate != "none" else None
 
 
 @dataclass
@@ -292,8 +296,7 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
     first_head = first.lattice[head]
     del backbone, stages  # its blocks hold lattice values now; the second pass takes a fresh copy
     second_backbone = load()
-    if options.rotate != "none":  # the same rotation as the first copy's (the same seed)
-        second_backbone.rotate(options.rotate, options.seed)
+    _rotated(second_backbone, options)  # the same rotation as the first copy's
     second_backbone.quantized_lookup = first_head.dequantize()
     redone = [stage for stage in second_backbone.stages()[1:] if not _holds(stage, head)]
     log("lookup pass: the decoder again, looking its tokens up in the first head's lattice")
@@ -318,8 +321,7 @@ def _work_dir(path: Path | None, key: str) -> WorkDir | None:
 
 def _holds(stage, weight_name: str) -> bool:
     """Whether ``stage`` calibrates the Linear whose weight is ``weight_name``."""
-    return any(f"{block.full_name(rel)}.weight" == weight_name for block in stage.blocks for group in block.groups
-               for rel in group)
+    return any(weight_name in block.weight_names() for block in stage.blocks)
 
 
 DEFAULT_MAX_MEMORY = 8 * 10**9
