@@ -1,21 +1,24 @@
 """The grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ3_S and IQ3_XXS (3 real
-clips, jfk not among them) and onto IQ2_S and IQ2_XS (128 synthetic utterances made here by `corpus synth`: voices slt
-and joe, sentences and voices disjoint from jfk) through the CLI; the export is bit-exact (verify) and whisper.cpp
-(pywhispercpp) transcribes jfk from it. IQ2_S and IQ2_XS nearest points of base (data-free) export bit-exactly and
-run on a short clip. What ggml cannot quantize is refused in one line.
+clips) and onto IQ2_S and IQ2_XS (128 synthetic utterances made here by `corpus synth`: voices slt and joe, sentences
+and voices disjoint from the real clips) through the CLI; the export is bit-exact (verify) and whisper.cpp
+(pywhispercpp) transcribes the real clips the calibration did not see (all 12 at 2 bits, 9 at 3 bits) within a
+capped-WER bound. IQ2_S and IQ2_XS nearest points of base (data-free) export bit-exactly and run on a short clip. What
+ggml cannot quantize is refused in one line.
 
-TARQ at 2 bits, measured on the 2-core AMD EPYC (2026-11-28/29; jfk WER in whisper.cpp, greedy):
-- IQ2_S loops from the 3 real clips and from 11 ("And he has not not not ..."), stops after four words from 24
-  synthetic utterances (0.77), loops on quote marks from 64 (0.68). From 128 it transcribes jfk. With the head's
-  identity weight mu 4 (its default since the dev split measured it better, results/head-identity): WER 0.136 from
-  seed 2's corpus (this test's; the same with one torch thread), 0.045 from seed 0's, 0.091 from both (256). With
-  mu 1: 0 from seed 0's and seed 2's, 0.045 from both.
-- IQ2_XS (2.31 bpw), calibrated once, transcribed jfk from no calibration reliably. Unrotated: WER 0.045 from seed
-  2's 128, 0.86 from seed 0's ("and so my foal America."), 0.77 from both (256: "and so my fellow Americans,").
-  Rotated (`--rotate auto` since the dev split measured its gain, results/rotation): 0.18 from seed 0's, 0.36 from
-  seed 2's, a loop from both ("and and and ..."). Rotated with mu 4: 0.27, a loop, a loop. With the lookup pass
-  (`--lookup-pass auto`, its default at IQ2_XS since the dev split measured it: common KLD -11 %, results/lookup-pass;
-  jfk did not choose it): 0.227 from seed 0's, 0.091 from seed 2's, 0.59 from both (no loop, over the bound)."""
+The bound is on the held-out clips together, not on jfk alone: at 2 bits one 22-word clip swings with the rounding of a
+near tie. jfk's WER from four calibration corpora (seeds 0-3) was 0.27 / 0 / 0.14 / 0 at IQ2_XS, so the earlier bound
+of 0.25 on jfk alone failed from seed 0 and from a change that only reordered float sums (992a7ae). Capped WER on the 12
+clips (whisper.cpp, greedy; 2-core AMD EPYC family 25, 2026-11-29; `tarq-deploy eval`'s scoring):
+
+| model | seed 0 | seed 1 | seed 2 (this test's) | seed 3 |
+|---|---|---|---|---|
+| TARQ IQ2_S, 128 synthetic | 0.094 | 0.128 | 0.128 | 0.171 |
+| TARQ IQ2_XS, 128 synthetic | 0.188 | 0.162 | 0.179 | 0.222 (a loop on "five five") |
+
+and on the 9 clips not calibrated on: TARQ IQ3_S 0.096, IQ3_XXS 0.151 (the same on one and two torch threads). For
+scale: the float model 0.043; the nearest points, IQ2_S 0.90 and IQ2_XS 0.98 (loops on 4 and 5 of the 12 clips).
+The bounds sit 0.13-0.15 above the worst of those runs and far below what an uncalibrated or misexported model
+gives."""
 from __future__ import annotations
 
 import json
@@ -23,16 +26,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jiwer
 import pytest
 
 from tarq_deploy.cli import main as cli
 from tarq_deploy.data.corpus import Utterance, write_manifest
-from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
+from tarq_deploy.data.real_clips import all_real_clips
+from tarq_deploy.evaluate.wer import metric_counts, ratio, score_utterance
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
 from conftest import calibration_clips
-from test_whisper_cpp_export import transcribe_whisper_cpp, words
+from test_whisper_cpp_export import transcribe_whisper_cpp_clips
 from tarq_deploy.models.loader import load_whisper
 from test_whisper_cpp_types import _check_tarq_export, _exports_exactly_and_transcribes, run_cli
 
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHORT_CLIP = "cards-001"  # 1.1 s: a garbled 2-bit model loops to the window's last token, over a second of audio
 N_SYNTH_CALIB, SYNTH_SEED = 128, 2
 CALIBRATION_TIMEOUT_S = 1200
+HELD_OUT_CAPPED_WER = {"iq3_s": 0.25, "iq3_xxs": 0.30, "iq2_s": 0.30, "iq2_xs": 0.35}  # measured: see above
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +70,8 @@ def quantize_tarq_of_base(type_name: str, calib: Path, n_calib: int, ckpt: Path)
 
 @pytest.mark.parametrize("type_name, calibration", [("iq3_s", "real"), ("iq3_xxs", "real"), ("iq2_s", "synthetic"),
                                                      ("iq2_xs", "synthetic")])
-def test_tarq_on_a_grid_type_of_base_transcribes_jfk_in_whisper_cpp(request, capsys, tmp_path, jfk_wav, type_name,
-                                                                     calibration):
+def test_tarq_on_a_grid_type_of_base_transcribes_held_out_clips_in_whisper_cpp(request, capsys, tmp_path, type_name,
+                                                                                calibration):
     calib = request.getfixturevalue(f"{calibration}_calib")
     n_calib = N_SYNTH_CALIB if calibration == "synthetic" else len(calibration_clips())
     ckpt, out = tmp_path / "ck", tmp_path / f"{type_name}.bin"
@@ -77,8 +81,17 @@ def test_tarq_on_a_grid_type_of_base_transcribes_jfk_in_whisper_cpp(request, cap
     assert model.tensors["decoder.token_embedding.weight"].ggml_type == type_by_name(type_name)
     knobs = json.loads((ckpt / "manifest.json").read_text())["method"]
     assert knobs.get("lookup_pass", False) == (type_name == "iq2_xs")  # --lookup-pass auto
-    text = transcribe_whisper_cpp(out, jfk_wav)
-    assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
+    held_out = [c for c in all_real_clips() if c.id not in {c.id for c in calibration_clips()}] \
+        if calibration == "real" else all_real_clips()
+    texts = transcribe_whisper_cpp_clips(out, [str(c.path) for c in held_out])
+    wer = capped_wer(held_out, texts)
+    assert wer <= HELD_OUT_CAPPED_WER[type_name], list(zip([c.id for c in held_out], texts))
+
+
+def capped_wer(clips: list, texts: list[str]) -> float:
+    """The eval command's capped WER over ``clips``: word errors under Whisper's normaliser, each clip's capped at its
+    word count (a loop on a two-word clip costs 2, not 100), per reference word."""
+    return ratio(*metric_counts([score_utterance(c.id, c.text, text) for c, text in zip(clips, texts)])["capped_wer"])
 
 
 @pytest.fixture(scope="module")

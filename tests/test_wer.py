@@ -146,6 +146,15 @@ def test_repetition_loops_are_counted():
     assert (summary.loops, summary.loop_ids) == (2, ("a", "c"))
 
 
+def test_a_loop_of_number_words_is_a_loop_although_the_normaliser_joins_them():
+    # what whisper.cpp said for "five five" from one 2-bit base: normalised, "55" against "5555...5", one substitution
+    looping = score_utterance("cards-004", "five five", "Five, five, five, five, five, five, five, five, five.")
+    assert looping.hypothesis_words == ("555555555",) and looping.errors == 1
+    assert looping.loop
+    assert not score_utterance("n", "five five five five", "Five, five, five, five.").loop  # the reference says it
+    assert not score_utterance("t", "twenty five", "twenty-five").loop
+
+
 # ------------------------------------------------------------------------------------------------------- bootstrap
 def test_bootstrap_is_deterministic_and_paired():
     assert np.array_equal(bootstrap_indices(50, 200, seed=3), bootstrap_indices(50, 200, seed=3))

@@ -41,21 +41,27 @@ RUNTIME_TIMEOUT_S = 180
 TRANSCRIBE = """
 import json, sys
 from pywhispercpp.model import Model
-model = Model(sys.argv[1], redirect_whispercpp_logs_to=None, n_threads=int(sys.argv[3]), language="en",
+model = Model(sys.argv[1], redirect_whispercpp_logs_to=None, n_threads=int(sys.argv[2]), language="en",
               temperature=0.0, temperature_inc=0.0, no_timestamps=True, print_progress=False, print_realtime=False)
-print(json.dumps(" ".join(s.text.strip() for s in model.transcribe(sys.argv[2]))))
+for wav in sys.argv[3:]:
+    print(json.dumps(" ".join(s.text.strip() for s in model.transcribe(wav))))
 """
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
 def transcribe_whisper_cpp(model_file: Path, wav: str) -> str:
     """Greedy English transcription by whisper.cpp (pywhispercpp) in a fresh process."""
+    return transcribe_whisper_cpp_clips(model_file, [wav])[0]
+
+
+def transcribe_whisper_cpp_clips(model_file: Path, wavs: list[str]) -> list[str]:
+    """Greedy English transcriptions of several clips, in their order, by one whisper.cpp (pywhispercpp) process."""
     read_whisper_cpp(model_file)  # whisper.cpp must never see a file our parser rejects
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    run = subprocess.run([sys.executable, "-c", TRANSCRIBE, str(model_file.resolve()), wav, str(N_THREADS)],
-                         capture_output=True, text=True, timeout=RUNTIME_TIMEOUT_S, env=env)
+    run = subprocess.run([sys.executable, "-c", TRANSCRIBE, str(model_file.resolve()), str(N_THREADS), *wavs],
+                         capture_output=True, text=True, timeout=RUNTIME_TIMEOUT_S + 60 * (len(wavs) - 1), env=env)
     assert run.returncode == 0, f"pywhispercpp exited with {run.returncode} on {model_file}:\n{run.stderr[-2000:]}"
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in run.stdout.strip().splitlines()[-len(wavs):]]
 
 
 def transcribe_transformers(bundle, wav: str) -> str:

@@ -28,6 +28,7 @@ at its rare-word count), so one repetition loop cannot outweigh the rest of the 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
@@ -214,11 +215,22 @@ def score_utterance(utterance_id: str, reference: str, hypothesis: str, k: float
     hyp_words = normalized_words(hypothesis, normalizer)
     rare = [is_rare_word(w, k, numerals) for w in ref_words]
     alignment = align_words(ref_words, hyp_words, rare)
-    loop = is_repetition_loop(hyp_words, ref_words)
+    # Also on the words as written: the normaliser joins spelled-out numbers, so "five, five, five, ..." (a loop)
+    # reads as the one token "555..." (one substitution of "55", measured on a 2-bit base).
+    loop = is_repetition_loop(hyp_words, ref_words) or is_repetition_loop(written_words(hypothesis),
+                                                                          written_words(reference))
     return UtteranceScore(utterance_id, reference, hypothesis, tuple(ref_words), tuple(hyp_words), alignment, loop)
 
 
 # -------------------------------------------------------------------------------------------- repetition loops
+_WRITTEN_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
+
+
+def written_words(text: str) -> list[str]:
+    """The words of ``text`` as written, lowercased, punctuation dropped, numbers left as they are spelled."""
+    return _WRITTEN_WORD.findall(text.lower())
+
+
 def longest_repetition(words: Sequence[str], max_ngram: int = DEFAULT_LOOP_MAX_NGRAM) -> int:
     """The largest number of consecutive copies of any n-gram (n <= max_ngram) in ``words`` (1 when none repeats)."""
     best = 1 if words else 0
