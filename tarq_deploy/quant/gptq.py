@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.linalg.lapack import dtrtri
+from scipy.linalg.lapack import dpotri
 from threadpoolctl import threadpool_limits
 
 from ..errors import all_finite
@@ -41,24 +41,13 @@ ROW_CHUNK = 8192
 class PreparedMetric:
     """A damped metric ready for sweeps: reused by TARQ's pilot and final sweeps and its residual solve."""
 
-    U: torch.Tensor  # float32 upper Cholesky factor of (H + damp I)^-1, rows and columns in sweep order (``perm``)
+    H_inv: torch.Tensor  # float64 (H + damp I)^-1 with dead columns neutralised, in the original column order
+    U: torch.Tensor  # float32 upper Cholesky factor of H_inv, rows and columns in sweep order (``perm``)
     dead: torch.Tensor  # bool [n]: columns whose input is always zero
     damp: float
     importance: torch.Tensor  # float32 [n]: diag(H) (0 for dead columns), the weights of the scale search
     perm: torch.Tensor | None = None  # sweep order (act order), None = left to right
     H: torch.Tensor | None = None  # float32 damped metric H + damp I, kept only when asked (scale_refit.py)
-
-    def times_inverse(self, A: torch.Tensor) -> torch.Tensor:
-        """A (H + damp I)^-1 for A [m, n], in float32, by the factor the sweep holds: with the metric's rows and
-        columns in sweep order its inverse is U^T U, so A H^-1 = ((A P^T) U^T U) P. Two m x n x n products where
-        forming the inverse itself was an n^3 float64 pass per metric (fc2 of large-v3: n = 5120)."""
-        U = self.U.to(A.device)
-        if self.perm is None:
-            return (A @ U.T) @ U
-        perm = self.perm.to(A.device)
-        result = torch.empty_like(A)
-        result[:, perm] = (A[:, perm] @ U.T) @ U
-        return result
 
 
 def sweep_run(spec: LatticeSpec) -> int:
@@ -68,9 +57,9 @@ def sweep_run(spec: LatticeSpec) -> int:
 
 def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool = False,
                    run: int = 1, keep_metric: bool = False) -> PreparedMetric:
-    """Damp H by ``percdamp`` of its mean diagonal and factor its inverse in sweep order, in float64. With act order
-    and ``run`` > 1 (a grid type, :func:`sweep_run`), whole runs of neighbouring columns are ordered by their summed
-    diagonal, each kept in its own order."""
+    """Damp H by ``percdamp`` of its mean diagonal, invert it in float64 and factor the inverse (in sweep order).
+    With act order and ``run`` > 1 (a grid type, :func:`sweep_run`), whole runs of neighbouring columns are ordered
+    by their summed diagonal, each kept in its own order."""
     if not all_finite(H):
         raise ValueError("metric contains inf or nan (non-finite calibration activations)")
     H = H.to(torch.float64).clone()
@@ -81,37 +70,16 @@ def prepare_metric(H: torch.Tensor, percdamp: float = PERCDAMP, act_order: bool 
     damp = percdamp * diag_mean if diag_mean > 0 else 1.0
     H.diagonal().add_(damp)
     kept = H.to(torch.float32) if keep_metric else None
-    perm = _act_order(importance, run) if act_order else None
-    swept = H if perm is None else H[perm.unsqueeze(1), perm]  # one gather: the same values
+    L = _cholesky(H)
     del H  # n x n float64 each (fc2 of large-v3: 210 MB): each is let go as soon as the next is made
-    U = _upper_factor_of_inverse(swept).to(torch.float32)
-    return PreparedMetric(U=U, dead=dead, damp=damp, importance=importance, perm=perm, H=kept)
-
-
-def _upper_factor_of_inverse(A: torch.Tensor) -> torch.Tensor:
-    """The upper triangular U with U^T U = A^-1 (A symmetric positive definite, float64), from one Cholesky factor
-    and one triangular inverse (2 n^3 / 3 flops, where inverting A and factoring the inverse took 4 n^3 / 3).
-
-    With J the reversal of rows and columns: if J A J = L L^T (lower L), then A^-1 = J L^-T L^-1 J = U^T U for
-    U = J L^-1 J, which is upper triangular since L^-1 is lower."""
-    L = _cholesky(A.flip(0, 1))
-    return _lower_inverse(L).flip(0, 1)
-
-
-def _lower_inverse(L: torch.Tensor) -> torch.Tensor:
-    """L^-1 of a lower triangular float64 L.
-
-    On the CPU, LAPACK's dtrtri through SciPy on one BLAS thread (n^3 / 3 flops; a triangular solve against the
-    identity does n^3). One thread as for every LAPACK call here: the library's idle threads spin on the cores the
-    next matmuls need, and the bytes stay independent of the thread count."""
-    if L.device.type != "cpu":
-        eye = torch.eye(L.shape[0], dtype=L.dtype, device=L.device)
-        return torch.linalg.solve_triangular(L, eye, upper=False)
-    with threadpool_limits(limits=1, user_api="blas"):
-        inverse, info = dtrtri(L.numpy(), lower=1)
-    if info != 0:
-        raise torch.linalg.LinAlgError(f"dtrtri failed (info {info}) on a factor that Cholesky accepted")
-    return torch.from_numpy(inverse).tril()
+    H_inv = _inverse_from_cholesky(L)
+    del L
+    perm = _act_order(importance, run) if act_order else None
+    swept = H_inv if perm is None else H_inv[perm.unsqueeze(1), perm]  # one gather: the same values
+    U = _cholesky(swept, upper=True)
+    del swept
+    U = U.to(torch.float32)
+    return PreparedMetric(H_inv=H_inv, U=U, dead=dead, damp=damp, importance=importance, perm=perm, H=kept)
 
 
 def _act_order(importance: torch.Tensor, run: int) -> torch.Tensor:
@@ -120,6 +88,23 @@ def _act_order(importance: torch.Tensor, run: int) -> torch.Tensor:
         return torch.argsort(importance, descending=True, stable=True)
     runs = torch.argsort(importance.reshape(-1, run).sum(dim=1), descending=True, stable=True)
     return (runs[:, None] * run + torch.arange(run)).reshape(-1)
+
+
+def _inverse_from_cholesky(L: torch.Tensor) -> torch.Tensor:
+    """(L L^T)^-1 from its lower Cholesky factor L (float64).
+
+    On the CPU, LAPACK's dpotri through SciPy on one BLAS thread. torch's cholesky_inverse took 0.83 s at n = 2048
+    on the idle 2-core EPYC where dpotri takes 0.11 s, and 18 s against 0.5 s with the cores oversubscribed; on two
+    threads dpotri's spinning workers slowed the next matmuls and were no faster under load. One thread also keeps
+    the bytes independent of the thread count."""
+    if L.device.type != "cpu":
+        return torch.cholesky_inverse(L)
+    with threadpool_limits(limits=1, user_api="blas"):
+        inverse, info = dpotri(L.numpy(), lower=1)
+    if info != 0:
+        raise torch.linalg.LinAlgError(f"dpotri failed (info {info}) on a factor that Cholesky accepted")
+    lower = torch.from_numpy(inverse).tril()
+    return lower + lower.tril(-1).T
 
 
 def _cholesky(A: torch.Tensor, upper: bool = False) -> torch.Tensor:

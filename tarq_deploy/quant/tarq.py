@@ -117,9 +117,9 @@ def residual_direction(W: torch.Tensor, H_delta: torch.Tensor, metric: PreparedM
 def direction_of(W_H_delta: torch.Tensor, metric: PreparedMetric) -> tuple[torch.Tensor, torch.Tensor]:
     """D = (W H_delta) G, and D H, needed by the closed-form alpha, without another m x n x n product: since
     G (H + delta I) = I, D H = W H_delta - delta D (dead columns carry D = 0, so the unit diagonal planted for them
-    does not matter). float32 products, G applied by the sweep's factor (PreparedMetric.times_inverse): alpha from
-    them agrees with a float64 brute-force search (tests/test_solvers.py)."""
-    D = metric.times_inverse(W_H_delta.float())
+    does not matter). float32 products: alpha from them agrees with a float64 brute-force search
+    (tests/test_solvers.py)."""
+    D = W_H_delta @ metric.H_inv.to(W_H_delta.device, torch.float32)
     return D, W_H_delta - metric.damp * D
 
 
