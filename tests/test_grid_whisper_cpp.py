@@ -83,8 +83,8 @@ def test_tarq_on_a_grid_type_of_base_transcribes_held_out_clips_in_whisper_cpp(r
     assert model.tensors["decoder.token_embedding.weight"].ggml_type == type_by_name(type_name)
     knobs = json.loads((ckpt / "manifest.json").read_text())["method"]
     assert knobs.get("lookup_pass", False) == (type_name == "iq2_xs")  # --lookup-pass auto
-    held_out = [c for c in all_real_clips() if c.id not in {c.id for c in calibration_clips()}] \
-        if calibration == "real" else all_real_clips()
+    calibrated_on = {clip.id for clip in calibration_clips()} if calibration == "real" else set()
+    held_out = [clip for clip in all_real_clips() if clip.id not in calibrated_on]
     texts = transcribe_whisper_cpp_clips(out, [str(c.path) for c in held_out])
     wer = capped_wer(held_out, texts)
     assert wer <= HELD_OUT_CAPPED_WER[type_name], list(zip([c.id for c in held_out], texts))
