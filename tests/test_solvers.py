@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 
 from tarq_deploy.quant.gptq import gptq_quantize, weighted_loss
 from tarq_deploy.quant.lattice import (LatticeSpec, check_on_lattice, codes_for, dequantize, on_scale_grid, scales_for,
                                       stored_scales)
 from tarq_deploy.quant.lattice_fit import quantize_rtn
-from tarq_deploy.quant.stats import LayerStats
+from tarq_deploy.quant.stats import LayerStats, symmetric_from_upper, symmetrize_from_upper_
 from tarq_deploy.quant.calibrate import solve_layer
 from tarq_deploy.quant.tarq import (
     TarqConfig, group_losses, optimal_alpha, rarebal_metric, residual_direction, reweighting_mask,
@@ -147,6 +148,37 @@ def test_streaming_stats_equal_one_shot_sums() -> None:
     assert (stream.n_tail, stream.n_common, stream.n_delta) == (int(tail.sum()), int((~tail).sum()), 300)
     restored = LayerStats.from_state_dict(stream.state_dict())
     assert torch.equal(restored.H_delta, stream.H_delta) and restored.n_tail == stream.n_tail
+
+
+def test_gram_sums_folded_in_upper_blocks_read_back_symmetric_between_adds(monkeypatch) -> None:
+    """n >= 512: each Gram is formed in upper row blocks and folded into float64 as formed; reading it (here between
+    adds too, across several folds) gives the whole symmetric sum."""
+    import tarq_deploy.quant.stats as stats_module
+
+    monkeypatch.setattr(stats_module, "FOLD_POSITIONS", 150)  # a fold every second add
+    generator = torch.Generator().manual_seed(5)
+    X = torch.randn(600, 520, generator=generator)
+    tail = torch.rand(600, generator=generator) < 0.3
+    stream = LayerStats(520)
+    for chunk in range(0, 600, 100):
+        stream.add(X[chunk:chunk + 100], tail[chunk:chunk + 100])
+        if chunk == 200:
+            early = stream.H_common.clone()
+            assert torch.equal(early, early.T)
+    Xd = X.double()
+    for got, rows in ((stream.H_common, ~tail), (stream.H_tail, tail)):
+        assert torch.equal(got, got.T)
+        assert torch.allclose(got, Xd[rows].T @ Xd[rows], rtol=1e-5, atol=1e-3)
+    assert not torch.equal(early, stream.H_common)  # the later adds reached it after the read
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 70), block=st.integers(1, 80), seed=st.integers(0, 2**16))
+def test_symmetrize_from_upper_in_place_matches_the_copying_form(n: int, block: int, seed: int) -> None:
+    matrix = torch.randn(n, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    expected = symmetric_from_upper(matrix)
+    symmetrize_from_upper_(matrix, block)
+    assert torch.equal(matrix, expected)
 
 
 def test_projected_cross_moment_is_W_times_H_delta() -> None:
