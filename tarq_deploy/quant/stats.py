@@ -48,12 +48,6 @@ def upper_gram_(buffer: torch.Tensor, x: torch.Tensor, parts: int = GRAM_PARTS) 
         buffer[start:stop, start:].addmm_(x[:, start:stop].T, x[:, start:])
 
 
-def symmetric_from_upper(buffer: torch.Tensor) -> torch.Tensor:
-    """The whole symmetric matrix whose upper triangle ``buffer`` holds (what upper_gram_ filled)."""
-    upper = torch.triu(buffer)
-    return upper + torch.triu(upper, diagonal=1).T
-
-
 def symmetrize_from_upper_(matrix: torch.Tensor, block: int = 512) -> None:
     """Overwrite the strict lower triangle of the square ``matrix`` with its upper triangle's transpose, in place, a
     block of rows at a time (no n x n temporary: 200 MB each for large-v3's fc2 in float64)."""

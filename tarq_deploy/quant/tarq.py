@@ -33,7 +33,7 @@ from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metri
 from .lattice import LatticeSpec, QuantizedWeight
 from .lattice_fit import quantize_rtn
 from .scale_refit import refit_sub_codes
-from .stats import LayerStats, symmetric_from_upper, upper_gram_
+from .stats import LayerStats, symmetrize_from_upper_, upper_gram_
 
 EPS = 1e-12
 
@@ -233,7 +233,8 @@ def group_losses(W: torch.Tensor, W_hat: QuantizedWeight, stats: LayerStats) -> 
     dW = W.float() - W_hat.dequantize().to(W.device)
     error_gram = torch.zeros((dW.shape[1], dW.shape[1]), dtype=torch.float32, device=dW.device)
     upper_gram_(error_gram, dW)
-    error_gram = symmetric_from_upper(error_gram).to(torch.float64)
+    symmetrize_from_upper_(error_gram)
+    error_gram = error_gram.to(torch.float64)
 
     def loss(H: torch.Tensor, count: int) -> float:  # an empty group (no tail frames untagged) costs nothing
         return float((H.to(dW.device, torch.float64) * error_gram).sum()) / count if count else 0.0
