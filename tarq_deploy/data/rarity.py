@@ -61,6 +61,12 @@ def normalize_word(word: str) -> str:
     return _THOUSANDS_SEPARATOR.sub("", match.group(0)) if match else ""
 
 
+def written_words(text: str) -> list[str]:
+    """The words of ``text`` as written, each as ``normalize_word`` gives it (spelled-out numbers stay words, unlike
+    under Whisper's normaliser)."""
+    return [normalize_word(match.group(0)) for match in _WORD.finditer(_canonical_chars(text))]
+
+
 @functools.lru_cache(maxsize=1 << 18)
 def zipf(word: str) -> float:
     """wordfreq English Zipf score of a normalised word (0.0 when unknown)."""

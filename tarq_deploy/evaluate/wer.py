@@ -28,7 +28,6 @@ at its rare-word count), so one repetition loop cannot outweigh the rest of the 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
@@ -36,7 +35,7 @@ import numpy as np
 
 from ..data.normalize import (Normalizer, english_spelling_mapping, normalized_words,  # noqa: F401 -- re-exported
                               normalizer_description, whisper_english_normalizer)
-from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word
+from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word, written_words
 
 OK, SUBSTITUTED, DELETED = "ok", "sub", "del"
 DEFAULT_LOOP_REPEATS = 4
@@ -223,14 +222,6 @@ def score_utterance(utterance_id: str, reference: str, hypothesis: str, k: float
 
 
 # -------------------------------------------------------------------------------------------- repetition loops
-_WRITTEN_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
-
-
-def written_words(text: str) -> list[str]:
-    """The words of ``text`` as written, lowercased, punctuation dropped, numbers left as they are spelled."""
-    return _WRITTEN_WORD.findall(text.lower())
-
-
 def longest_repetition(words: Sequence[str], max_ngram: int = DEFAULT_LOOP_MAX_NGRAM) -> int:
     """The largest number of consecutive copies of any n-gram (n <= max_ngram) in ``words`` (1 when none repeats)."""
     best = 1 if words else 0
