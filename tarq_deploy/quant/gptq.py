@@ -187,55 +187,87 @@ def _keeps_runs(perm: torch.Tensor, run: int) -> bool:
 
 def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
                       scale_rule: str, width: int, fit_width: int) -> QuantizedWeight:
-    """The sweep on the CPU: the per-column steps on NumPy views of the same float32 buffers (a column step is a
-    few small vector operations, where NumPy's call overhead is a tenth of torch's), the lazy block update still a
-    torch matmul. The same IEEE float32 operations in the same order as the torch sweep, so the same codes."""
+    """The sweep on the CPU: the per-column steps as a compiled loop over NumPy views of the same float32 buffers
+    (sweep_kernel.py; a grid type's runs as NumPy steps), the lazy block update still a torch matmul. The same IEEE
+    float32 operations in the same order as the torch sweep, so the same codes."""
     m, n = W.shape
     Wt, order, group_of, importance, fitted = _sweep_setup(W, metric, spec, scale_rule, width)
     static = bool(fitted)
     n_groups = n // width
     sT = np.zeros((n_groups, m), dtype=np.float32)  # scale (and offset) of each group, one row per group
-    oT = np.zeros((n_groups, m), dtype=np.float32) if spec.affine else None
+    oT = np.zeros((n_groups if spec.affine else 0, m), dtype=np.float32)  # no rows: no offsets
     if static:
         s_all, o_all = effective_scale_offset(spec, fitted[0])
         sT[:] = s_all.T.numpy()
-        if oT is not None:
+        if spec.affine:
             oT[:] = o_all.T.numpy()
     U = metric.U.to("cpu")
     U_np, Wt_np = U.numpy(), Wt.numpy()
     codes_t = np.zeros((n, m), dtype=np.int8)
-    rounder = _numpy_rounder(spec)
-    unit = sweep_run(spec)
+    groups = np.asarray(group_of, dtype=np.int64)
+    steps = _grid_steps(spec) if sweep_run(spec) > 1 else _compiled_steps(spec)
     for i1 in range(0, n, blocksize):
         i2 = min(i1 + blocksize, n)
         W_block = Wt_np[i1:i2].copy()
         Err_block = np.zeros_like(W_block)
-        U_block = U_np[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            col = i1 + i
-            group = group_of[col]
-            if not static and col % fit_width == 0:  # entering a group: fix its parameters from its current columns
-                params = fit_params(torch.from_numpy(W_block[i : i + fit_width]).T, spec, scale_rule,
-                                    importance[col : col + fit_width])
+        U_block = np.ascontiguousarray(U_np[i1:i2, i1:i2])
+        run = i2 - i1 if static else fit_width  # columns between two group entries
+        for start in range(0, i2 - i1, run):
+            if not static:  # entering a group: fix its parameters from its current columns
+                params = fit_params(torch.from_numpy(W_block[start : start + fit_width]).T, spec, scale_rule,
+                                    importance[i1 + start : i1 + start + fit_width])
                 fitted.append(params)
                 s_new, o_new = effective_scale_offset(spec, params)
+                group = group_of[i1 + start]
                 sT[group : group + s_new.shape[1]] = s_new.T.numpy()
-                if oT is not None:
+                if spec.affine:
                     oT[group : group + s_new.shape[1]] = o_new.T.numpy()
-            s = sT[group]
-            o = None if oT is None else oT[group]
+            steps(W_block, Err_block, U_block, codes_t[i1:i2], sT, oT, groups[i1:i2], start, start + run)
+        Wt[i2:] -= U[i1:i2, i2:].T @ torch.from_numpy(Err_block)
+    return _assembled(torch.from_numpy(codes_t).to(CODE_DTYPE), order, fitted, spec)
+
+
+def _compiled_steps(spec: LatticeSpec):
+    """sweep_kernel.sweep_block_columns with the lattice's code range, or its codebook, bound in (float32)."""
+    from .sweep_kernel import sweep_block_columns  # numba: compiled on first use, then read from its cache
+
+    empty = np.zeros(0, dtype=np.float32)
+    if spec.codebook is None:
+        lo, hi, zero, table, bounds = np.float32(spec.qmin), np.float32(spec.qmax), np.float32(0.0), empty, empty
+    else:
+        table = np.asarray(spec.codebook, dtype=np.float32)
+        bounds = (table[1:] + table[:-1]) / np.float32(2)
+        lo = hi = np.float32(0.0)
+        zero = np.float32(min(spec.codebook, key=abs))
+
+    def steps(W_block, Err_block, U_block, codes, sT, oT, groups, start, stop) -> None:  # noqa: ANN001
+        sweep_block_columns(W_block, Err_block, U_block, codes, sT, oT, groups, start, stop, lo, hi, zero, table,
+                            bounds)
+
+    return steps
+
+
+def _grid_steps(spec: LatticeSpec):
+    """A grid type's column steps in NumPy: entering each run of ``sweep_run`` columns, their codes are chosen
+    together (the grid points nearest under the weights 1 / U_jj^2 the sweep gives each column's error); the
+    columns are then swept one by one as any other, each error pushed on the columns after it."""
+    unit = sweep_run(spec)
+
+    def steps(W_block, Err_block, U_block, codes, sT, oT, groups, start, stop) -> None:  # noqa: ANN001
+        for i in range(start, stop):
+            s = sT[groups[i]]
             w = W_block[i]
-            if unit > 1 and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
+            if i % unit == 0:
                 weights = np.float32(1.0) / np.square(np.diagonal(U_block[i : i + unit, i : i + unit]))
                 run_codes = sweep_run_codes(W_block[i : i + unit], s, weights, spec.grid)
-            q = run_codes[col % unit] if unit > 1 else rounder(w if o is None else w - o, s)
-            codes_t[col] = q
-            value = q * s if o is None else q * s + o
+            q = run_codes[i % unit]
+            codes[i] = q
+            value = q * s + oT[groups[i]] if oT.shape[0] else q * s
             err = (w - value) / U_block[i, i]
             W_block[i:] -= U_block[i, i:, None] * err[None, :]
             Err_block[i] = err
-        Wt[i2:] -= U[i1:i2, i2:].T @ torch.from_numpy(Err_block)
-    return _assembled(torch.from_numpy(codes_t).to(CODE_DTYPE), order, fitted, spec)
+
+    return steps
 
 
 def _grid_run(W_run: torch.Tensor, s: torch.Tensor, U_run: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
@@ -244,27 +276,6 @@ def _grid_run(W_run: torch.Tensor, s: torch.Tensor, U_run: torch.Tensor, spec: L
     for the run; its columns are then swept one by one, each error pushed on the columns after it as usual."""
     weights = 1.0 / torch.diagonal(U_run).float().square()
     return nearest_points(W_run.T.float(), s.float(), weights, spec.grid).T.float()
-
-
-def _numpy_rounder(spec: LatticeSpec):
-    """round_codes for one column (float32 NumPy): the code nearest x / s (round half to even, as torch.round),
-    clamped, or a codebook's nearest entry (ties to the lower one, as torch.bucketize); a zero scale gives code 0
-    (a codebook: its entry nearest 0)."""
-    if spec.codebook is None:
-        lo, hi, zero = np.float32(spec.qmin), np.float32(spec.qmax), np.float32(0.0)
-    else:
-        table = np.asarray(spec.codebook, dtype=np.float32)
-        bounds = (table[1:] + table[:-1]) / np.float32(2)
-        zero = np.float32(min(spec.codebook, key=abs))
-
-    def rounder(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-        dead = s == 0
-        y = x / np.where(dead, np.float32(1), s)
-        q = np.clip(np.rint(y), lo, hi) if spec.codebook is None else table[np.searchsorted(bounds, y, "left")]
-        q[dead] = zero
-        return q
-
-    return rounder
 
 
 def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
