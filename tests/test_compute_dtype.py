@@ -106,36 +106,3 @@ def test_a_bfloat16_calibration_is_deterministic_recorded_and_close_to_float32(c
 def test_a_run_that_computes_nothing_names_no_compute_dtype(tmp_path, calib):
     manifest = _quantize(calib, tmp_path / "r", "--method", "rtn", "--compute-dtype", "bfloat16")
     assert "compute_dtype" not in manifest["method"]
-
-
-# ------------------------------------------------------------------------------- the full-precision stream alone
-def test_the_fp_stream_passes_run_in_their_own_precision_whatever_the_quantized_streams():
-    """--fp-stream-dtype: the calibrator's fp passes (SequentialCalibrator._fp_pass) run under the fp stream's
-    precision, inside a run whose forward passes have another."""
-    from tarq_deploy.quant.calibrate import CalibrationConfig, SequentialCalibrator
-    from tarq_deploy.quant.lattice import LatticeSpec
-    from tarq_deploy.quant.tarq import TarqConfig
-
-    def autocast_in_fp_pass(compute: str, fp: str | None) -> bool:
-        config = CalibrationConfig(LatticeSpec(4, 32), TarqConfig(), compute_dtype=compute, fp_stream_dtype=fp)
-        calibrator = SequentialCalibrator([], [], config)
-        with compute_in(compute):
-            return calibrator._fp_pass(lambda: torch.is_autocast_enabled("cpu"))
-
-    assert autocast_in_fp_pass("float32", "bfloat16")
-    assert not autocast_in_fp_pass("bfloat16", "float32")
-    assert autocast_in_fp_pass("bfloat16", None) and not autocast_in_fp_pass("float32", None)
-
-
-def test_a_bfloat16_fp_stream_is_deterministic_recorded_and_close_to_float32(calib, tmp_path):
-    first = _quantize(calib, tmp_path / "a", "--fp-stream-dtype", "bfloat16")
-    second = _quantize(calib, tmp_path / "b", "--fp-stream-dtype", "bfloat16")
-    assert first["method"]["fp_stream_dtype"] == "bfloat16" and "compute_dtype" not in first["method"]
-    lattice = "lattice.safetensors"
-    assert (tmp_path / "a" / lattice).read_bytes() == (tmp_path / "b" / lattice).read_bytes()
-    wide = _quantize(calib, tmp_path / "f", "--fp-stream-dtype", "float32")  # the default, said out loud
-    assert "fp_stream_dtype" not in wide["method"]
-    total = {label: sum(layer["loss_final"] for layer in m["layers"]) for label, m in (("bf16", first), ("f32", wide))}
-    assert total["bf16"] == pytest.approx(total["f32"], rel=0.1)
-    gptq = _quantize(calib, tmp_path / "g", "--method", "gptq", "--fp-stream-dtype", "bfloat16")
-    assert "fp_stream_dtype" not in gptq["method"]  # no fp pass: nothing ran in it

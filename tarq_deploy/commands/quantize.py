@@ -110,11 +110,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "multiplies bfloat16 natively (AVX512-BF16, AMX), but raised the dev split's common-word KLD "
                         "by 4-7 %% in two of four cells (bench/results/precision), so it is not the default; auto: "
                         "bfloat16 on such a CPU, float32 elsewhere and on a GPU")
-    p.add_argument("--fp-stream-dtype", choices=("float32", "bfloat16"),
-                   help="precision of the full-precision stream's forward passes alone (the alignment pass, whose "
-                        "activations TARQ keeps as x_fp; they enter only the error x_fp - x_q of H_delta), the "
-                        "quantized stream and the second moments as --compute-dtype has them (default: the same as "
-                        "--compute-dtype)")
     p.add_argument("--quantize-audio-tower", action="store_true",
                    help="Voxtral: also quantize the audio encoder (default: kept in 16-bit, as vLLM/GPTQModel do)")
     p.add_argument("--device", default="cpu", help="where to calibrate: cpu, cuda or cuda:N")
@@ -157,7 +152,6 @@ def options_from(args: argparse.Namespace):
         device=args.device, max_memory=args.max_memory, rotate=rotation_choice(args, type_name),
         lookup_pass=lookup_pass_choice(args, type_name),
         compute_dtype=compute_dtype_choice(args),
-        fp_stream_dtype=None if args.fp_stream_dtype == compute_dtype_choice(args) else args.fp_stream_dtype,
     )
 
 

@@ -119,9 +119,6 @@ class CalibrationConfig:
     recipe: TypeRecipe | None = None  # per-tensor lattices; None: ``spec`` for every weight
     # the forward passes' precision (precision.py): "float32", or "bfloat16" (an opt-in)
     compute_dtype: str = "float32"
-    # the full-precision stream's forward passes (TARQ's x_fp, which enters only the error x_fp - x_q of H_delta);
-    # None: ``compute_dtype``
-    fp_stream_dtype: str | None = None
     # imatrix: where each Linear's importance sums and count go (weight name -> (float32 [n_in], count)), for a
     # caller that saves them (quantize --save-imatrix); not a knob of the result
     importance_sink: dict[str, tuple[torch.Tensor, float]] | None = field(default=None, compare=False)
@@ -470,7 +467,7 @@ class SequentialCalibrator:
         x_fp, h_fp_next = None, None
         if self.paired:
             x_fp, h_fp_next = self._kept_fp_stream(block) or \
-                self._fp_pass(lambda: self._capture_fp_inputs(stage, block, h["fp"], streams["fp"]))
+                self._capture_fp_inputs(stage, block, h["fp"], streams["fp"])
         lattice: dict[str, QuantizedWeight] = {}
         records: list[dict] = []
         programs = [stage.steps(block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])] \
@@ -524,19 +521,13 @@ class SequentialCalibrator:
         h_fp_next = None
         if self.paired:
             kept = self._kept_fp_stream(block)
-            h_fp_next = kept[1] if kept else self._fp_pass(lambda: [
-                self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])])
+            h_fp_next = kept[1] if kept else \
+                [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["fp"], self.windows, streams["fp"])]
         for name, q in restored.items():
             rel = next(r for g in block.groups for r in g if f"{block.full_name(r)}.weight" == name)
             _assign(block.linear(rel), q)
         h_q_next = [self._forward(stage, block.module, x, w, s) for x, w, s in zip(h["q"], self.windows, streams["q"])]
         return {"fp": h_fp_next, "q": h_q_next} if self.paired else {"q": h_q_next}
-
-    def _fp_pass(self, run: Callable[[], Any]) -> Any:
-        """``run()``, a pass of the full-precision stream, in the fp stream's precision."""
-        dtype = self.config.fp_stream_dtype or self.config.compute_dtype
-        with full_precision(self.device), compute_in(dtype, self.device):
-            return run()
 
     def _forward(self, stage: Stage, module: nn.Module, h: torch.Tensor, window: Window, stream: dict) -> torch.Tensor:
         with torch.no_grad():

@@ -81,9 +81,6 @@ class QuantizeOptions:
     # The forward passes' precision: "float32", or "bfloat16" autocast (precision.py; an opt-in: the dev split
     # moved by a few percent). The second moments and the solver stay float32/float64.
     compute_dtype: str = "float32"
-    # The full-precision stream's forward passes (the alignment pass's, which Whisper keeps as the fp stream): None
-    # = compute_dtype. x_fp enters only TARQ's H_delta, through the error x_fp - x_q.
-    fp_stream_dtype: str | None = None
     # Whisper's tied head: calibrate the decoder a second time with the first head's lattice as the quantized stream's
     # token lookup, and keep the first head (quantize_with_lookup_pass; results/lookup-pass).
     lookup_pass: bool = False
@@ -112,7 +109,7 @@ class QuantizeOptions:
         knobs = asdict(self)
         knobs.pop("device")
         knobs.pop("max_memory")
-        for knob, unset in (("preset", None), ("rotate", "none"), ("compute_dtype", "float32"), ("fp_stream_dtype", None),
+        for knob, unset in (("preset", None), ("rotate", "none"), ("compute_dtype", "float32"),
                              ("refit_scales", False), ("lookup_pass", False)):
             if knobs[knob] == unset:  # a run without it keeps the knobs (and so the resume key) it always had
                 knobs.pop(knob)
@@ -230,7 +227,7 @@ class _Windows:
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
-                                             compute_dtype=options.fp_stream_dtype or options.compute_dtype)
+                                             compute_dtype=options.compute_dtype)
         start.peak_rss["windows"] = peak_rss_mb()
         key = fingerprint(start.source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         return cls(windows, _calibration_summary(chosen, stats, windows, options), key,
@@ -244,8 +241,7 @@ def _calibrate(backbone: Backbone, stages: list, windows: list, options: Quantiz
                keep_streams_after: str | None = None) -> CalibrationResult:
     """The sequential calibration of ``stages`` (``streams``, ``keep_streams_after``: see SequentialCalibrator)."""
     config = CalibrationConfig(options.spec(), options.solver(), options.device, options.seed, options.recipe(),
-                               compute_dtype=options.compute_dtype, fp_stream_dtype=options.fp_stream_dtype,
-                               importance_sink=importance_sink)
+                               compute_dtype=options.compute_dtype, importance_sink=importance_sink)
     with full_float32(), float32_compute(backbone.model):
         return SequentialCalibrator(stages, windows, config, work_dir, log, milestone, streams=streams,
                                     keep_streams_after=keep_streams_after).run()

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Issue 37: the full-precision stream alone in bfloat16 (quantize --fp-stream-dtype bfloat16: the alignment pass,
+# Issue 37: the full-precision stream alone in bfloat16 (quantize --fp-stream-dtype bfloat16, an option that exists
+# only at commit 477527c: run this there; the alignment pass,
 # whose activations TARQ keeps as x_fp, under bfloat16 autocast; the quantized stream, the second moments and the
 # solver stay float32/float64). x_fp enters only H_delta, through x_fp - x_q. Whisper base, TARQ, 128 synthetic
 # calibration utterances of corpora/synth (seed 0), teacher-forced KLD against F16 on its 200-utterance dev split
