@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tarq_deploy.bench.peers import Calibration, differences, render, summary
+from tarq_deploy.bench.peers import (Calibration, _our_stage_seconds, _peer_stage_seconds, differences, render,
+                                     summary)
 
 
 def _figure(value: float, significant: bool | None = None) -> dict:
@@ -20,8 +21,8 @@ def _teacher_forced() -> dict:
                             {"model": "tarq", "versus": "FP32", "kld_rare": _figure(0.17, True)}]}
 
 
-RUNS = [Calibration("gptq", Path("g"), 80.0, 1500), Calibration("tarq", Path("t"), 85.0, 1600),
-        Calibration("llmcompressor-gptq", Path("l"), 90.0, 1900)]
+RUNS = [Calibration("gptq", Path("g"), 80.0, 1500, stage_seconds=61.4), Calibration("tarq", Path("t"), 85.0, 1600),
+        Calibration("llmcompressor-gptq", Path("l"), 90.0, 1900, stage_seconds=70.0)]
 
 
 def test_teacher_forced_only_report_has_klds_and_method_pairs():
@@ -34,8 +35,9 @@ def test_teacher_forced_only_report_has_klds_and_method_pairs():
     assert pairs[0]["kld_rare"]["significant"] and "rare_wer" not in pairs[0]
     table = render({"model": "packaged:base", "command": "x", "machine": {}, "n_calib": 128, "calib": "c", "seed": 0,
                     "rows": rows, "differences": pairs})
-    assert "| test | gptq | 80 | 1500 | — | — | — | — | 16.0000" not in table  # KLD is printed unscaled
-    assert "| test | gptq | 80 | 1500 | — | — | — | — | 0.1600 [0.1500, 0.1700] |" in table
+    assert "| test | gptq | 80 | 61 | 1500 | — | — | — | — | 16.0000" not in table  # KLD is printed unscaled
+    assert "| test | gptq | 80 | 61 | 1500 | — | — | — | — | 0.1600 [0.1500, 0.1700] |" in table
+    assert "| test | tarq | 85 | — | 1600 |" in table  # no stage clock recorded: a dash, not a zero
 
 
 def test_decoded_differences_carry_their_teacher_forced_partner():
@@ -46,3 +48,21 @@ def test_decoded_differences_carry_their_teacher_forced_partner():
     (pair,) = differences(report)
     assert (pair["model"], pair["versus"]) == ("gptq", "llmcompressor-gptq")
     assert pair["rare_wer"]["value"] == -0.2 and pair["kld_rare"]["value"] == -0.09
+
+
+def test_stage_seconds_come_from_each_methods_own_clock(tmp_path: Path):
+    """Ours: the windows plus the calibration from quantize's OUT.log.json; llm-compressor's: its one-shot seconds
+    from info.json; None where the file is missing or unreadable (rtn, a failed run)."""
+    out = tmp_path / "ours-tarq"
+    (tmp_path / "ours-tarq.log.json").write_text('{"seconds": 50.04, "windows_seconds": 21.13}')
+    assert _our_stage_seconds(out) == 71.2
+    (tmp_path / "ours-gptq.log.json").write_text('{"seconds": 41.0}')  # a log written before windows_seconds
+    assert _our_stage_seconds(tmp_path / "ours-gptq") == 41.0
+    (tmp_path / "ours-rtn.log.json").write_text("not json")
+    assert _our_stage_seconds(tmp_path / "ours-rtn") is None
+    assert _our_stage_seconds(tmp_path / "ours-missing") is None
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    assert _peer_stage_seconds(raw) is None
+    (raw / "info.json").write_text('{"oneshot_seconds": 53.7}')
+    assert _peer_stage_seconds(raw) == 53.7

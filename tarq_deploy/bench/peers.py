@@ -48,9 +48,13 @@ class Calibration:
 
     method: str
     output: Path | None
-    seconds: float
+    seconds: float  # the child process's wall clock: imports, model load, calibration, save
     peak_rss_mib: float
     error: str = ""
+    # the calibration proper, as the method's own clock has it: ours, building the windows (with TARQ's alignment
+    # pass) plus the sequential calibration; a peer's, its one-shot call (forward passes and solves). Without the
+    # imports, the model load and the save, which differ between the environments more than the methods.
+    stage_seconds: float | None = None
 
 
 def timed_child(argv: list[str], log: Path) -> tuple[int, float, float]:
@@ -111,7 +115,7 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
     if resolve_source(out).kind is SourceKind.CHECKPOINT:  # finished by an earlier run
         return _recorded(method, out)
     status, seconds, rss = timed_child(argv, work / f"ours-{method}.log")
-    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log")
+    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log", _our_stage_seconds(out))
 
 
 def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path,
@@ -126,7 +130,25 @@ def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path,
     status, seconds, rss = timed_child(argv, work / f"{peer}.log")
     if status == 0:
         _float_model_with(float_dir, out / "raw" / "dequantized.safetensors", out / "model")
-    return _finish(peer, out / "model", status, seconds, rss, work / f"{peer}.log")
+    return _finish(peer, out / "model", status, seconds, rss, work / f"{peer}.log", _peer_stage_seconds(out / "raw"))
+
+
+def _our_stage_seconds(out: Path) -> float | None:
+    """Windows plus calibration from the timing log quantize writes beside its output (OUT.log.json)."""
+    log = out.parent / f"{out.name}.log.json"
+    try:
+        timing = json.loads(log.read_text())
+        return round(float(timing["seconds"]) + float(timing.get("windows_seconds", 0.0)), 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # rtn writes no calibration log; a failed run none at all
+
+
+def _peer_stage_seconds(raw: Path) -> float | None:
+    """The one-shot call's seconds that peer_llmcompressor.py writes into info.json."""
+    try:
+        return float(json.loads((raw / "info.json").read_text())["oneshot_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _float_model_with(float_dir: Path, weights: Path, out: Path) -> None:
@@ -149,18 +171,19 @@ def _float_model_with(float_dir: Path, weights: Path, out: Path) -> None:
     staging.rename(out)
 
 
-def _finish(method: str, out: Path, status: int, seconds: float, rss: float, log: Path) -> Calibration:
+def _finish(method: str, out: Path, status: int, seconds: float, rss: float, log: Path,
+            stage_seconds: float | None = None) -> Calibration:
     if status != 0:
         return Calibration(method, None, round(seconds, 1), round(rss), f"exit {status}: {last_line(log)}")
-    cost = {"seconds": round(seconds, 1), "peak_rss_mib": round(rss)}
+    cost = {"seconds": round(seconds, 1), "peak_rss_mib": round(rss), "stage_seconds": stage_seconds}
     write_text_atomic(out.parent / f"{out.name}.cost.json", json.dumps(cost) + "\n")
-    return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"])
+    return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"], stage_seconds=stage_seconds)
 
 
 def _recorded(method: str, out: Path) -> Calibration:
     """A calibration finished by an earlier run of this bench: its output and recorded cost."""
     cost = json.loads((out.parent / f"{out.name}.cost.json").read_text())
-    return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"])
+    return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"], stage_seconds=cost.get("stage_seconds"))
 
 
 # ------------------------------------------------------------------------------------------------ scoring
@@ -193,7 +216,7 @@ def summary(runs: list[Calibration], report: dict) -> list[dict]:
         figures = {m["label"]: m for m in dataset.get("teacher_forced", {}).get("models", [])}
         for run in runs:
             row = {"dataset": dataset["name"], "method": run.method, "seconds": run.seconds,
-                   "peak_rss_mib": run.peak_rss_mib, "error": run.error}
+                   "stage_seconds": run.stage_seconds, "peak_rss_mib": run.peak_rss_mib, "error": run.error}
             if run.method in decoded:
                 d = decoded[run.method]
                 row.update({k: d[k] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")}, loops=d["loops"])
@@ -219,14 +242,19 @@ def render(result: dict) -> str:
              f"Machine: {result['machine'].get('cpu_model')}, {result['machine'].get('logical_cores')} logical CPUs; "
              f"calibration: {result['n_calib']} utterances of `{result['calib']}` (seed {result['seed']}; ours "
              f"computed in {result.get('compute_dtype', 'float32')}), the same windows for every method; every "
-             f"Linear, the tied head included, symmetric int4 in groups of {group}.", "",
-             "| data | method | calibration s | peak RSS MiB | WER | rare-WER | capped rare-WER | loops | KLD rare | "
-             "KLD common |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"Linear, the tied head included, symmetric int4 in groups of {group}. Load average (1, 5, 15 min) at "
+             f"the start: {', '.join(str(v) for v in result.get('load_average_at_start', [])) or 'not recorded'}.", "",
+             "Calibration s: the child process's wall clock (imports, model load, calibration, save); calibration "
+             "proper s: the method's own clock for the work itself (ours: the windows, with TARQ's alignment pass, "
+             "and the sequential calibration; llm-compressor's: its one-shot call).", "",
+             "| data | method | calibration s | calibration proper s | peak RSS MiB | WER | rare-WER | capped rare-WER | "
+             "loops | KLD rare | KLD common |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["error"]:
-            lines.append(f"| {r['dataset']} | {r['method']} | failed: {r['error']} ||||||||")
+            lines.append(f"| {r['dataset']} | {r['method']} | failed: {r['error']} |||||||||")
             continue
-        lines.append(f"| {r['dataset']} | {r['method']} | {r['seconds']:.0f} | {r['peak_rss_mib']:.0f} | "
+        proper = "—" if r.get("stage_seconds") is None else f"{r['stage_seconds']:.0f}"
+        lines.append(f"| {r['dataset']} | {r['method']} | {r['seconds']:.0f} | {proper} | {r['peak_rss_mib']:.0f} | "
                      f"{_cell(r.get('wer'))} | {_cell(r.get('rare_wer'))} | {_cell(r.get('capped_rare_wer'))} | "
                      f"{r.get('loops', '—')} | {_cell(r.get('kld_rare'), 1, 4)} | {_cell(r.get('kld_common'), 1, 4)} |")
     lines += ["", "Paired differences (95 % bootstrap intervals over utterances; * = excludes 0):", "",
@@ -300,6 +328,7 @@ def check(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    load_at_start = [round(v, 2) for v in os.getloadavg()]  # timings on a busy machine say little (README)
     try:
         methods = check(args)
         name = args.model.split(":")[-1].rstrip("/").split("/")[-1]
@@ -318,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"model": args.model, "calib": args.calib, "n_calib": args.n_calib, "seed": args.seed,
               "compute_dtype": args.compute_dtype, "group_size": args.group_size,
               "command": "python -m tarq_deploy.bench.peers " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "machine": machine_record(), "rows": summary(runs, report), "differences": differences(report)}
+              "machine": machine_record(), "load_average_at_start": load_at_start, "rows": summary(runs, report),
+              "differences": differences(report)}
     write_text_atomic(out / f"peers-{name}.json", json.dumps(result, indent=1) + "\n")
     write_text_atomic(out / f"peers-{name}.md", render(result))
     print(render(result))
