@@ -221,3 +221,31 @@ def test_calibrated_checkpoint_exports_losslessly_to_whisper_cpp(checkpoints: di
     assert diffs and max(diffs.values()) == 0.0
     jfk = next(c for c in clips["held"] if c.id == "jfk")
     assert word_error_rate(jfk.text, transcribe_whisper_cpp(model_file, str(jfk.path))) < 0.20
+
+
+def test_cross_attention_metric_is_prepared_once_per_decoder(clips: dict, monkeypatch) -> None:
+    """The decoder's cross-attention k/v read the encoder output in every block, so they share one LayerStats for
+    the stage: its metric is damped, inverted and factored in the first block and reused by the other three."""
+    from tarq_deploy.quant import tarq
+
+    solving: list[str] = []
+    prepared: list[str] = []
+    solve, prepare = calibrate.solve_layer, tarq.rebalanced_metric
+
+    def named_solve(name, *args, **kwargs):
+        solving.append(name)
+        return solve(name, *args, **kwargs)
+
+    def counted_prepare(*args, **kwargs):
+        prepared.append(solving[-1])
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "solve_layer", named_solve)
+    monkeypatch.setattr(tarq, "rebalanced_metric", counted_prepare)
+    model, processor, gc = load_whisper("packaged:tiny.en")
+    quantize_backbone(WhisperBackbone(model, processor, gc), clips["calib"], QuantizeOptions(method="tarq", n_calib=1),
+                      "packaged:tiny.en", log=lambda _: None)
+    cross = [name for name in solving if ".encoder_attn.k_proj" in name or ".encoder_attn.v_proj" in name]
+    assert len(cross) == 8  # k and v of tiny.en's four decoder blocks were all solved
+    assert [name for name in prepared if name in cross] == ["model.decoder.layers.0.encoder_attn.k_proj"]
+    assert len(prepared) == len(set(prepared))  # and no other Linear prepared a metric twice
