@@ -349,10 +349,16 @@ def _backtrack(step: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray
     return np.array([p[0] for p in path]), np.array([p[1] for p in path])
 
 
+# A selection network for the median of 7 (Whisper's filter width): 13 compare-exchanges after which position 3
+# holds the median, where sorting all seven by odd-even transposition takes 21 (twice as fast on base's alignment).
+MEDIAN_OF_7 = ((0, 5), (0, 3), (1, 6), (2, 4), (0, 1), (3, 5), (2, 6), (2, 3), (3, 6), (4, 5), (1, 4), (1, 3), (3, 4))
+
+
 def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
-    """The running median over the last dimension (odd ``width``, reflected edges). Found by sorting the ``width``
-    shifted views elementwise (odd-even transposition: ``width`` rounds of min/max, which sort any ``width`` values)
-    and taking the middle one: the same values as a median of the unfolded windows, three times faster here."""
+    """The running median over the last dimension (odd ``width``, reflected edges). Found by compare-exchanges of
+    the ``width`` shifted views elementwise (min/max: the median network for 7, else odd-even transposition, whose
+    ``width`` rounds sort any ``width`` values) and taking the middle one: the same values as a median of the
+    unfolded windows, several times faster here."""
     if width % 2 == 0:
         raise ValueError(f"median filter width must be odd, got {width}")
     pad = width // 2
@@ -360,9 +366,10 @@ def _median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     padded = nn.functional.pad(x, (pad, pad), mode="reflect")
     views = [padded[..., k : k + x.shape[-1]] for k in range(width)]
-    for round_ in range(width):
-        for k in range(round_ % 2, width - 1, 2):
-            views[k], views[k + 1] = torch.minimum(views[k], views[k + 1]), torch.maximum(views[k], views[k + 1])
+    pairs = MEDIAN_OF_7 if width == 7 else \
+        [(k, k + 1) for round_ in range(width) for k in range(round_ % 2, width - 1, 2)]
+    for low, high in pairs:
+        views[low], views[high] = torch.minimum(views[low], views[high]), torch.maximum(views[low], views[high])
     return views[pad]
 
 
