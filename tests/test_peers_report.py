@@ -52,14 +52,14 @@ def test_decoded_differences_carry_their_teacher_forced_partner():
 
 def test_stage_seconds_come_from_each_methods_own_clock(tmp_path: Path):
     """Ours: the windows plus the calibration from quantize's OUT.log.json; llm-compressor's: its one-shot seconds
-    from info.json; None where the file is missing or unreadable (rtn, a failed run)."""
+    from info.json; None where the file is missing or unreadable (a failed run)."""
     out = tmp_path / "ours-tarq"
     (tmp_path / "ours-tarq.log.json").write_text('{"seconds": 50.04, "windows_seconds": 21.13}')
     assert _our_stage_seconds(out) == 71.2
     (tmp_path / "ours-gptq.log.json").write_text('{"seconds": 41.0}')  # a log written before windows_seconds
     assert _our_stage_seconds(tmp_path / "ours-gptq") == 41.0
-    (tmp_path / "ours-rtn.log.json").write_text("not json")
-    assert _our_stage_seconds(tmp_path / "ours-rtn") is None
+    (tmp_path / "ours-broken.log.json").write_text("not json")
+    assert _our_stage_seconds(tmp_path / "ours-broken") is None
     assert _our_stage_seconds(tmp_path / "ours-missing") is None
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -115,7 +115,8 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
     if resolve_source(out).kind is SourceKind.CHECKPOINT:  # finished by an earlier run
         return _recorded(method, out)
     status, seconds, rss = timed_child(argv, work / f"ours-{method}.log")
-    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log", _our_stage_seconds(out))
+    stage = None if method == "rtn" else _our_stage_seconds(out)  # rounding has no calibration: its log says 0 s
+    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log", stage)
 
 
 def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path,
@@ -140,7 +141,7 @@ def _our_stage_seconds(out: Path) -> float | None:
         timing = json.loads(log.read_text())
         return round(float(timing["seconds"]) + float(timing.get("windows_seconds", 0.0)), 1)
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # rtn writes no calibration log; a failed run none at all
+        return None  # a run that failed before writing its log, or a log of another form
 
 
 def _peer_stage_seconds(raw: Path) -> float | None:
