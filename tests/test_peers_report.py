@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tarq_deploy.bench.peers import (Calibration, _our_stage_seconds, _peer_stage_seconds, differences, render,
-                                     summary)
+from tarq_deploy.bench.peers import (Calibration, _our_stage_seconds, _peer_stage_seconds, differences, over_rounds,
+                                     render, summary)
 
 
 def _figure(value: float, significant: bool | None = None) -> dict:
@@ -66,3 +66,33 @@ def test_stage_seconds_come_from_each_methods_own_clock(tmp_path: Path):
     assert _peer_stage_seconds(raw) is None
     (raw / "info.json").write_text('{"oneshot_seconds": 53.7}')
     assert _peer_stage_seconds(raw) == 53.7
+
+
+def test_rounds_give_medians_ranges_ratios_and_a_same_bytes_check(tmp_path: Path):
+    """--repeats: the first round's output is scored, the clocks are the rounds' medians with their range, and a
+    method whose rounds wrote different bytes is flagged."""
+    def ours(round_: int, seconds: float, stage: float) -> Calibration:
+        out = tmp_path / f"r{round_}" / "ours-tarq"
+        out.mkdir(parents=True)
+        (out / "lattice.safetensors").write_bytes(b"same lattice")
+        return Calibration("tarq", out, seconds, 6000 + round_, stage_seconds=stage)
+
+    def peer(round_: int, seconds: float, stage: float) -> Calibration:
+        raw = tmp_path / f"r{round_}" / "llmcompressor-gptq" / "raw"
+        raw.mkdir(parents=True)
+        (raw / "dequantized.safetensors").write_bytes(f"weights of round {round_}".encode())
+        return Calibration("llmcompressor-gptq", raw.parent / "model", seconds, 1700, stage_seconds=stage)
+
+    rounds = [[ours(k, s, s - 6), peer(k, p, p - 8)] for k, s, p in ((1, 78.0, 66.0), (2, 85.0, 67.0), (3, 80.0, 63.0))]
+    tarq, llmc = over_rounds(rounds)
+    assert tarq.output == rounds[0][0].output and tarq.seconds == 80.0 and tarq.stage_seconds == 74.0
+    assert tarq.peak_rss_mib == 6002 and [r["seconds"] for r in tarq.rounds] == [78.0, 85.0, 80.0]
+    assert tarq.same_result is True and llmc.same_result is False and llmc.seconds == 66.0
+    report = {"datasets": [{"name": "test", "teacher_forced": _teacher_forced()}]}
+    table = render({"model": "packaged:base", "command": "x", "machine": {}, "n_calib": 128, "calib": "c", "seed": 0,
+                    "rows": summary([tarq, llmc], report), "differences": []})
+    assert "| test | tarq | 80 (78-85) | 74 (72-79) | 6002 |" in table
+    assert "- tarq: the same bytes in every round; 1.21x llm-compressor's process time, 1.28x its calibration " \
+           "proper." in table
+    assert "- llmcompressor-gptq: **different bytes between rounds**." in table
+    assert over_rounds(rounds[:1]) == rounds[0]  # one round: as it is

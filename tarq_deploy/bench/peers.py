@@ -10,7 +10,10 @@ RTN, GPTQ and TARQ at the paper's W4G128, on the same model, the same calibratio
 2. Each method calibrates in a child process, timed by its wall clock and peak RSS (os.wait4): ours through
    ``tarq-deploy quantize --target gptq`` (symmetric int4, groups of 128, every Linear including the tied head),
    llm-compressor through ``peer_llmcompressor.py`` in its own environment (``--peer-python``; make peers-venv),
-   whose fake-quantized weights go back into a copy of the float model.
+   whose fake-quantized weights go back into a copy of the float model. With ``--repeats N`` every method calibrates
+   N times, round by round (so that a slow minute of the machine falls on every method alike); the table gives the
+   medians and ranges of the rounds, the ratios of our medians to llm-compressor's, and whether each method wrote
+   the same bytes in every round. The first round's results are the ones scored.
 3. ``tarq-deploy eval`` scores every model in PyTorch on the held-out ``--data``: decoded WER / rare-WER (raw and
    capped, loops) and teacher-forced KLD against the float model, with paired bootstrap intervals.
 
@@ -20,13 +23,15 @@ Writes OUT/peers-MODEL.json and .md (the table, the paired differences, the mach
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UserError
@@ -55,6 +60,10 @@ class Calibration:
     # pass) plus the sequential calibration; a peer's, its one-shot call (forward passes and solves). Without the
     # imports, the model load and the save, which differ between the environments more than the methods.
     stage_seconds: float | None = None
+    # with --repeats: every round's clocks (the figures above are then their medians) and whether every round wrote
+    # the same result bytes
+    rounds: list[dict] = field(default_factory=list)
+    same_result: bool | None = None
 
 
 def timed_child(argv: list[str], log: Path) -> tuple[int, float, float]:
@@ -120,12 +129,13 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
 
 
 def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path,
-                   group_size: int = DEFAULT_GROUP_SIZE) -> Calibration:
+                   group_size: int = DEFAULT_GROUP_SIZE, windows: Path | None = None) -> Calibration:
     out = work / peer
     if resolve_source(out / "model").kind is SourceKind.TRANSFORMERS:  # finished by an earlier run
         return _recorded(peer, out / "model")
     script = Path(__file__).with_name("peer_llmcompressor.py")
-    argv = [peer_python, str(script), "--model", str(float_dir), "--windows", str(work / "windows.safetensors"),
+    windows = windows or work / "windows.safetensors"
+    argv = [peer_python, str(script), "--model", str(float_dir), "--windows", str(windows),
             "--modifier", peer.split("-", 1)[1], "--group-size", str(group_size), "--out", str(out / "raw")]
     out.mkdir(parents=True, exist_ok=True)
     status, seconds, rss = timed_child(argv, work / f"{peer}.log")
@@ -187,6 +197,43 @@ def _recorded(method: str, out: Path) -> Calibration:
     return Calibration(method, out, cost["seconds"], cost["peak_rss_mib"], stage_seconds=cost.get("stage_seconds"))
 
 
+def over_rounds(rounds: list[list[Calibration]]) -> list[Calibration]:
+    """Each method's first calibration (the one that is scored) with the medians of its rounds' clocks and peak RSS,
+    every round's figures, and whether the rounds wrote the same bytes (ours: lattice.safetensors; a peer's: its
+    dequantized weights). One round: the calibrations as they are."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for attempts in zip(*rounds):
+        first, done = attempts[0], [c for c in attempts if not c.error]
+        if first.error:
+            merged.append(first)
+            continue
+        stages = [c.stage_seconds for c in done if c.stage_seconds is not None]
+        digests = {_result_digest(c) for c in done}
+        merged.append(replace(
+            first, seconds=round(statistics.median(c.seconds for c in done), 1),
+            peak_rss_mib=round(statistics.median(c.peak_rss_mib for c in done)),
+            stage_seconds=round(statistics.median(stages), 1) if stages else None,
+            rounds=[{"seconds": c.seconds, "stage_seconds": c.stage_seconds, "peak_rss_mib": c.peak_rss_mib,
+                     "error": c.error} for c in attempts],
+            same_result=None if None in digests else len(digests) == 1))
+    return merged
+
+
+def _result_digest(run: Calibration) -> str | None:
+    """sha256 of what a calibration wrote: our lattice, or the peer's dequantized weights."""
+    path = run.output / "lattice.safetensors" if run.method in OURS else \
+        run.output.parent / "raw" / "dequantized.safetensors"
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 # ------------------------------------------------------------------------------------------------ scoring
 def evaluate(float_dir: Path, runs: list[Calibration], data: list[str], limit: int | None, threads: int,
              resamples: int, out: Path, teacher_forced_only: bool = False) -> dict:
@@ -217,7 +264,8 @@ def summary(runs: list[Calibration], report: dict) -> list[dict]:
         figures = {m["label"]: m for m in dataset.get("teacher_forced", {}).get("models", [])}
         for run in runs:
             row = {"dataset": dataset["name"], "method": run.method, "seconds": run.seconds,
-                   "stage_seconds": run.stage_seconds, "peak_rss_mib": run.peak_rss_mib, "error": run.error}
+                   "stage_seconds": run.stage_seconds, "peak_rss_mib": run.peak_rss_mib, "error": run.error,
+                   **({"rounds": run.rounds, "same_result": run.same_result} if run.rounds else {})}
             if run.method in decoded:
                 d = decoded[run.method]
                 row.update({k: d[k] for k in ("wer", "rare_wer", "capped_wer", "capped_rare_wer")}, loops=d["loops"])
@@ -254,10 +302,11 @@ def render(result: dict) -> str:
         if r["error"]:
             lines.append(f"| {r['dataset']} | {r['method']} | failed: {r['error']} |||||||||")
             continue
-        proper = "—" if r.get("stage_seconds") is None else f"{r['stage_seconds']:.0f}"
-        lines.append(f"| {r['dataset']} | {r['method']} | {r['seconds']:.0f} | {proper} | {r['peak_rss_mib']:.0f} | "
+        lines.append(f"| {r['dataset']} | {r['method']} | {_clock(r, 'seconds')} | {_clock(r, 'stage_seconds')} | "
+                     f"{r['peak_rss_mib']:.0f} | "
                      f"{_cell(r.get('wer'))} | {_cell(r.get('rare_wer'))} | {_cell(r.get('capped_rare_wer'))} | "
                      f"{r.get('loops', '—')} | {_cell(r.get('kld_rare'), 1, 4)} | {_cell(r.get('kld_common'), 1, 4)} |")
+    lines += _round_notes(result["rows"])
     lines += ["", "Paired differences (95 % bootstrap intervals over utterances; * = excludes 0):", "",
               "| data | model | versus | Δ rare-WER (pp) | Δ WER (pp) | Δ KLD rare | Δ KLD common |",
               "|---|---|---|---|---|---|---|"]
@@ -265,6 +314,38 @@ def render(result: dict) -> str:
         lines.append(f"| {d['dataset']} | {d['model']} | {d['versus']} | {_cell(d.get('rare_wer'))} | "
                      f"{_cell(d.get('wer'))} | {_cell(d.get('kld_rare'), 1, 4)} | {_cell(d.get('kld_common'), 1, 4)} |")
     return "\n".join(lines) + "\n"
+
+
+def _clock(row: dict, key: str) -> str:
+    """A clock's figure: the median and, over several rounds, the range of the rounds; a dash where none ran."""
+    if row.get(key) is None:
+        return "—"
+    values = [r[key] for r in row.get("rounds", []) if r[key] is not None and not r["error"]]
+    spread = f" ({min(values):.0f}-{max(values):.0f})" if len(values) > 1 else ""
+    return f"{row[key]:.0f}{spread}"
+
+
+def _round_notes(rows: list[dict]) -> list[str]:
+    """Under the table, for several rounds: what the figures are, the ratios of the medians to llm-compressor's
+    GPTQ, and whether each method wrote the same bytes in every round."""
+    rounds = max((len(r.get("rounds", [])) for r in rows), default=0)
+    if rounds < 2:
+        return []
+    notes = ["", f"Each calibration ran {rounds} times, the methods interleaved round by round; the clocks and peak "
+                 "RSS are medians, the ranges those of the rounds."]
+    peer = next((r for r in rows if r["method"] == "llmcompressor-gptq" and not r["error"]), None)
+    for r in rows:
+        if r["error"]:
+            continue
+        same = {True: "the same bytes in every round", False: "**different bytes between rounds**",
+                None: "bytes not compared"}[r.get("same_result")]
+        ratio = ""
+        if peer is not None and r is not peer and r["method"] in OURS:
+            ratio = f"; {r['seconds'] / peer['seconds']:.2f}x llm-compressor's process time"
+            if r.get("stage_seconds") and peer.get("stage_seconds"):
+                ratio += f", {r['stage_seconds'] / peer['stage_seconds']:.2f}x its calibration proper"
+        notes.append(f"- {r['method']}: {same}{ratio}.")
+    return notes
 
 
 def differences(report: dict) -> list[dict]:
@@ -302,6 +383,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "Q4_0's)")
     p.add_argument("--compute-dtype", choices=COMPUTE_DTYPES, default="float32",
                    help="our calibrations' forward passes (quantize --compute-dtype)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="calibrate each method this many times, round by round (ours, then the peers, then again): "
+                        "the table gives the medians and ranges; the first round's results are scored")
     p.add_argument("--teacher-forced-only", action="store_true",
                    help="score by the teacher-forced figures alone (KLD on rare and common positions), no decoding")
     p.add_argument("--out", required=True)
@@ -324,6 +408,8 @@ def check(args: argparse.Namespace) -> list[str]:
         raise UserError(f"--group-size {args.group_size}: give at least 1")
     if args.n_calib < 1:
         raise UserError(f"--n-calib {args.n_calib}: give at least 1")
+    if args.repeats < 1:
+        raise UserError(f"--repeats {args.repeats}: give at least 1")
     return methods
 
 
@@ -337,16 +423,24 @@ def main(argv: list[str] | None = None) -> int:
         work = out / f"work-{name}"
         work.mkdir(parents=True, exist_ok=True)
         float_dir = write_float_model_and_windows(args.model, Path(args.calib), args.n_calib, args.seed, work)
-        runs = [calibrate_ours(m, args.model, Path(args.calib), args.n_calib, args.seed, work, args.compute_dtype,
-                               args.group_size) if m in OURS
-                else calibrate_peer(m, float_dir, args.peer_python, work, args.group_size) for m in methods]
+        def calibrate(method: str, where: Path) -> Calibration:
+            where.mkdir(parents=True, exist_ok=True)
+            if method in OURS:
+                return calibrate_ours(method, args.model, Path(args.calib), args.n_calib, args.seed, where,
+                                      args.compute_dtype, args.group_size)
+            return calibrate_peer(method, float_dir, args.peer_python, where, args.group_size,
+                                  windows=work / "windows.safetensors")
+
+        rounds = [[calibrate(m, work if k == 1 else work / f"round-{k}") for m in methods]
+                  for k in range(1, args.repeats + 1)]
+        runs = over_rounds(rounds)
         report = evaluate(float_dir, runs, args.data, args.limit, args.threads, args.resamples, work,
                           args.teacher_forced_only)
     except UserError as error:
         print(f"python -m tarq_deploy.bench.peers: error: {error}", file=sys.stderr)
         return 2
     result = {"model": args.model, "calib": args.calib, "n_calib": args.n_calib, "seed": args.seed,
-              "compute_dtype": args.compute_dtype, "group_size": args.group_size,
+              "compute_dtype": args.compute_dtype, "group_size": args.group_size, "repeats": args.repeats,
               "command": "python -m tarq_deploy.bench.peers " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": machine_record(), "load_average_at_start": load_at_start, "rows": summary(runs, report),
               "differences": differences(report)}
