@@ -45,17 +45,39 @@ def clips() -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def checkpoints(clips: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Each method's checkpoint path, and under "milestones" what each quantize_backbone announced."""
+    """Each method's checkpoint path, under "milestones" what each quantize_backbone announced, and under "solved" /
+    "prepared" the Linears TARQ solved and those whose solve prepared a metric, in order."""
     out = tmp_path_factory.mktemp("ckpts")
-    paths: dict = {"milestones": {}}
+    paths: dict = {"milestones": {}, "solved": [], "prepared": []}
     for method in METHODS:
         model, processor, gc = load_whisper("packaged:tiny.en")
         backbone = WhisperBackbone(model, processor, gc)
         heard = paths["milestones"][method] = []
-        ckpt, _ = quantize_backbone(backbone, clips["calib"], QuantizeOptions(method=method), "packaged:tiny.en",
-                                   log=lambda _: None, milestone=heard.append)
+        with pytest.MonkeyPatch.context() as patch:
+            if method == "tarq":
+                _count_metric_preparations(patch, paths["solved"], paths["prepared"])
+            ckpt, _ = quantize_backbone(backbone, clips["calib"], QuantizeOptions(method=method), "packaged:tiny.en",
+                                       log=lambda _: None, milestone=heard.append)
         paths[method] = save_checkpoint(ckpt, out / method)
     return paths
+
+
+def _count_metric_preparations(patch: pytest.MonkeyPatch, solved: list[str], prepared: list[str]) -> None:
+    """Record each Linear the driver solves, and each one whose solve prepares (damps, inverts, factors) a metric."""
+    from tarq_deploy.quant import tarq
+
+    solve, prepare = calibrate.solve_layer, tarq.rebalanced_metric
+
+    def named_solve(name, *args, **kwargs):
+        solved.append(name)
+        return solve(name, *args, **kwargs)
+
+    def counted_prepare(*args, **kwargs):
+        prepared.append(solved[-1])
+        return prepare(*args, **kwargs)
+
+    patch.setattr(calibrate, "solve_layer", named_solve)
+    patch.setattr(tarq, "rebalanced_metric", counted_prepare)
 
 
 def test_the_stages_are_announced_in_order(checkpoints: dict) -> None:
@@ -223,29 +245,11 @@ def test_calibrated_checkpoint_exports_losslessly_to_whisper_cpp(checkpoints: di
     assert word_error_rate(jfk.text, transcribe_whisper_cpp(model_file, str(jfk.path))) < 0.20
 
 
-def test_cross_attention_metric_is_prepared_once_per_decoder(clips: dict, monkeypatch) -> None:
+def test_cross_attention_metric_is_prepared_once_per_decoder(checkpoints: dict) -> None:
     """The decoder's cross-attention k/v read the encoder output in every block, so they share one LayerStats for
     the stage: its metric is damped, inverted and factored in the first block and reused by the other three."""
-    from tarq_deploy.quant import tarq
-
-    solving: list[str] = []
-    prepared: list[str] = []
-    solve, prepare = calibrate.solve_layer, tarq.rebalanced_metric
-
-    def named_solve(name, *args, **kwargs):
-        solving.append(name)
-        return solve(name, *args, **kwargs)
-
-    def counted_prepare(*args, **kwargs):
-        prepared.append(solving[-1])
-        return prepare(*args, **kwargs)
-
-    monkeypatch.setattr(calibrate, "solve_layer", named_solve)
-    monkeypatch.setattr(tarq, "rebalanced_metric", counted_prepare)
-    model, processor, gc = load_whisper("packaged:tiny.en")
-    quantize_backbone(WhisperBackbone(model, processor, gc), clips["calib"], QuantizeOptions(method="tarq", n_calib=1),
-                      "packaged:tiny.en", log=lambda _: None)
-    cross = [name for name in solving if ".encoder_attn.k_proj" in name or ".encoder_attn.v_proj" in name]
+    solved, prepared = checkpoints["solved"], checkpoints["prepared"]
+    cross = [name for name in solved if ".encoder_attn.k_proj" in name or ".encoder_attn.v_proj" in name]
     assert len(cross) == 8  # k and v of tiny.en's four decoder blocks were all solved
     assert [name for name in prepared if name in cross] == ["model.decoder.layers.0.encoder_attn.k_proj"]
     assert len(prepared) == len(set(prepared))  # and no other Linear prepared a metric twice

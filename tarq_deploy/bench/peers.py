@@ -23,7 +23,6 @@ Writes OUT/peers-MODEL.json and .md (the table, the paired differences, the mach
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..fileio import write_text_atomic
+from ..hashing import file_sha256
 from ..machine import machine_record
 from ..model_source import SourceKind, resolve_source
 from ..quant.choices import COMPUTE_DTYPES
@@ -225,13 +225,7 @@ def _result_digest(run: Calibration) -> str | None:
     """sha256 of what a calibration wrote: our lattice, or the peer's dequantized weights."""
     path = run.output / "lattice.safetensors" if run.method in OURS else \
         run.output.parent / "raw" / "dequantized.safetensors"
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(path) if path.is_file() else None
 
 
 # ------------------------------------------------------------------------------------------------ scoring
