@@ -341,8 +341,9 @@ def test_alpha_one_targets_the_weighted_least_squares_solution() -> None:
 @pytest.mark.parametrize("act_order", [False, True])
 def test_the_numpy_column_sweep_gives_the_torch_sweeps_codes_and_scales(type_name, act_order):
     """The CPU sweep's per-column steps run as a compiled loop over NumPy views (gptq._sweep_rows_numpy,
-    quant/sweep_kernel.py) for speed; the accelerator keeps the torch steps. Both must give the same codes and group parameters bit for bit, for every scheme (uniform,
-    affine, K-quant two-level, codebook), with and without act order and a dead column."""
+    quant/sweep_kernel.py) for speed; the accelerator keeps the torch steps. Both must give the same codes and group
+    parameters bit for bit, for every scheme (uniform, affine, K-quant two-level, codebook), with and without act
+    order and a dead column."""
     from tarq_deploy.quant import gptq
     from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
 

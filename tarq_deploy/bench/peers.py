@@ -124,17 +124,15 @@ def calibrate_ours(method: str, source: str, calib: Path, n_calib: int, seed: in
     if resolve_source(out).kind is SourceKind.CHECKPOINT:  # finished by an earlier run
         return _recorded(method, out)
     status, seconds, rss = timed_child(argv, work / f"ours-{method}.log")
-    stage = None if method == "rtn" else _our_stage_seconds(out)  # rounding has no calibration: its log says 0 s
-    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log", stage)
+    return _finish(method, out, status, seconds, rss, work / f"ours-{method}.log", _our_stage_seconds(out))
 
 
-def calibrate_peer(peer: str, float_dir: Path, peer_python: str, work: Path,
-                   group_size: int = DEFAULT_GROUP_SIZE, windows: Path | None = None) -> Calibration:
+def calibrate_peer(peer: str, float_dir: Path, windows: Path, peer_python: str, work: Path,
+                   group_size: int = DEFAULT_GROUP_SIZE) -> Calibration:
     out = work / peer
     if resolve_source(out / "model").kind is SourceKind.TRANSFORMERS:  # finished by an earlier run
         return _recorded(peer, out / "model")
     script = Path(__file__).with_name("peer_llmcompressor.py")
-    windows = windows or work / "windows.safetensors"
     argv = [peer_python, str(script), "--model", str(float_dir), "--windows", str(windows),
             "--modifier", peer.split("-", 1)[1], "--group-size", str(group_size), "--out", str(out / "raw")]
     out.mkdir(parents=True, exist_ok=True)
@@ -417,13 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         work = out / f"work-{name}"
         work.mkdir(parents=True, exist_ok=True)
         float_dir = write_float_model_and_windows(args.model, Path(args.calib), args.n_calib, args.seed, work)
+
         def calibrate(method: str, where: Path) -> Calibration:
             where.mkdir(parents=True, exist_ok=True)
             if method in OURS:
                 return calibrate_ours(method, args.model, Path(args.calib), args.n_calib, args.seed, where,
                                       args.compute_dtype, args.group_size)
-            return calibrate_peer(method, float_dir, args.peer_python, where, args.group_size,
-                                  windows=work / "windows.safetensors")
+            return calibrate_peer(method, float_dir, work / "windows.safetensors", args.peer_python, where,
+                                  args.group_size)
 
         rounds = [[calibrate(m, work if k == 1 else work / f"round-{k}") for m in methods]
                   for k in range(1, args.repeats + 1)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -170,9 +170,10 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     calibration: dict = {}
     fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
     if options.method in DATA_FREE_METHODS or importance is not None:
+        began = time.perf_counter()
         lattice = _round_to_nearest(backbone, options.recipe(), options.method, importance)
         result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
-                                             for n in lattice], 0.0)
+                                             for n in lattice], time.perf_counter() - began)
         if importance is not None:
             calibration = {"importance": importance.origin}
     else:
@@ -194,7 +195,7 @@ class _Start:
     source_sha: str
     rotation: dict | None
     peak_rss: dict  # the high-water mark as each stage ends, for the timing log
-    stage_seconds: dict = field(default_factory=dict)  # wall seconds of the stages before the calibration proper
+    windows_seconds: float = 0.0  # wall seconds spent building the calibration windows, for the timing log
 
     @classmethod
     def of(cls, backbone: Backbone, options: QuantizeOptions) -> "_Start":
@@ -232,7 +233,7 @@ class _Windows:
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
                                              compute_dtype=options.compute_dtype)
         start.peak_rss["windows"] = peak_rss_mb()
-        start.stage_seconds["windows"] = time.perf_counter() - began
+        start.windows_seconds = time.perf_counter() - began
         key = fingerprint(start.source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         return cls(windows, _calibration_summary(chosen, stats, windows, options), key,
                    len({name for window in windows for name in window.fp_stream}))
@@ -269,7 +270,7 @@ def _finished(backbone: Backbone, result: CalibrationResult, options: QuantizeOp
     start.peak_rss["calibration"] = peak_rss_mb()
     # "seconds": the calibration proper; "windows_seconds": building its windows (decoding, features and, for TARQ,
     # the alignment pass whose full-precision stream the calibration reuses): a peer's one-shot call does both
-    timing = {"seconds": result.seconds, "windows_seconds": start.stage_seconds.get("windows", 0.0),
+    timing = {"seconds": result.seconds, "windows_seconds": start.windows_seconds,
               "peak_rss_mb": start.peak_rss, "fp_blocks_reused": fp_blocks_reused,
               "compute_dtype": options.compute_dtype,
               "layers": [{"name": r["name"], "seconds": r.get("seconds")} for r in result.records]}
