@@ -80,3 +80,14 @@ def json_fingerprint(obj: Any, *, ensure_ascii: bool = False, separators: tuple[
     json.dumps options their stored digests were made with."""
     text = json.dumps(obj, sort_keys=True, ensure_ascii=ensure_ascii, separators=separators, default=default)
     return sha256_hex(text.encode())
+
+
+def code_version() -> str:
+    """The package version and the sha256 of its Python sources: any change to the code is a new key (sweep steps,
+    the calibration benchmark's records)."""
+    from . import __version__
+
+    package = Path(__file__).resolve().parent
+    sources = sorted(package.rglob("*.py"))
+    digest = chunks_sha256(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() for path in sources)
+    return f"{__version__}+{digest[:16]}"

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import quantize_options_for
+
 from tarq_deploy import cli
-from tarq_deploy.commands.quantize import options_from
 
 
 @pytest.mark.parametrize("method, type_name, expected", [("tarq", "iq2_xs", 4.0), ("tarq", "iq3_s", 1.0),
                                                          ("tarq", "iq2_s", 4.0), ("gptq", "iq2_xs", 1.0),
                                                          ("tarq", "q4_0", 1.0)])
-def test_the_default_mu_is_the_one_the_dev_split_measured(method, type_name, expected, tmp_path):
-    base = ["quantize", "--model", "packaged:base", "--method", method, "--type", type_name, "--calib", "x.jsonl",
-            "--out", str(tmp_path / "out")]
-    assert options_from(cli.build_parser().parse_args(base)).head_identity_weight == expected
-    given = cli.build_parser().parse_args([*base, "--head-identity-weight", "2.5"])
-    assert options_from(given).head_identity_weight == 2.5
+def test_the_default_mu_is_the_one_the_dev_split_measured(method, type_name, expected):
+    assert quantize_options_for(method=method, type=type_name).head_identity_weight == expected
+    given = quantize_options_for(method=method, type=type_name, head_identity_weight=2.5)
+    assert given.head_identity_weight == 2.5
 
 
 def test_the_default_is_written_in_help():

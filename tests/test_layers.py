@@ -1,5 +1,5 @@
-"""The package's house rules, read from its source with ``ast``: four layers that import only downward, and no import
-circle anywhere (imports inside functions count: they run too, only later)."""
+"""The package's house rules, read from its source with ``ast``: six layers that import only downward, and no import
+circle anywhere, between modules or between folders (imports inside functions count: they run too, only later)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ PACKAGE_ROOT = Path(tarq_deploy.__file__).parent
 PACKAGE = PACKAGE_ROOT.name
 REPO_ROOT = PACKAGE_ROOT.parent
 
-# Lowest first. A module belongs to the first layer one of whose prefixes it starts with.
+# Lowest first. A module belongs to the layer of the longest of its prefixes listed here (ARCHITECTURE.md, "Layers").
 LAYERS: dict[str, tuple[str, ...]] = {
-    "core": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks", "tarq_deploy.machine",
-             "tarq_deploy.checkpoint", "tarq_deploy.safetensors_view", "tarq_deploy.vocabulary", "tarq_deploy.quant",
-             "tarq_deploy.model_source", "tarq_deploy.hashing",
-             "tarq_deploy.models", "tarq_deploy.data"),
-    # load_whisper takes whisper.cpp files too (formats/whisper_cpp_model.py), so the loader and the backbone picker
-    # above it read file formats: they sit in this layer, the other model adapters in core
-    "formats": ("tarq_deploy.formats", "tarq_deploy.models.loader", "tarq_deploy.models.registry"),
+    "base": ("tarq_deploy", "tarq_deploy.errors", "tarq_deploy.fileio", "tarq_deploy.checks", "tarq_deploy.machine",
+             "tarq_deploy.model_source", "tarq_deploy.hashing", "tarq_deploy.values", "tarq_deploy.vocabulary",
+             "tarq_deploy.safetensors_view"),
+    "core": ("tarq_deploy.quant", "tarq_deploy.data", "tarq_deploy.models", "tarq_deploy.checkpoint"),
+    # the options schema, the pipeline, the sequential driver and its work directory: above what they orchestrate
+    "calibration": ("tarq_deploy.calibration",),
+    "formats": ("tarq_deploy.formats",),
     "runtimes": ("tarq_deploy.runtimes",),
     "apps": ("tarq_deploy.cli", "tarq_deploy.commands", "tarq_deploy.evaluate", "tarq_deploy.bench",
              "tarq_deploy.hub", "tarq_deploy.sweep"),
@@ -101,6 +101,71 @@ def test_every_module_is_in_a_layer() -> None:
         layer_of(module)
 
 
+def test_every_folder_is_in_one_layer() -> None:
+    """A folder's modules share its layer: a module filed in one folder and declared in another layer (as
+    models/loader.py once was) would hide a folder-level loop behind the module-level rules."""
+    split = {folder: sorted({layer_of(m) for m in MODULES if folder_of(m) == folder})
+             for folder in set(map(folder_of, MODULES))}
+    assert {f: layers for f, layers in split.items() if len(layers) > 1} == {}
+
+
+# The command line is one unit of the folder graph: cli.py is the table of commands/'s modules, and demo runs the
+# other commands through it.
+FOLDER_UNITS = {"tarq_deploy.cli": "tarq_deploy.commands"}
+
+
+def folder_of(module: str) -> str:
+    """The folder-level unit of ``module``: its top-level subpackage (tarq_deploy.quant), or a top-level module
+    itself (tarq_deploy.checkpoint)."""
+    parts = module.split(".")
+    unit = ".".join(parts[:2]) if len(parts) > 1 else module
+    return FOLDER_UNITS.get(unit, unit)
+
+
+FOLDER_GRAPH: dict[str, set[str]] = {}
+for _module, _targets in GRAPH.items():
+    FOLDER_GRAPH.setdefault(folder_of(_module), set()).update(
+        folder_of(t) for t in _targets if folder_of(t) != folder_of(_module))
+
+
+def test_no_folder_level_circle() -> None:
+    """No import circle between folders either: quant/ importing models/ while models/ imports quant/ is a loop even
+    when no two modules import each other."""
+    cycle = find_cycle(FOLDER_GRAPH)
+    edges = {(a, b): sorted(f"{m} -> {t}" for m, ts in GRAPH.items() for t in ts
+                            if folder_of(m) == a and folder_of(t) == b) for a, b in zip(cycle or [], (cycle or [])[1:])}
+    assert cycle is None, "folder-level circle: " + " -> ".join(cycle) + f"\n{edges}"
+
+
+def test_the_folder_check_catches_a_planted_folder_loop() -> None:
+    planted = {"tarq_deploy.quant.x": {"tarq_deploy.models.y"}, "tarq_deploy.models.y": set(),
+               "tarq_deploy.models.z": {"tarq_deploy.quant.w"}, "tarq_deploy.quant.w": set()}
+    folders: dict[str, set[str]] = {}
+    for module, targets in planted.items():
+        folders.setdefault(folder_of(module), set()).update(folder_of(t) for t in targets)
+    assert find_cycle(planted) is None and find_cycle(folders) is not None
+
+
+QUANT_MAY_NOT_IMPORT = ("tarq_deploy.checkpoint", "tarq_deploy.models", "tarq_deploy.data", "tarq_deploy.commands",
+                        "tarq_deploy.calibration")
+
+
+def test_quant_holds_lattices_and_solvers_only() -> None:
+    """quant/ imports no checkpoint, model adapter, corpus, calibration or command: they are built on it."""
+    found = [f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("tarq_deploy.quant")
+             for t in ts if t.startswith(QUANT_MAY_NOT_IMPORT)]
+    assert not found, found
+
+
+def test_the_sweep_imports_no_command() -> None:
+    """The sweep validates its [quantize] table with the options schema (calibration/options.py), not through the
+    command's argparse parser."""
+    found = [f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("tarq_deploy.sweep")
+             for t in ts if t.startswith(("tarq_deploy.commands", "tarq_deploy.cli"))]
+    assert not found, found
+    assert "_actions" not in (PACKAGE_ROOT / "sweep" / "plan.py").read_text()
+
+
 def test_imports_only_go_down_the_layers() -> None:
     upward = [f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
               for module, targets in GRAPH.items() for target in sorted(targets)
@@ -149,13 +214,14 @@ def test_the_cycle_finder_finds_a_planted_circle() -> None:
 
 def test_the_layer_check_catches_an_upward_import() -> None:
     assert LAYER_RANK[layer_of("tarq_deploy.commands.export")] > LAYER_RANK[layer_of("tarq_deploy.formats")]
-    assert layer_of("tarq_deploy") == "core" and layer_of("tarq_deploy.cli") == "apps"
+    assert layer_of("tarq_deploy") == "base" and layer_of("tarq_deploy.cli") == "apps"
+    assert LAYER_RANK["core"] < LAYER_RANK["calibration"] < LAYER_RANK["formats"]
 
 
 def test_relative_imports_resolve_to_their_module() -> None:
     assert _resolve("tarq_deploy.commands.eval", False, 2, "data.corpus") == "tarq_deploy.data.corpus"
     assert _resolve("tarq_deploy.quant", True, 1, "lattice") == "tarq_deploy.quant.lattice"
-    assert _resolve("tarq_deploy.quant.pipeline", False, 2, None) == "tarq_deploy"
+    assert _resolve("tarq_deploy.calibration.pipeline", False, 2, None) == "tarq_deploy"
 
 
 def test_only_tarq_deploy_is_packaged() -> None:

@@ -6,7 +6,6 @@ Whether it helps is measured in results/lookup-pass (dev split) and checked on j
 directory, and the option's resolution and refusals."""
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tarq_deploy.commands.quantize import lookup_pass_choice
 from tarq_deploy.data.corpus import Utterance
 from tarq_deploy.data.real_clips import all_real_clips
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.whisper import WhisperBackbone
-from tarq_deploy.quant.calibrate import STREAM_KIND, Window
-from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone, quantize_with_lookup_pass
+from tarq_deploy.quant.backbone import STREAM_KIND, Window
+from tarq_deploy.calibration.options import QuantizeOptions
+from tarq_deploy.calibration.pipeline import quantize_backbone, quantize_with_lookup_pass
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 HEAD = WhisperBackbone.tied_head
@@ -84,16 +83,18 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
             assert all(torch.equal(v, whole.quantized[name].params()[k]) for k, v in q.params().items()), name
 
 
-def _args(method: str, lookup_pass: str = "auto", model: str = "packaged:base") -> argparse.Namespace:
-    return argparse.Namespace(method=method, lookup_pass=lookup_pass, model=model)
+def _lookup_pass(method: str, type_name: str | None, lookup_pass: str = "auto") -> bool:
+    from helpers import quantize_options_for
+
+    return quantize_options_for(method=method, type=type_name, lookup_pass=lookup_pass).lookup_pass
 
 
 def test_auto_is_on_where_the_dev_split_measured_it_and_a_choice_given_wins() -> None:
-    assert lookup_pass_choice(_args("tarq"), "iq2_xs") is True
+    assert _lookup_pass("tarq", "iq2_xs") is True
     for method, type_name in (("gptq", "iq2_xs"), ("tarq", "iq2_s"), ("tarq", "q4_0"), ("tarq", None)):
-        assert lookup_pass_choice(_args(method), type_name) is False
-    assert lookup_pass_choice(_args("gptq", "on"), "q4_0") is True
-    assert lookup_pass_choice(_args("tarq", "off"), "iq2_xs") is False
+        assert _lookup_pass(method, type_name) is False
+    assert _lookup_pass("gptq", "q4_0", "on") is True
+    assert _lookup_pass("tarq", "iq2_xs", "off") is False
 
 
 @pytest.mark.parametrize("extra, problem", [

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tarq_deploy.commands.options import memory_size
+from tarq_deploy.values import memory_size
 from tarq_deploy.errors import UserError
 from tarq_deploy.quant.choices import COMPUTE_DTYPES
 from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
@@ -71,7 +71,7 @@ def random_whisper(dims: str, device: str, processor_source: str = "packaged:tin
     take large-v3's vocabulary (51866, made from base's multilingual tokenizer)."""
     import torch
 
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
     from tarq_deploy.models.whisper_shapes import random_whisper as random_shape
 
     if DIMS[dims]["num_mel_bins"] == 128 and processor_source == "packaged:tiny.en":
@@ -133,7 +133,7 @@ def prepare_carry(directory: Path, processor_source: str = "packaged:base") -> N
 
     from tarq_deploy.data.corpus import Utterance, write_manifest
     from tarq_deploy.data.real_clips import all_real_clips
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     (directory / "clips").mkdir(parents=True, exist_ok=True)
     rows = []
@@ -164,10 +164,11 @@ def child(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from tarq_deploy.data.corpus import load_corpus
-    from tarq_deploy.models.registry import load_backbone
+    from tarq_deploy.formats.backbones import load_backbone
     from tarq_deploy.models.whisper import WhisperBackbone
     from tarq_deploy.quant.choices import GGML_TYPES
-    from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+    from tarq_deploy.calibration.options import QuantizeOptions
+    from tarq_deploy.calibration.pipeline import quantize_backbone
     from tarq_deploy.quant.precision import resolve_compute_dtype
 
     start = time.perf_counter()
@@ -525,7 +526,7 @@ def measured_now() -> dict:
 
 def code_identity() -> dict:
     """The current package's code hash and git commit: which code a cell ran."""
-    from tarq_deploy.sweep.plan import code_version
+    from tarq_deploy.hashing import code_version
 
     return {"code_version": code_version(), "git_commit": _git_commit()}
 

@@ -67,7 +67,7 @@ IO_CHUNK = 1 << 24
 
 def load_bundle(name: str):
     """(model, processor, generation_config): packaged tiny.en / base; small = base's processor with small's dims."""
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     if name != "small":
         return load_whisper(f"packaged:{name}")

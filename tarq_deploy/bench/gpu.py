@@ -175,7 +175,7 @@ def build_variant(model_source: str, checkpoint_dir: str | None, kernel: str, de
     """(model, processor, generation_config) on ``device``: the float model for kernel "cublas-fp16", else the
     checkpoint's model with its lattice Linears swapped for Int4Linear. Device-agnostic so that the INT4 swap can be
     checked on a CPU; only run_gpu_bench measures, and only on CUDA."""
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     reason = kernel_unavailable_reason(kernel, device) if kernel != FP16_KERNEL else None
     if reason is not None:  # before loading anything: the row is skipped either way

@@ -90,8 +90,9 @@ def write_float_model_and_windows(source: str, calib: Path, n_calib: int, seed: 
     from safetensors.torch import save_file
 
     from ..data.corpus import load_corpus
-    from ..models.registry import load_backbone
-    from ..quant.pipeline import QuantizeOptions, decode_utterances, select_calibration
+    from ..formats.backbones import load_backbone
+    from ..calibration.options import QuantizeOptions
+    from ..calibration.pipeline import decode_utterances, select_calibration
 
     backbone = load_backbone(source)
     float_dir = work / "float"

@@ -22,7 +22,7 @@ import torch
 from tarq_deploy.fileio import write_json_atomic
 from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.stats import LayerStats
-from tarq_deploy.quant.calibrate import solve_layer
+from tarq_deploy.quant.layer_solve import solve_layer
 from tarq_deploy.quant.tarq import TarqConfig
 
 # (out_features, in_features) of the distinct Linear shapes in each model's blocks.

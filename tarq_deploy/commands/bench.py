@@ -25,7 +25,8 @@ from tarq_deploy.bench.cpu import (DEFAULT_OMP_WAIT_POLICY, DEFAULT_RUNS, DEFAUL
 
 from ..checks import Output, check_outputs_apart
 from ..errors import UserError
-from .options import add_checkpoint, add_out, thread_list
+from ..values import thread_list
+from .options import add_checkpoint, add_out
 
 HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
 EXAMPLE = """  tarq-deploy bench --model base-f16.bin --model base-q4_0.bin --audio jfk.wav --threads 1,2 -o runs/bench"""

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
-from .options import add_out, thread_list
+from ..values import thread_list
+from .options import add_out
 
 HELP = "run the whole product on the packaged Whisper tiny.en: quantize, export, verify, eval, bench, publish (dry run)"
 EXAMPLE = """  tarq-deploy demo -o demo-out"""

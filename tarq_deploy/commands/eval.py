@@ -39,7 +39,8 @@ from ..evaluate.wer import DEFAULT_RESAMPLES, normalizer_description, score_utte
 from ..fileio import write_text_atomic
 from ..machine import machine_record
 from ..model_source import ModelSource, SourceKind, resolve_source
-from .options import add_out, thread_count
+from ..values import thread_count
+from .options import add_out
 
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
 EXAMPLE = """  tarq-deploy eval --data clips/eval.jsonl --model f16=base-f16.bin --model tarq=base-q4_0.bin -o runs/eval"""

@@ -55,7 +55,7 @@ def _is_whisper(args: argparse.Namespace) -> bool:
     """Whether the export's source is a Whisper model (a checkpoint's saved config, or --model's kind); a checkpoint
     that cannot be read is not (the exporter then reports what is wrong with it)."""
     from ..model_source import SourceKind, resolve_source
-    from ..models.registry import is_whisper_source
+    from ..formats.backbones import is_whisper_source
 
     if args.checkpoint is not None:
         found = resolve_source(args.checkpoint)

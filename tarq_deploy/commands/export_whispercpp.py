@@ -50,7 +50,7 @@ def add_export_arguments(parser: argparse.ArgumentParser, targets: Sequence[str]
                              "f16: nothing re-quantizes")
     parser.add_argument("--model", metavar="SOURCE",
                         help="export a float model instead of a checkpoint (packaged:NAME, a CTranslate2 or "
-                             "transformers directory; see tarq_deploy.models.loader)")
+                             "transformers directory; see tarq_deploy.formats.model_loader)")
     parser.add_argument("--baseline", choices=tuple(BASELINE_CHOICES), type=_baseline,
                         help="ggml: ggml's own rounding of the float --model (what whisper.cpp's quantize tool "
                              "makes); rtn: the same, its older spelling")
@@ -108,7 +108,7 @@ def _export_source(args: argparse.Namespace):
 
     if args.checkpoint is not None:
         return as_source(args.checkpoint)
-    from ..models.loader import load_whisper
+    from ..formats.model_loader import load_whisper
 
     try:
         model, processor, _ = load_whisper(args.model)

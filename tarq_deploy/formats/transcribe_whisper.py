@@ -355,7 +355,7 @@ def _main_type(tensors: list[PackedTensor]) -> int:
 
 def float_model_source(model_id: str) -> WhisperSource:
     """A float Whisper model (packaged:NAME, a transformers or CTranslate2 folder) with its full tokenizer.json."""
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     from .whisper_cpp import model_source
 

@@ -1,5 +1,5 @@
 """A float whisper.cpp model file (ggml F16 or F32 matrices) as a transformers Whisper: (model, processor, generation
-config), everything taken from the file, for every command that loads a Whisper source (models/loader.py).
+config), everything taken from the file, for every command that loads a Whisper source (formats/model_loader.py).
 
 What comes from where:
 
@@ -39,7 +39,7 @@ from .ggml_file import GGMLFileError, WhisperCppFile, WhisperHParams, read_whisp
 log = logging.getLogger(__name__)
 
 FLOAT_TYPES = {GGMLType.F16: np.dtype("<f2"), GGMLType.F32: np.dtype("<f4")}
-STORED = "stored"  # models/loader.py's dtype for "as the source stores its weights"
+STORED = "stored"  # formats/model_loader.py's dtype for "as the source stores its weights"
 # The feature extractor makes 30 s windows of 3000 frames, which the encoder's stride-2 convolution halves: every
 # Whisper's n_audio_ctx (transformers checks the frame count against it at the first forward).
 AUDIO_CTX = 1500

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
-from ..quant.calibrate import Block, Window
+from ..quant.backbone import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import is_memory_mapped
 

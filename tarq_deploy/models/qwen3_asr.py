@@ -1,5 +1,5 @@
 """Qwen3-ASR backbone adapter (transformers' native ``qwen3_asr``): transcription windows with rare tags, calibration
-stages, transcription and the lattice checkpoint (tarq_deploy.quant.pipeline.quantize_backbone runs the pipeline on it;
+stages, transcription and the lattice checkpoint (tarq_deploy.calibration.pipeline.quantize_backbone runs the pipeline on it;
 ``load_qwen3_asr_backbone`` builds one from a transformers directory).
 
 Model. ``Qwen3ASRForConditionalGeneration`` = audio tower (three stride-2 Conv2d, the ``conv_out`` Linear over
@@ -57,7 +57,7 @@ from transformers import Qwen3ASRForConditionalGeneration, Qwen3ASRProcessor
 
 from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
-from ..quant.calibrate import Block, Window
+from ..quant.backbone import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from .common import (CALIBRATION_DTYPE, HeadStage, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined,
                      load_lattice_weights, model_files_dir, pack_utterances, saved_files)
@@ -378,7 +378,7 @@ def load_qwen3_asr(directory: str | Path, dtype: torch.dtype | str = torch.float
 def load_qwen3_asr_backbone(source: str | Path, device: str = "cpu", head_identity_weight: float = 1.0,
                             quantize_audio_tower: bool = True, dtype: torch.dtype | str = torch.float32
                             ) -> Qwen3ASRBackbone:
-    """The backbone for a transformers Qwen3-ASR directory, as tarq_deploy.quant.pipeline.quantize_backbone takes it."""
+    """The backbone for a transformers Qwen3-ASR directory, as tarq_deploy.calibration.pipeline.quantize_backbone takes it."""
     return Qwen3ASRBackbone(*load_qwen3_asr(source, dtype), device, head_identity_weight=head_identity_weight,
                             quantize_audio_tower=quantize_audio_tower)
 

@@ -56,7 +56,7 @@ from transformers import VoxtralConfig, VoxtralForConditionalGeneration, Voxtral
 
 from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, rare_token_mask
-from ..quant.calibrate import Block, Window
+from ..quant.backbone import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import widened
 from .common import (CALIBRATION_DTYPE, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined,

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
-from ..quant.calibrate import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
+from ..quant.backbone import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import compute_in, widened
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files

@@ -1,11 +1,12 @@
 """The names a user picks from on the command line (solver methods, reweighting sources, export targets' default
-group sizes), kept free of torch so that building `tarq-deploy --help` imports nothing heavy. quant/tarq.py and
-quantize.py take them from here."""
+group sizes, ggml types), kept free of torch so that building `tarq-deploy --help` imports nothing heavy: the one
+vocabulary that quant/tarq.py, calibration/options.py, the sweep and the checkpoint take them from."""
 
 from __future__ import annotations
 
 METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix", "ggml")
 DATA_FREE_METHODS = ("rtn", "ggml")  # no calibration corpus needed
+GGML_QUANTIZER_METHODS = ("imatrix", "ggml")  # ggml's own quantizer: each type at its own grouping, float16 scales
 SCALE_RULES = ("max", "search")
 ALPHA_RULES = ("closed-form", "one")
 SOURCES = ("rare", "random", "common")
@@ -35,6 +36,11 @@ DEFAULT_HEAD_IDENTITY_WEIGHT = 1.0
 # nothing extra there (and rounds 1.6x more finely than 128); GPU INT4 kernels use the paper's W4G128.
 DEFAULT_GROUP_SIZE = {"whisper.cpp": 32, "qwen3-asr.cpp": 32, "crispasr": 32, "transcribe.cpp": 32, "gptq": 128,
                       "compressed-tensors": 128, "marlin": 128}
+TARGETS = tuple(sorted(DEFAULT_GROUP_SIZE))  # quantize --target
+SCALE_DTYPES = ("float16", "bfloat16")  # quantize --scale-dtype: the scale grids of quant/lattice.py
+# Two-level lattices: refit the sub-block scale codes after the sweep (quant/scale_refit.py): on by the dev split
+# (results/refit). The solver's config and quantize's options both take their default from here.
+REFIT_SCALES_BY_DEFAULT = True
 
 # The ggml types a lattice can be made for: name -> (scheme, bits, group size) of the lattice the type stores
 # (quant/lattice.py's schemes; quant/ggml_types.py holds the byte layouts). whisper.cpp's published models are
@@ -51,3 +57,6 @@ GGML_NEEDS_IMPORTANCE = ("iq2_xs",)  # ggml_quantize_requires_imatrix, of the ty
 # these files hold a per-tensor mix of types (transcribe.cpp: Whisper, formats/transcribe_whisper.py)
 GGUF_TARGETS = ("qwen3-asr.cpp", "crispasr", "transcribe.cpp")
 GGML_TARGETS = ("whisper.cpp", *GGUF_TARGETS)
+PRESET_TARGET = "transcribe.cpp"  # whose presets (quant/presets.py) --tensor-type q4_k_m / q5_k_m follow
+# each ggml target's file suffix (the sweep names its cells' files so)
+TARGET_FILE_SUFFIX = {"whisper.cpp": ".bin", "crispasr": ".gguf", "transcribe.cpp": ".gguf", "qwen3-asr.cpp": ".gguf"}

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .choices import SCALE_RULES
+from .choices import SCALE_DTYPES, SCALE_RULES
 from .grid import GRIDS, SCALE_CODE_MAX, GridCodebook, check_codes, nearest_points, scale_multipliers
 
 SCALE_DTYPE = torch.float16
@@ -69,7 +69,7 @@ SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 GRID_SCHEMES = {f"grid-{name}": grid for name, grid in GRIDS.items()}  # the vector-codebook types (grid.py)
 SCHEMES = ("symmetric", "affine", "k-affine", "k-symmetric", "nonlinear", "k-nonlinear", *GRID_SCHEMES)
-SCALE_GRIDS = ("float16", "bfloat16")  # the values a stored (fp16) scale may take; see "Scale grid" above
+SCALE_GRIDS = SCALE_DTYPES  # the values a stored (fp16) scale may take (choices.py); see "Scale grid" above
 K_SUPER_BLOCK = 256  # values per K-quant super-block (ggml's QK_K)
 # (bits, group size) each non-symmetric scheme allows: the ggml types it stores
 SCHEME_SHAPES = {"affine": ((4, 32), (5, 32)), "k-affine": ((2, 16), (4, 32), (5, 32)),

@@ -16,9 +16,17 @@ Reweighting source (Appendix "Reweighting source and cost-ratio ablations"): whi
 slice: ``rare`` (the rarity tags), ``random`` (as many positions drawn uniformly) or ``common`` (as many drawn from
 the common positions). ``c`` is the cost ratio: lam = c * tr(H_common) / (tr(H_tail) + eps).
 
+The residual step, which is which (``alpha_rule``):
+  closed-form  Algorithm 1 as the paper writes it: a pilot GPTQ sweep of W, the residual direction D, and the step
+               alpha* = <E, D>_H / <D, D>_H that the pilot's error E picks along it; then the sweep of W + alpha* D.
+  one          what quantize ships by default: alpha = 1 without a pilot, i.e. the target W + W H_delta,w H_w^-1,
+               the exact least-squares minimiser of the propagated error with H_delta weighted like the metric. It
+               is not Algorithm 1's step (results/rarewords: on the dev split the closed-form alpha* came out near 0
+               on every layer, and alpha = 1 gave the lower KLD).
+
 The solvers are pure: they return the quantized weight and a ``SolveInfo`` of the figures they computed (lam, alpha,
-the group sizes and traces, why a step was skipped). The calibration driver (calibrate.py) checks the inputs, times
-the solver and writes the per-layer log record.
+the group sizes and traces, why a step was skipped). quant/layer_solve.py checks the inputs, times the
+solver and writes the per-layer log record; the calibration driver (calibration/driver.py) calls it.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .choices import ALPHA_RULES, DATA_FREE_METHODS, METHODS, SCALE_RULES, SOURCES  # torch-free, for the CLI's --help
+from .choices import (ALPHA_RULES, DATA_FREE_METHODS, METHODS, REFIT_SCALES_BY_DEFAULT, SCALE_RULES,  # torch-free
+                      SOURCES)
 from .ggml_quants import ggml_quantize
 from .gptq import PERCDAMP, BLOCKSIZE, PreparedMetric, gptq_sweep, prepare_metric, sweep_run
 from .lattice import LatticeSpec, QuantizedWeight
@@ -53,7 +62,7 @@ class TarqConfig:
     alpha_rule: str = "one"  # residual step: "one" (the exact target; measured), or the paper's closed-form alpha*
     # two-level lattices (K-quants, IQ4_XS, grid types): refit the sub-block scale codes against the metric once the
     # codes are chosen (scale_refit.py)
-    refit_scales: bool = False
+    refit_scales: bool = REFIT_SCALES_BY_DEFAULT
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

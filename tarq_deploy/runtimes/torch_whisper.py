@@ -122,7 +122,7 @@ def load_torch_bundle(spec: ModelSpec, found: ModelSource | None = None) -> tupl
             return load_whisper_cpp_in_torch(source, spec.tokenizer), "whisper.cpp file, dequantized"
         if _is_transcribe_whisper(found):
             return load_transcribe_whisper_in_torch(source, spec.tokenizer), "transcribe.cpp file, dequantized"
-        from ..models.loader import load_whisper
+        from ..formats.model_loader import load_whisper
 
         return load_whisper(found), "float model"
     except (ValueError, OSError) as error:
@@ -197,7 +197,7 @@ def _load_companion(source: str):
         from ..models.from_checkpoint import load_dequantized_whisper
 
         return load_dequantized_whisper(source)
-    from ..models.loader import load_whisper
+    from ..formats.model_loader import load_whisper
 
     return load_whisper(found)
 

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from ..checks import Output
 from ..errors import UserError
-from .plan import STEPS, Cell, Step, Sweep, code_version, corpus_hash, model_hash, plan_cells
+from ..hashing import code_version
+from .plan import STEPS, Cell, Step, Sweep, corpus_hash, model_hash, plan_cells
 from .steps import LOG, StepResult, append_log, finished, run_step
 
 EMBEDDED_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # results are small dicts: no need for Ray's 30 % of memory

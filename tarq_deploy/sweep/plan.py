@@ -53,7 +53,6 @@ nearest one, so a misspelt optional key never leaves its default silently in for
 """
 from __future__ import annotations
 
-import argparse
 import difflib
 import functools
 import json
@@ -70,14 +69,14 @@ else:  # pragma: no cover - Python 3.10
 
 from .. import __version__
 from ..errors import UserError
-from ..hashing import chunks_sha256, files_sha256, json_fingerprint
+from ..hashing import files_sha256, json_fingerprint
 from ..model_source import SourceKind, resolve_source
-from ..quant.choices import DATA_FREE_METHODS, GGML_TYPES, METHODS
+from ..quant.choices import (DATA_FREE_METHODS, GGML_QUANTIZER_METHODS, GGML_TYPES, GGUF_TARGETS, METHODS,
+                             PRESET_TARGET, TARGET_FILE_SUFFIX)
 
 STEPS = ("quantize", "export", "verify", "eval", "score", "bench")
 REFERENCE_METHOD = "f16"
 METHODS_WITHOUT_DATA = frozenset(DATA_FREE_METHODS)
-KNOWN_METHODS = METHODS
 
 
 @dataclass(frozen=True)
@@ -112,12 +111,11 @@ def ggml_type_of(type_name: str) -> str:
 
 
 # methods that run ggml's own quantizer, which writes each type at its own grouping only
-NATIVE_GROUP_METHODS = frozenset({"ggml", "imatrix"})
-# target -> (runtime that evaluates its files, file suffix)
-TARGETS: dict[str, tuple[str, str]] = {"whisper.cpp": ("whisper.cpp", ".bin"), "crispasr": ("crispasr", ".gguf"),
-                                       "transcribe.cpp": ("transcribe.cpp", ".gguf")}
-PRESET_TARGET = "transcribe.cpp"  # the target whose own presets (quant/presets.py) a sweep may name as types
-MIX_TARGETS = ("crispasr", "transcribe.cpp")  # the sweep targets whose files hold a type per tensor
+NATIVE_GROUP_METHODS = frozenset(GGML_QUANTIZER_METHODS)
+# target -> (runtime that evaluates its files, file suffix): the ggml targets whose runtime runs in a sweep cell
+TARGETS: dict[str, tuple[str, str]] = {target: (target, TARGET_FILE_SUFFIX[target])
+                                       for target in ("whisper.cpp", "crispasr", "transcribe.cpp")}
+MIX_TARGETS = tuple(t for t in GGUF_TARGETS if t in TARGETS)  # the sweep targets whose files hold a type per tensor
 MIX_KEYS = ("type", "tensor_type")
 EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list}
 BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int}
@@ -221,8 +219,8 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
         raise UserError(f"{source}: [sweep] target {target!r}: sweeps export to {', '.join(TARGETS)}")
     methods = tuple(_strings(head, "methods", source))
     for method in methods:
-        if method not in KNOWN_METHODS:
-            raise UserError(f"{source}: [sweep] methods: unknown method {method!r} (known: {', '.join(KNOWN_METHODS)})")
+        if method not in METHODS:
+            raise UserError(f"{source}: [sweep] methods: unknown method {method!r} (known: {', '.join(METHODS)})")
     mixes = _mixes(_table(doc, "mixes", source), target, source)
     types = tuple(mixes[name] if name in mixes else _lattice_type(name, target, source)
                   for name in _strings(head, "types", source, default=["q4_0"]))
@@ -267,11 +265,13 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     _check_backends(eval_options.get("backends"), TARGETS[target][0], source)
     if "score" in steps and not evaluation:
         raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")
-    return Sweep(source, target, models, corpora, evaluation, methods, types, steps, baselines, reference,
-                 _quantize_options(_table(doc, "quantize", source), source),
-                 eval_options,
-                 _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source),
-                 _type_methods(head.get("type_methods", {}), types, methods, source))
+    sweep = Sweep(source, target, models, corpora, evaluation, methods, types, steps, baselines, reference,
+                  _quantize_options(_table(doc, "quantize", source), source),
+                  eval_options,
+                  _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source),
+                  _type_methods(head.get("type_methods", {}), types, methods, source))
+    _check_cells(sweep)
+    return sweep
 
 
 # ----------------------------------------------------------------------------------------- names, read strictly
@@ -330,48 +330,56 @@ def _check_quantize_keys(table: dict, source: Path) -> None:
             raise UserError(f"{source}: [quantize]: `{key}` is set for each cell by the sweep itself ([sweep] "
                             f"methods, types and target, [mixes], [models], [calibration] with its n); leave it out "
                             f"here")
-    _check_keys({key.replace("-", "_"): value for key, value in table.items()}, sorted(_quantize_actions()),
+    _check_keys({key.replace("-", "_"): value for key, value in table.items()}, sorted(_quantize_schema()),
                 "[quantize]", source)
 
 
 def _quantize_options(table: dict, source: Path) -> dict[str, Any]:
-    """[quantize] values, each checked as the command will parse it, so a bad one fails here and not in every
-    cell's calibration (the keys were checked by _check_quantize_keys)."""
-    actions = _quantize_actions()
+    """[quantize] values, each checked as the command will read it (the schema's own parsers and choices), so a bad
+    one fails here and not in every cell's calibration (the keys were checked by _check_quantize_keys)."""
+    from ..calibration.options import option_value_problem
+
+    schema = _quantize_schema()
     for key, value in table.items():
-        problem = _option_problem(actions[key.replace("-", "_")], value)
+        problem = option_value_problem(schema[key.replace("-", "_")], value)
         if problem:
             raise UserError(f"{source}: [quantize] {key}: {problem}")
     return dict(table)
 
 
 @functools.lru_cache(maxsize=1)
-def _quantize_actions() -> dict[str, argparse.Action]:
-    """The quantize command's options that a sweep may set (its own parser: one list of names, never two)."""
-    from ..commands import quantize
+def _quantize_schema() -> dict:
+    """The quantize options a sweep may set, by name: the schema's (calibration/options.py), less the cell's own."""
+    from ..calibration.options import quantize_options
 
-    parser = argparse.ArgumentParser(add_help=False)
-    quantize.add_arguments(parser)
-    return {a.dest: a for a in parser._actions if a.option_strings and a.dest not in CELL_OPTIONS}
+    return {name: option for name, option, _ in quantize_options() if name not in CELL_OPTIONS}
 
 
-def _option_problem(action: argparse.Action, value: Any) -> str | None:
-    """Why ``value`` would not parse as ``action``'s argument (as steps._flags passes it), or None."""
-    if action.nargs == 0:  # a flag: true gives it; false gives --no-NAME, which only a BooleanOptionalAction takes
-        if not isinstance(value, bool):
-            return f"is a flag: true or false, not {value!r}"
-        if value is False and not isinstance(action, argparse.BooleanOptionalAction):
-            return "false is the default: leave it out"
-        return None
-    if isinstance(value, (bool, list, dict)):
-        return f"takes one value (a string or number), not {value!r}"
-    if action.choices is not None and str(value) not in action.choices:
-        return f"{value!r} is not one of {', '.join(map(str, action.choices))}"
-    try:
-        (action.type or str)(str(value))
-    except (TypeError, ValueError):
-        return f"{value!r} is not a valid value"
-    return None
+def _check_cells(sweep: "Sweep") -> None:
+    """Every cell's quantize options built and validated by the schema itself (QuantizeOptions.build), each model
+    resolved once: a contradiction ([quantize] bits against a type, a device this machine lacks, ...) fails here,
+    naming the cell, not in every cell's calibration."""
+    from ..calibration.options import QuantizeArguments, QuantizeOptions, parse_option_value
+
+    schema = _quantize_schema()
+    given = {}
+    for key, value in sweep.quantize_options.items():
+        option = schema[key.replace("-", "_")]
+        given[key.replace("-", "_")] = value if isinstance(value, bool) else parse_option_value(option, str(value))
+    corpus = sweep.corpora[0].manifest if sweep.corpora else None
+    for model, text in sweep.models.items():
+        found = resolve_source(text)
+        for lattice in sweep.types:
+            group = {} if lattice.group_option is None else {"group_size": lattice.group_option}
+            for method in sweep.type_methods.get(lattice.name, sweep.methods):
+                arguments = QuantizeArguments(
+                    model=text, method=method, target=sweep.target, type=lattice.ggml_type,
+                    tensor_type=lattice.tensor_types, calib=None if method in METHODS_WITHOUT_DATA else str(corpus),
+                    **{**given, **group})
+                try:
+                    QuantizeOptions.build(arguments, found, log=lambda _: None)
+                except UserError as e:
+                    raise UserError(f"{sweep.path}: cell {model} / {method} / {lattice.name}: {e}") from None
 
 
 def _baselines(value: Any, methods: tuple[str, ...], source: Path) -> tuple[str, ...]:
@@ -536,14 +544,6 @@ def _options(table: dict, allowed: dict[str, type], name: str, source: Path) -> 
 
 
 # ------------------------------------------------------------------------------------------------------ hashing
-def code_version() -> str:
-    """The package version and the sha256 of its Python sources: any change to the code is a new key."""
-    package = Path(__file__).resolve().parents[1]
-    sources = sorted(package.rglob("*.py"))
-    digest = chunks_sha256(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() for path in sources)
-    return f"{__version__}+{digest[:16]}"
-
-
 def model_hash(source: str) -> str:
     """The bytes of a local or packaged model; a hub id (not on this disk) by its name."""
     found = resolve_source(source)

@@ -1,6 +1,6 @@
 """From a float model and a calibration corpus to a lattice checkpoint (the pipeline behind `tarq-deploy quantize`).
 
-Everything that decides the result is in ``QuantizeOptions``; the same options, model, corpus and seed give the same
+Everything that decides the result is in ``QuantizeOptions`` (options.py); the same options, model, corpus and seed give the same
 checkpoint bytes (timings go to a separate log, never into the checkpoint).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -18,19 +18,22 @@ from tqdm.auto import tqdm
 from .. import __version__
 from ..checkpoint import LatticeCheckpoint
 from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longer_than, select_pool
-from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
-from ..errors import UserError, require_finite
+from ..errors import require_finite
 from ..hashing import chunks_sha256
 from ..machine import machine_record, peak_rss_mb, physical_memory_bytes, resident_bytes
 from ..models.common import WINDOW_SECONDS, TextAudio
-from .choices import DATA_FREE_METHODS, DEFAULT_GROUP_SIZE  # noqa: F401  (DEFAULT_GROUP_SIZE re-exported)
-from .calibrate import CalibrationConfig, CalibrationResult, SequentialCalibrator, WorkDir, fingerprint
-from .ggml_quants import ggml_quantize
-from .lattice import LatticeSpec, QuantizedWeight
-from .lattice_fit import quantize_rtn
-from .precision import NARROW_DTYPES, float32_compute, release_mapped_pages, return_freed_memory
-from .recipe import TypeRecipe
-from .tarq import TarqConfig
+from ..quant.choices import DATA_FREE_METHODS
+from ..quant.ggml_quants import ggml_quantize
+from ..quant.lattice import LatticeSpec, QuantizedWeight
+from ..quant.lattice_fit import quantize_rtn
+from ..quant.precision import NARROW_DTYPES, float32_compute, release_mapped_pages, return_freed_memory
+from ..quant.recipe import TypeRecipe
+from .driver import CalibrationConfig, CalibrationResult, SequentialCalibrator
+from .options import Importance, QuantizeOptions
+from .workdir import WorkDir, fingerprint
+
+__all__ = ["Backbone", "quantize_backbone", "quantize_with_lookup_pass", "state_sha256", "select_calibration",
+           "decode_utterances", "max_memory_bytes", "reusable_bytes", "full_float32", "DEFAULT_MAX_MEMORY"]
 
 
 class Backbone(Protocol):
@@ -45,76 +48,6 @@ class Backbone(Protocol):
     def checkpoint(self, lattice: dict[str, QuantizedWeight], spec: LatticeSpec, metadata: dict) -> LatticeCheckpoint: ...
     # Optional (Whisper): rotate the weights in place without changing the model's outputs; returns a record.
     # def rotate(self, kind: str, seed: int) -> dict: ...
-
-
-@dataclass(frozen=True)
-class QuantizeOptions:
-    method: str = "tarq"
-    bits: int = 4
-    group_size: int = 32
-    scheme: str = "symmetric"  # the lattice scheme (lattice.py); --type picks it with bits and group size
-    scale_grid: str = "float16"  # "bfloat16": scales exact in bf16 too, for bf16 runtimes (lattice.py)
-    tensor_types: tuple[tuple[str, str], ...] = ()  # (pattern, ggml type) overrides, first match wins (recipe.py)
-    preset: str | None = None  # transcribe.cpp's mix (quant/presets.py) that tensor_types was resolved from
-    zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
-    cost_ratio: float = 1.0
-    source: str = "rare"
-    n_calib: int = 128
-    pool: str = "random"
-    seed: int = 0
-    encoder_tagging: str = "auto"  # "align", "none", or auto: align only where the metric re-weights rare positions
-    pack: bool = True
-    head_identity_weight: float = 1.0
-    percdamp: float = 0.01
-    scale_rule: str = "search"
-    act_order: bool = True
-    alpha_rule: str = "one"
-    # Two-level lattices: refit the sub-block scale codes after the sweep (scale_refit.py; on by the dev split,
-    # results/refit). False is what every run did before it, and keeps those runs' knobs.
-    refit_scales: bool = True
-    device: str = "cpu"
-    # Bytes of memory the calibration may take (None: DEFAULT_MAX_MEMORY, or half the machine's memory if that is
-    # less). It decides whether work is kept for reuse (Whisper: the alignment pass's fp encoder), never the result.
-    max_memory: int | None = None
-    # An exact rotation of the weights before anything else ("heads": per attention head, Whisper only;
-    # models/whisper_rotation.py). The model computes the same function; its weights round differently.
-    rotate: str = "none"
-    # The forward passes' precision: "float32", or "bfloat16" autocast (precision.py; an opt-in: the dev split
-    # moved by a few percent). The second moments and the solver stay float32/float64.
-    compute_dtype: str = "float32"
-    # Whisper's tied head: calibrate the decoder a second time with the first head's lattice as the quantized stream's
-    # token lookup, and keep the first head (quantize_with_lookup_pass; results/lookup-pass).
-    lookup_pass: bool = False
-
-    def solver(self) -> TarqConfig:
-        return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
-                          scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule,
-                          refit_scales=self.refit_scales)
-
-    def frame_tagging(self) -> str:
-        """How encoder frames are tagged. The alignment pass (a full-precision run of the whole model per window) only
-        splits H into H_common and H_tail; a method whose metric is their sum (gptq, residual, imatrix) would add
-        them up again, so ``auto`` runs it only for the methods that re-weight the tail (tarq, rarebal)."""
-        if self.encoder_tagging != "auto":
-            return self.encoder_tagging
-        return "align" if self.solver().uses_rarebal else "none"
-
-    def spec(self) -> LatticeSpec:
-        return LatticeSpec(self.bits, self.group_size, self.scheme, self.scale_grid)
-
-    def recipe(self) -> TypeRecipe:
-        return TypeRecipe.from_types(self.spec(), self.tensor_types)
-
-    def result_knobs(self) -> dict:
-        """The options that shape the result (not where it runs)."""
-        knobs = asdict(self)
-        knobs.pop("device")
-        knobs.pop("max_memory")
-        for knob, unset in (("preset", None), ("rotate", "none"), ("compute_dtype", "float32"),
-                             ("refit_scales", False), ("lookup_pass", False)):
-            if knobs[knob] == unset:  # a run without it keeps the knobs (and so the resume key) it always had
-                knobs.pop(knob)
-        return knobs
 
 
 def state_sha256(model: torch.nn.Module) -> str:
@@ -363,20 +296,6 @@ def full_float32() -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-@dataclass
-class Importance:
-    """A ready-made importance matrix (weight name -> float32 [n_in]) and where it came from, for the record."""
-
-    vectors: dict[str, torch.Tensor]
-    origin: dict
-
-    def of(self, name: str) -> torch.Tensor:
-        if name not in self.vectors:
-            raise UserError(f"the importance matrix ({self.origin.get('file', 'given')}) has no entry for {name}: it "
-                            f"was made for another model")
-        return self.vectors[name]
 
 
 def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn",

@@ -1,12 +1,13 @@
-"""Pick the backbone adapter for a model source: Whisper (any source load_whisper takes) or Voxtral (a local or hub
-transformers directory whose config says ``voxtral``)."""
+"""Pick the backbone adapter (models/) for a model source: Whisper (any source load_whisper takes, a whisper.cpp file
+among them: so this module sits with the formats it reads), Voxtral or Qwen3-ASR (a local or hub transformers
+directory whose config says so)."""
 
 from __future__ import annotations
 
 import sys
 
 from ..model_source import ModelSource, resolve_source
-from .loader import load_whisper
+from .model_loader import load_whisper
 
 
 def model_type(source: str | ModelSource) -> str:
@@ -38,19 +39,19 @@ def load_backbone(source: str | ModelSource, device: str = "cpu", head_identity_
         import torch
         from transformers import VoxtralForConditionalGeneration, VoxtralProcessor
 
-        from .voxtral import VoxtralBackbone
+        from ..models.voxtral import VoxtralBackbone
 
         model = VoxtralForConditionalGeneration.from_pretrained(text, dtype="auto")
         processor = VoxtralProcessor.from_pretrained(text, mistral_format=False)
         return VoxtralBackbone(model, processor, device, quantize_audio_tower=quantize_audio_tower)
     if kind == "qwen3_asr":
-        from .qwen3_asr import load_qwen3_asr_backbone
+        from ..models.qwen3_asr import load_qwen3_asr_backbone
 
         return load_qwen3_asr_backbone(text, device, head_identity_weight, dtype="auto")
     if kind != "whisper":
         raise ValueError(f"{text}: model type {kind!r} is not supported (whisper, voxtral, qwen3_asr)")
-    from .loader import STORED
-    from .whisper import WhisperBackbone, round_conv_kernels_to_f16
+    from .model_loader import STORED
+    from ..models.whisper import WhisperBackbone, round_conv_kernels_to_f16
 
     model, processor, generation_config = load_whisper(found, dtype=STORED)
     rounded = round_conv_kernels_to_f16(model)

@@ -8,106 +8,40 @@ For every block, in the backbone's calibration order:
      matching x_fp into H_common / H_tail / H_delta; each Linear of the group is solved and its weight replaced by
      the lattice's exact value, so later groups see the quantization of earlier ones;
   3. both streams advance through their block.
-The solvers (tarq.py) return each Linear's lattice and the figures they computed; ``solve_layer`` turns those into
-the per-layer log record. After each block the lattice of its Linears and the per-layer records are saved to a work directory, so an interrupted
-run resumes from the last finished block: the streams are recomputed through the finished blocks (the same
-arithmetic as the uninterrupted run), which gives the same final bytes. A block file that does not read back as
+The solvers (quant/tarq.py) return each Linear's lattice and the figures they computed; ``solve_layer``
+(quant/layer_solve.py) turns those into the per-layer log record. After each block the lattice of its Linears and
+the per-layer records are saved to a work directory (workdir.py), so an interrupted run resumes from the last
+finished block: the streams are recomputed through the finished blocks (the same arithmetic as the uninterrupted
+run), which gives the same final bytes. A block file that does not read back as
 what was saved (its sha256 is kept in progress.json) is named in a warning, discarded and recomputed, together with
 every block after it.
 
 The backbone supplies stages (e.g. Whisper: encoder, decoder, output head) with their blocks and the code that moves
-a window's hidden states into, through and out of them; see ``Stage``.
+a window's hidden states into, through and out of them; see ``Stage`` (quant/backbone.py).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load, save
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..errors import require_finite
-from ..fileio import write_bytes_atomic, write_json_atomic
-from ..hashing import json_fingerprint, sha256_hex
-from .lattice import PARAM_FIELDS, LatticeSpec, QuantizedWeight, check_on_lattice
-from .precision import compute_in, full_precision, widened
-from .recipe import TypeRecipe
-from .stats import LayerStats
-from .tarq import (MetricCache, SolveInfo, TarqConfig, importance_sums, quantize_weight, reweighting_mask,
-                   rounding_losses)
+from ..quant.backbone import (STREAM_KIND, Block, Stage, StopForward, Window, finish_steps, input_hooks,
+                              run_capturing_inputs, run_steps)
+from ..quant.lattice import LatticeSpec, QuantizedWeight
+from ..quant.layer_solve import LayerRecord, rows_of, rows_per_slice, solve_layer
+from ..quant.precision import compute_in, full_precision, widened
+from ..quant.recipe import TypeRecipe
+from ..quant.stats import LayerStats
+from ..quant.tarq import MetricCache, TarqConfig, importance_sums, reweighting_mask
+from .workdir import WorkDir, WorkDirError
 
-
-# Each stream dict a stage sees names its stream under this key ("fp" or "q"): a stage may compute the quantized
-# stream's entry otherwise than the runtime-free fp one (Whisper's decoder lookup, ``lookup pass``).
-STREAM_KIND = "stream"
-
-
-@dataclass
-class Window:
-    """One calibration input: what the backbone needs to run it, and tail tags per position domain."""
-
-    inputs: dict[str, torch.Tensor]
-    masks: dict[str, torch.Tensor]  # domain ("frames", "tokens") -> bool [positions]
-    info: dict[str, Any] = field(default_factory=dict)
-    # The full-precision stream through blocks the backbone already ran while building the window (Whisper's
-    # alignment pass runs the whole fp encoder and decoder): block name -> (its Linears' inputs x_fp, its output).
-    # The driver takes an entry instead of running that fp block again; the values are those the run would compute.
-    fp_stream: dict[str, tuple[dict[str, torch.Tensor], torch.Tensor]] = field(default_factory=dict, repr=False)
-
-
-@dataclass
-class Block:
-    """A unit of the sequential sweep: a module whose Linears are solved together before the streams advance."""
-
-    name: str  # state-dict prefix of the module, e.g. "model.encoder.layers.3"
-    module: nn.Module
-    groups: list[list[str]]  # Linear names relative to ``module``, in true-sequential order
-    domain: str = "tokens"  # position domain of the block's activations
-    domain_overrides: dict[str, str] = field(default_factory=dict)  # e.g. cross-attention k/v read encoder frames
-    identity_weight: float = 0.0  # mu: adds mu * tr(H_common)/n * I to the metric (see Whisper's tied head)
-
-    def full_name(self, rel: str) -> str:
-        """State-dict name of a Linear of this block (without the ".weight")."""
-        return f"{self.name}.{rel}" if self.name else rel
-
-    def weight_names(self) -> list[str]:
-        """State-dict names of the weights this block calibrates, in group order."""
-        return [f"{self.full_name(rel)}.weight" for group in self.groups for rel in group]
-
-    def linear(self, rel: str) -> nn.Linear:
-        return self.module.get_submodule(rel)  # type: ignore[return-value]
-
-    def domain_of(self, rel: str) -> str:
-        return self.domain_overrides.get(rel, self.domain)
-
-
-class Stage(Protocol):
-    """A run of blocks sharing one way of entering and leaving (encoder, decoder, head)."""
-
-    name: str
-    blocks: list[Block]
-
-    def enter(self, window: Window, stream: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Hidden states entering the first block; ``stream`` holds what earlier stages left (per stream)."""
-
-    def call_block(self, module: nn.Module, h: torch.Tensor, window: Window, stream: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Run one block of this stage."""
-
-    def leave(self, h: torch.Tensor, window: Window, stream: dict[str, torch.Tensor]) -> None:
-        """Store the stage's output in ``stream`` for later stages."""
-
-    # Optional: ``steps(module, h, window, stream)``, a generator that runs one block as ``call_block`` does, but
-    # yields before each group of Linears ({name: input}, in the block's group order and, within a group, in the
-    # order the block calls them) and returns the block's output. The driver then runs each window through a block
-    # once, solving each group between the steps, instead of running the block again up to every group.
+__all__ = ["CalibrationConfig", "CalibrationResult", "SequentialCalibrator"]
 
 
 @dataclass
@@ -127,212 +61,6 @@ class CalibrationConfig:
         return self.recipe.spec_for(name) if self.recipe is not None else self.spec
 
 
-class _StopForward(Exception):
-    """Raised from a hook once the inputs of the current group are captured: the rest of the block is not needed."""
-
-
-# ---------------------------------------------------------------------------------------------- per-layer records
-@dataclass
-class LayerRecord:
-    """What the solver did to one Linear, for the per-layer JSON log (the field order is the log's key order)."""
-
-    name: str
-    shape: tuple[int, int]
-    method: str
-    lam: float | None = None
-    alpha: float | None = None
-    p: float | None = None
-    n_common: int = 0
-    n_tail: int = 0
-    tr_common: float | None = None
-    tr_tail: float | None = None
-    fallback: str | None = None
-    scale_refit: dict | None = None
-    loss_rtn: float | None = None
-    loss_final: float | None = None
-    tail_loss_rtn: float | None = None
-    tail_loss_final: float | None = None
-    common_loss_rtn: float | None = None
-    common_loss_final: float | None = None
-    seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        record = asdict(self)
-        if record["scale_refit"] is None:  # no refit asked: the record keeps the keys it always had
-            del record["scale_refit"]
-        return record
-
-
-def solve_layer(
-    name: str, W: torch.Tensor, stats: LayerStats | None, spec: LatticeSpec, config: TarqConfig,
-    identity_weight: float = 0.0, metrics: MetricCache | None = None,
-) -> tuple[QuantizedWeight, LayerRecord]:
-    """Quantize one Linear weight W [m, n] (tarq.quantize_weight) after checking its inputs, and write its log
-    record: the solver's figures, the seconds it took and, with ``config.record_losses``, the group losses of plain
-    rounding and of the answer."""
-    require_finite(f"{name}.weight", W, "; refusing to quantize non-finite weights")
-    if config.needs_data:
-        if stats is None:
-            raise ValueError(f"{name}: method {config.method!r} needs calibration statistics")
-        stats.check_usable(name)  # positions reached it, and its statistics are finite
-    start = time.perf_counter()
-    metrics = {} if metrics is None else metrics  # the row slices of one Linear share its prepared metric
-    slices = row_slices(W, config)
-    answers = [quantize_weight(W[rows], stats, spec, config, identity_weight, metrics) for rows in slices]
-    W_hat, info = joined_rows([q for q, _ in answers]), joined_info([i for _, i in answers])
-    seconds = time.perf_counter() - start
-    losses = {}
-    if config.record_losses and stats is not None:  # sums over rows: added up slice by slice
-        for rows in slices:
-            for key, value in rounding_losses(W[rows], rows_of(W_hat, rows), stats).items():
-                losses[key] = losses.get(key, 0.0) + value
-    record = LayerRecord(name=name, shape=tuple(W.shape), method=config.method,  # type: ignore[arg-type]
-                         **asdict(info), **losses, seconds=seconds)
-    return W_hat, record
-
-
-# A Linear this large in float32 is solved a slice of rows at a time: the solver holds several copies of the rows it
-# is given (its sweep's working copy, the residual target, the losses' error), and Qwen3-ASR-1.7B's tied
-# 151,936 x 2,048 head (1.2 GB) took the calibration from 4.8 to 9.4 GB whole. No Whisper head is this large.
-ROW_SLICE_BYTES = 256 << 20
-
-
-def row_slices(W: torch.Tensor, config: TarqConfig) -> list[slice]:
-    """The row slices W is solved in: one, unless W is over ROW_SLICE_BYTES and every row's answer depends on the
-    shared metric alone (GPTQ's sweep, RTN, imatrix, TARQ's exact target W + D with alpha = 1; not a closed-form
-    alpha, which is fitted over all rows at once)."""
-    rows = rows_per_slice(W.shape[1])
-    separable = not config.uses_residual or config.alpha_rule == "one"
-    if W.shape[0] <= rows or not separable:
-        return [slice(None)]
-    return [slice(start, start + rows) for start in range(0, W.shape[0], rows)]
-
-
-def rows_per_slice(n_columns: int) -> int:
-    """How many float32 rows of ``n_columns`` fit in ROW_SLICE_BYTES (at least one)."""
-    return max(1, ROW_SLICE_BYTES // (4 * n_columns))
-
-
-def rows_of(q: QuantizedWeight, rows: slice) -> QuantizedWeight:
-    return QuantizedWeight(q.codes[rows], spec=q.spec, **{k: v[rows] for k, v in q.params().items()})
-
-
-def joined_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
-    if len(parts) == 1:
-        return parts[0]
-    fields = parts[0].params().keys()
-    return QuantizedWeight(torch.cat([q.codes for q in parts]), spec=parts[0].spec,
-                           **{k: torch.cat([q.params()[k] for q in parts]) for k in fields})
-
-
-def joined_info(parts: list[SolveInfo]) -> SolveInfo:
-    """One Linear's figures from its row slices: the metric's (lam, traces, fallback) are the same in every slice;
-    the scale refit's losses and moved codes add up."""
-    info = parts[0]
-    refits = [p.scale_refit for p in parts if p.scale_refit]
-    if len(parts) > 1 and refits:
-        info.scale_refit = {key: sum(r[key] for r in refits) for key in refits[0]}
-    return info
-
-
-# --------------------------------------------------------------------------------------------------------- work dir
-class WorkDirError(ValueError):
-    """A file of the work directory does not read back as what was saved; the message names it."""
-
-
-class WorkDir:
-    """Resumable state: one safetensors file per finished block, plus the records so far and each file's sha256."""
-
-    def __init__(self, path: Path, fingerprint: str) -> None:
-        self.path = path
-        self.fingerprint = fingerprint
-        self.progress_file = path / "progress.json"
-        self.block_sha256: list[str] = []
-
-    def block_file(self, index: int) -> Path:
-        return self.path / f"block-{index:04d}.safetensors"
-
-    def load(self) -> tuple[int, list[dict]]:
-        """Number of finished blocks and their records; (0, []) for a fresh run or a different configuration.
-        WorkDirError when progress.json is unreadable."""
-        self.block_sha256 = []
-        if not self.progress_file.is_file():
-            return 0, []
-        try:
-            progress = json.loads(self.progress_file.read_text())
-            if progress.get("fingerprint") != self.fingerprint:
-                return 0, []
-            finished, records = int(progress["finished_blocks"]), list(progress["records"])
-            hashes = [str(h) for h in progress.get("block_sha256", [])]
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise WorkDirError(f"{self.progress_file}: unreadable ({e})") from None
-        self.block_sha256 = hashes
-        return finished, records
-
-    def save_block(self, index: int, lattice: dict[str, QuantizedWeight], records: list[dict]) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for name, q in lattice.items():
-            tensors[f"{name}.codes"] = q.codes.cpu().contiguous()
-            for part, tensor in q.params().items():
-                tensors[f"{name}.{part}"] = tensor.cpu().contiguous()
-        data = save(tensors)
-        write_bytes_atomic(self.block_file(index), data)
-        earlier = self.block_sha256[:index]
-        self.block_sha256 = [*earlier, *[""] * (index - len(earlier)), sha256_hex(data)]
-        progress = {"fingerprint": self.fingerprint, "finished_blocks": index + 1, "records": records,
-                    "block_sha256": self.block_sha256}
-        write_json_atomic(self.progress_file, progress, indent=1)
-
-    def load_block(self, index: int, spec_for: Callable[[str], LatticeSpec],
-                   block: "Block | None" = None) -> dict[str, QuantizedWeight]:
-        """The lattice saved for block ``index``; WorkDirError naming the file when it is missing, does not match
-        its recorded sha256, or does not hold the block's Linears on the lattice."""
-        path = self.block_file(index)
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise WorkDirError(f"{path}: unreadable ({e.strerror or e})") from None
-        recorded = self.block_sha256[index] if index < len(self.block_sha256) else ""  # "": saved without one
-        if recorded and sha256_hex(data) != recorded:
-            raise WorkDirError(f"{path}: content does not match its sha256 in {self.progress_file.name} (corrupted)")
-        try:
-            raw = load(data)
-        except (SafetensorError, ValueError) as e:
-            raise WorkDirError(f"{path}: not a readable safetensors file ({e})") from None
-        names = sorted({k.rsplit(".", 1)[0] for k in raw})
-        if block is not None:
-            expected = sorted(block.weight_names())
-            if names != expected:
-                raise WorkDirError(f"{path}: holds {len(names)} matrices, not the {len(expected)} Linears of "
-                                   f"{block.name}")
-        lattice = {}
-        for name in names:
-            if f"{name}.codes" not in raw or f"{name}.scales" not in raw:
-                raise WorkDirError(f"{path}: codes or scales of {name} missing")
-            params = {part: raw[f"{name}.{part}"] for part in PARAM_FIELDS if f"{name}.{part}" in raw}
-            q = QuantizedWeight(raw[f"{name}.codes"], spec=spec_for(name), **params)
-            try:
-                check_on_lattice(q)
-            except ValueError as e:
-                raise WorkDirError(f"{path}: {name}: {e}") from None
-            if block is not None:
-                rel = name.removeprefix(f"{block.name}.").removesuffix(".weight") if block.name else \
-                    name.removesuffix(".weight")
-                expected_shape = tuple(block.linear(rel).weight.shape)
-                if tuple(q.codes.shape) != expected_shape:
-                    raise WorkDirError(f"{path}: {name} has shape {tuple(q.codes.shape)}, the model's is "
-                                       f"{expected_shape}")
-            lattice[name] = q
-        return lattice
-
-
-def fingerprint(*parts: Any) -> str:
-    """A stable hash of everything that determines the result (model, corpus, method, lattice, seed)."""
-    return json_fingerprint(parts, ensure_ascii=True, default=str)  # the options work folders were keyed with
-
-
-# ------------------------------------------------------------------------------------------------------------ driver
 @dataclass
 class CalibrationResult:
     lattice: dict[str, QuantizedWeight]  # full weight name ("<block>.<linear>.weight") -> lattice
@@ -489,7 +217,7 @@ class SequentialCalibrator:
                 lattice[f"{block.full_name(rel)}.weight"] = q
                 records.append(record.to_json())
         del x_fp
-        h_q_next = [_finish(program) for program in programs] if programs else \
+        h_q_next = [finish_steps(program) for program in programs] if programs else \
             [self._forward(stage, block.module, hq, w, s) for hq, w, s in zip(h["q"], self.windows, streams["q"])]
         return lattice, records, {"fp": h_fp_next, "q": h_q_next} if self.paired else {"q": h_q_next}
 
@@ -498,7 +226,7 @@ class SequentialCalibrator:
         """Feeds a group's inputs by running the partly quantized block on a window with input hooks (stopped once
         the group's inputs are in)."""
         def feed(w_index: int, fold: Callable[[str, torch.Tensor], None]) -> None:
-            with _input_hooks(block.module, group, fold):
+            with input_hooks(block.module, group, fold):
                 self._forward(stage, block.module, h_q[w_index], self.windows[w_index], streams["q"][w_index])
         return feed
 
@@ -552,7 +280,7 @@ class SequentialCalibrator:
         its weights are the full-precision ones, and no Linear runs whose output nothing reads (the head's logits).
         Otherwise a full-precision copy of the block runs with input hooks."""
         if hasattr(stage, "steps"):
-            runs = [_run_steps(stage.steps(block.module, hidden, window, stream))
+            runs = [run_steps(stage.steps(block.module, hidden, window, stream))
                     for hidden, window, stream in zip(h_fp, self.windows, streams)]
             return [inputs for inputs, _ in runs], [output for _, output in runs]
         fp_module = copy.deepcopy(block.module)
@@ -595,11 +323,11 @@ class SequentialCalibrator:
                 seen.append((rel, x_q))
                 pending.discard(rel)
                 if not pending:
-                    raise _StopForward
+                    raise StopForward
 
             try:
                 feed(w_index, fold)
-            except _StopForward:
+            except StopForward:
                 pass
         for rel, source in sources.items():
             if source is not None:
@@ -642,59 +370,6 @@ class SequentialCalibrator:
             return q.to("cpu"), record
 
 
-def _finish(program) -> torch.Tensor:
-    """Run a step program to its end; its return value is the block's output."""
-    with torch.no_grad():
-        try:
-            next(program)
-        except StopIteration as done:
-            return done.value
-    raise RuntimeError("a block's steps yielded more groups than the block has")
-
-
-def _run_steps(program) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """(every Linear's input as the step program yields it, flattened to [positions, n]; the block's output)."""
-    inputs: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        while True:
-            try:
-                group = next(program)
-            except StopIteration as done:
-                return inputs, done.value
-            inputs.update({rel: x.detach().reshape(-1, x.shape[-1]) for rel, x in group.items()})
-
-
-def run_capturing_inputs(module: nn.Module, groups: list[list[str]],
-                         run: Callable[[], torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """(every named Linear's input, flattened to [positions, n]; the output) of ``run()``, a forward of ``module``
-    (the fp stream through a block: what a backbone computing it ahead of the driver keeps, see Window.fp_stream)."""
-    inputs: dict[str, torch.Tensor] = {}
-    with _input_hooks(module, [rel for group in groups for rel in group], inputs.__setitem__):
-        output = run()
-    return inputs, output
-
-
-def input_of(linear: nn.Module, run: Callable[[], object]) -> torch.Tensor:
-    """The input ``linear`` receives while ``run()`` runs, which stops there (the rest is not computed): for a step
-    program, the part of a module's forward up to one of its Linears, computed by the module's own code."""
-    captured: list[torch.Tensor] = []
-
-    def hook(_module: nn.Module, args: tuple) -> None:
-        captured.append(args[0])
-        raise _StopForward
-
-    handle = linear.register_forward_pre_hook(hook)
-    try:
-        run()
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
-    if not captured:
-        raise RuntimeError(f"{type(linear).__name__} was not called")
-    return captured[0]
-
-
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
@@ -714,27 +389,4 @@ def _assign(linear: nn.Linear, q: QuantizedWeight) -> None:
             part = rows_of(q, slice(start, start + rows)).dequantize()
             linear.weight[start:start + rows].copy_(part.to(linear.weight.device, linear.weight.dtype))
 
-
-class _input_hooks:
-    """Context manager: forward pre-hooks that hand each named Linear's input (flattened to [positions, n]) to ``sink``."""
-
-    def __init__(self, module: nn.Module, names: list[str], sink: Callable[[str, torch.Tensor], None]) -> None:
-        self.handles = []
-        for rel in dict.fromkeys(names):
-            linear = module.get_submodule(rel)
-            self.handles.append(linear.register_forward_pre_hook(self._hook(rel, sink)))
-
-    @staticmethod
-    def _hook(rel: str, sink: Callable[[str, torch.Tensor], None]) -> Callable:
-        def hook(_module: nn.Module, args: tuple) -> None:
-            x = args[0]
-            sink(rel, x.detach().reshape(-1, x.shape[-1]))
-        return hook
-
-    def __enter__(self) -> "_input_hooks":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
-            handle.remove()
 

@@ -9,9 +9,9 @@
   (:mod:`tarq_deploy.formats.whisper_cpp_model`; a quantized one is refused);
 * anything else: a Hugging Face Hub id, loaded with ``from_pretrained``.
 
-Which of these a source is, tarq_deploy.model_source decides. Since it reads file formats too, this module (and
-models/registry.py above it) sits in the formats layer, not in core with the other model adapters
-(tests/test_layers.py).
+Which of these a source is, tarq_deploy.model_source decides. Since it reads file formats (a whisper.cpp file through
+formats/whisper_cpp_model.py), this module and formats/backbones.py above it are filed in formats/, the layer they
+belong to, and the model adapters in models/ import nothing from formats/ (tests/test_layers.py).
 """
 
 from __future__ import annotations
