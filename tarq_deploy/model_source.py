@@ -96,7 +96,11 @@ def resolve_source(source: str | os.PathLike | ModelSource) -> ModelSource:
     command can resolve once and hand the result down."""
     if isinstance(source, ModelSource):
         return source
-    text = os.fspath(source)
+    return _resolved_text(os.fspath(source))
+
+
+def _resolved_text(text: str) -> ModelSource:
+    """The one look at a source given as text (tests count these calls: a command resolves its source once)."""
     if text.startswith(PACKAGED_PREFIX):
         return ModelSource(SourceKind.PACKAGED, text)
     path = _expanded(text)

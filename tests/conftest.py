@@ -24,6 +24,7 @@ if _no_cuda_device():
 from pathlib import Path
 
 import pytest
+from helpers import NAN_TENSOR, calibration_clips, save_whisper, tiny_random_whisper, write_wav
 
 from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox
 
@@ -44,7 +45,7 @@ def one_torch_thread():
 def tiny():
     """Whisper tiny.en as (model, processor, generation_config), from the packaged copy; loaded once per module
     (the modules that use it change nothing in it)."""
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     return load_whisper("packaged:tiny.en")
 
@@ -125,6 +126,45 @@ def tarq_base_q3_k(tmp_path_factory) -> Path:
     return root / "ck"
 
 
+# A tiny random Whisper and what the bad-input and output-safety modules feed it (tests/test_bad_inputs.py,
+# test_output_safety.py, test_resume.py, test_atomic_outputs.py, test_checkpoint.py): built once per session (each
+# pytest-xdist worker), not once per module. The tests copy what they change.
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A tiny transformers Whisper directory ("clean") and the same with one NaN weight ("nan", at NAN_TENSOR)."""
+    import torch
+
+    root = tmp_path_factory.mktemp("tiny_whisper")
+    model, processor = tiny_random_whisper()
+    clean = save_whisper(model, processor, root / "clean")
+    with torch.no_grad():
+        model.get_parameter(NAN_TENSOR)[3, 5] = float("nan")
+    nan = save_whisper(model, processor, root / "nan")
+    return {"clean": clean, "nan": nan}
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """A calibration manifest of two short tone-and-noise WAVs (1 s and 2 s)."""
+    from tarq_deploy.data.corpus import Utterance, write_manifest
+
+    root = tmp_path_factory.mktemp("corpus")
+    texts = ["the quick brown fox jumps over the lazy dog", "a serendipitous quokka ate the persimmon"]
+    utterances = [Utterance(f"u{i}", str(write_wav(root / f"u{i}.wav", 1.0 + i, seed=i)), text)
+                  for i, text in enumerate(texts)]
+    return write_manifest(utterances, root / "calib.jsonl")
+
+
+@pytest.fixture(scope="session")
+def checkpoint(models, tmp_path_factory) -> Path:
+    """The RTN checkpoint of the clean tiny Whisper, made by the CLI."""
+    from tarq_deploy import cli
+
+    out = tmp_path_factory.mktemp("ckpt") / "rtn"
+    assert cli.main(["quantize", "--model", str(models["clean"]), "--method", "rtn", "--out", str(out)]) == 0
+    return out
+
+
 def shared_temp_root(tmp_path_factory) -> Path:
     """The run's temporary folder that every pytest-xdist worker sees (a worker's own base folder sits in it)."""
     base = tmp_path_factory.getbasetemp()
@@ -164,7 +204,3 @@ def pytest_collection_modifyitems(config, items) -> None:
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
 
-
-def calibration_clips() -> list[Clip]:
-    """The first 3 real clips other than jfk (jfk is the held-out check)."""
-    return [c for c in all_real_clips() if c.id != "jfk"][:3]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
-from tarq_deploy import cli
 from tarq_deploy.data.corpus import (AudioDecodeError, CorpusError, Utterance, decode_wav, encode_wav_float32,
                                      load_audio, load_corpus)
 
@@ -45,12 +45,6 @@ def with_sizes(wav: bytes, data: int | None = None, riff: int | None = None) -> 
     if riff is not None:
         struct.pack_into("<I", edited, 4, riff)
     return bytes(edited)
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    capsys.readouterr()
-    status = cli.main([str(a) for a in argv])
-    return status, capsys.readouterr().err
 
 
 def write_manifest_lines(path: Path, records: list[dict]) -> Path:
@@ -147,7 +141,7 @@ def test_eval_refuses_the_2_gb_wav_naming_the_entry_and_file(tmp_path, capsys):
     wav = tmp_path / "claims-2gb.wav"
     wav.write_bytes(with_sizes(pcm_wav(), data=TWO_GB))
     manifest = write_manifest_lines(tmp_path / "dev.jsonl", [{"id": "big", "audio": wav.name, "text": "hello there"}])
-    status, err = run_cli(capsys, "eval", "--model", "packaged:tiny.en", "--data", manifest, "--out", tmp_path / "out")
+    status, _, err = run_cli(capsys, "eval", "--model", "packaged:tiny.en", "--data", manifest, "--out", tmp_path / "out")
     assert status == 2, err
     assert "'big'" in err and str(wav) in err and "truncated" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "report.json").exists()
@@ -184,7 +178,7 @@ def dots_manifest(tmp_path) -> Path:
 
 def test_calibration_refuses_a_transcript_with_no_word(tmp_path, capsys, dots_manifest):
     out = tmp_path / "ckpt"
-    status, err = run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "gptq", "--calib",
+    status, _, err = run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "gptq", "--calib",
                           dots_manifest, "--out", out)
     assert status == 2, err
     assert f"{dots_manifest}:2" in err and "'u2'" in err and "has no word" in err and "Traceback" not in err
@@ -192,7 +186,7 @@ def test_calibration_refuses_a_transcript_with_no_word(tmp_path, capsys, dots_ma
 
 
 def test_evaluation_refuses_a_transcript_with_no_word(tmp_path, capsys, dots_manifest):
-    status, err = run_cli(capsys, "eval", "--model", "packaged:tiny.en", "--data", dots_manifest, "--out",
+    status, _, err = run_cli(capsys, "eval", "--model", "packaged:tiny.en", "--data", dots_manifest, "--out",
                           tmp_path / "out")
     assert status == 2, err
     assert f"{dots_manifest}:2" in err and "'u2'" in err and "has no word" in err and "Traceback" not in err

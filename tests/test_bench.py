@@ -11,13 +11,16 @@ import argparse
 import csv
 import io
 import json
+import os
 import statistics
 import wave
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_user_error, run_cli, write_wav
 
+from tarq_deploy import cli
 from tarq_deploy.bench.cpu import (RUNTIMES, BenchConfig, BenchConfigError, CellResult, RunRecord, check_audio,
                                    run_cpu_bench, schedule, summarize_cell)
 from tarq_deploy.bench.gpu import GpuBenchConfig, KernelUnavailable, build_variant, generated_token_count, run_gpu_bench
@@ -261,3 +264,53 @@ def test_the_gpu_int4_variant_holds_the_checkpoint(tiny, tmp_path):
 def test_generated_token_count_with_and_without_the_prompt():
     assert generated_token_count([50257, 50362, 1, 2, 3], [50257, 50362]) == 3
     assert generated_token_count([1, 2, 3], [50257, 50362]) == 3
+
+
+# ------------------------------------------------------------------------------- bad inputs, nothing measured
+def test_bench_with_only_bad_model_files_keeps_earlier_results(tmp_path, capsys):
+    out = tmp_path / "results"
+    out.mkdir()
+    earlier = out / "bench-cpu.json"
+    earlier.write_text('{"kind": "cpu", "cells": ["an earlier, real run"]}\n')
+    broken = tmp_path / "broken.bin"
+    broken.write_bytes(b"lmgg" + b"\0" * 40)
+    wav = write_wav(tmp_path / "a.wav", 0.5)
+    status, _, err = run_cli(capsys, "bench", "--model", broken, "--audio", wav, "--threads", "1", "--out", out)
+    assert_user_error(status, err, str(broken), "invalid model file")
+    assert earlier.read_text() == '{"kind": "cpu", "cells": ["an earlier, real run"]}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["bench-cpu.json"]
+
+
+def test_bench_that_measured_nothing_writes_nothing(tmp_path, capsys, monkeypatch):
+    import tarq_deploy.commands.bench as bench_command
+
+    def all_rows_failed(config, log):
+        class Result:
+            def to_dict(self):
+                return {"kind": "cpu", "cells": [{"status": "error", "error": "worker crashed"}]}
+        return Result()
+
+    import tarq_deploy.bench.bench_report
+
+    monkeypatch.setattr(bench_command, "run_cpu_bench", all_rows_failed)
+    monkeypatch.setattr(tarq_deploy.bench.bench_report, "markdown_report", lambda doc: "")
+    out = tmp_path / "results"
+    status = cli.main(["bench", "--model", "x.bin", "--audio", str(write_wav(tmp_path / "a.wav", 0.5)),
+                       "--out", str(out)])
+    assert status == 1 and not out.exists()
+    assert "nothing was measured" in capsys.readouterr().err
+
+
+def test_bench_default_threads_fit_the_machine():
+    from tarq_deploy.bench.cpu import DEFAULT_THREADS, default_threads
+
+    assert default_threads(2) == (1, 2) and default_threads(6) == (2, 4, 6) and default_threads(16) == (4, 8, 16)
+    assert max(DEFAULT_THREADS) == len(os.sched_getaffinity(0))
+
+
+def test_bench_out_that_is_a_file(tmp_path, capsys):
+    a_file = tmp_path / "results"
+    a_file.write_text("mine")
+    status, _, err = run_cli(capsys, "bench", "--model", "x.bin", "--audio", write_wav(tmp_path / "a.wav", 0.5),
+                          "--out", a_file)
+    assert_user_error(status, err, "--out", "not a directory")

@@ -130,7 +130,7 @@ def test_write_random_refuses_an_unknown_shape_and_a_used_folder(shape, message,
 def test_write_random_whisper_writes_a_folder_quantize_loads_in_float16(tmp_path):
     """--write-random whisper-DIMS (for bench.peers at sizes with no offline checkpoint): a transformers folder with
     the real dimensions, float16 weights as the hub stores them, the packaged multilingual tokenizer."""
-    from tarq_deploy.models.registry import load_backbone
+    from tarq_deploy.formats.backbones import load_backbone
 
     folder = tmp_path / "whisper-tiny"
     assert main(["--write-random", "whisper-tiny", str(folder)]) == 0

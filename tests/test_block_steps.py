@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tarq_deploy.models.whisper import WhisperBackbone
-from tarq_deploy.quant.calibrate import Window, _finish, _input_hooks
+from tarq_deploy.quant.backbone import Window, finish_steps, input_hooks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 WINDOW = Window(inputs={}, masks={})
@@ -17,7 +17,7 @@ WINDOW = Window(inputs={}, masks={})
 def hooked_inputs(stage, block, h, stream) -> dict[str, torch.Tensor]:
     seen: dict[str, torch.Tensor] = {}
     rels = [rel for group in block.groups for rel in group]
-    with torch.no_grad(), _input_hooks(block.module, rels, lambda rel, x: seen.setdefault(rel, x.clone())):
+    with torch.no_grad(), input_hooks(block.module, rels, lambda rel, x: seen.setdefault(rel, x.clone())):
         stage.call_block(block.module, h, WINDOW, stream)
     return seen
 
@@ -43,7 +43,7 @@ def test_a_step_program_gives_the_modules_inputs_and_output_bit_for_bit(tiny, st
                     assert torch.equal(got[rel].reshape(expected[rel].shape), expected[rel]), rel
                 for rel in group:  # the group is "solved": its weights change before the program goes on
                     block.linear(rel).weight.mul_(0.9)
-            out = _finish(program)
+            out = finish_steps(program)
             assert torch.equal(out, stage.call_block(block.module, h, WINDOW, stream))
     finally:
         with torch.no_grad():

@@ -7,14 +7,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from helpers import assert_user_error, run_cli
 
 from tarq_deploy import cli
 from tarq_deploy.commands.options import EXIT_BUG, EXIT_USER_ERROR, merge_spellings
 from tarq_deploy.quant.choices import GGML_TYPES
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -179,3 +184,68 @@ def test_a_gpu_export_replaces_an_earlier_export_folder_only(tmp_path):
     with pytest.raises(UserError, match="is not an earlier export"):
         _check_output(args(foreign))
     _check_output(args(tmp_path / "new"))  # a new path is fine
+
+
+# ---------------------------------------------------------------------------------------- the CLI's error policy
+def test_our_own_bugs_get_a_traceback_and_a_request_to_report(capsys, monkeypatch):
+    import tarq_deploy.commands.inspect_checkpoint as inspect_command
+
+    def bug(args):
+        raise KeyError("an internal table lost its key")
+
+    monkeypatch.setattr(inspect_command, "run", bug)
+    assert cli.main(["inspect", "anything"]) == 3  # 3: ours, not the input's (2) nor a failed check (1)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "please report it" in err
+    saved = Path(err.strip().rsplit("traceback in ", 1)[1])  # the file the message names holds the whole traceback
+    assert "KeyError: 'an internal table lost its key'" in saved.read_text()
+    saved.unlink()
+
+
+def test_missing_optional_package_is_a_user_error(capsys, monkeypatch):
+    import tarq_deploy.commands.inspect_checkpoint as inspect_command
+
+    def needs(args):
+        raise ModuleNotFoundError("No module named 'pywhispercpp'", name="pywhispercpp")
+
+    monkeypatch.setattr(inspect_command, "run", needs)
+    status, _, err = run_cli(capsys, "inspect", "anything")
+    assert_user_error(status, err, "'pywhispercpp'", "not installed")
+
+
+def test_help_imports_nothing_heavy_and_shows_every_default():
+    code = ("import sys, time; t = time.perf_counter(); from tarq_deploy.cli import build_parser; build_parser(); "
+            "print(time.perf_counter() - t, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    seconds, torch_loaded, transformers_loaded = done.stdout.split()
+    assert (torch_loaded, transformers_loaded) == ("False", "False"), done.stdout
+
+    import argparse
+
+    def check(name: str, parser: argparse.ArgumentParser) -> None:
+        assert parser.formatter_class is cli.HelpFormatter, name
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                for child_name, child in action.choices.items():
+                    check(f"{name} {child_name}", child)
+                continue
+            assert action.help, f"{name} {action.option_strings or action.dest}: no help text"
+            if action.default not in (None, False, [], ()) and action.nargs != 0:
+                shown = cli.HelpFormatter("tarq-deploy")._get_help_string(action)
+                assert "default" in shown.lower(), f"{name} {action.option_strings}: default not shown"
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        check(name, sub)
+
+
+def test_export_help_names_agree_with_the_converters():
+    from tarq_deploy.formats.whisper_cpp import BASELINES, TARGET_TYPES
+
+    from tarq_deploy.commands import export_whispercpp
+
+    assert set(export_whispercpp.WEIGHT_TYPES) == set(TARGET_TYPES)
+    assert tuple(export_whispercpp.BASELINES) == tuple(BASELINES)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from tarq_deploy import cli
 from tarq_deploy.checkpoint import save_checkpoint
 from tarq_deploy.data.corpus import Utterance, write_manifest
 from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
@@ -29,17 +28,9 @@ from tarq_deploy.runtimes.base import DecodeOptions, ModelSpec
 from tarq_deploy.runtimes.child import read_wav_float32
 from tarq_deploy.runtimes.crispasr import describe_crispasr_file, is_crispasr_file
 from tarq_deploy.runtimes.registry import infer_runtime, open_transcriber
-from conftest import calibration_clips
-from test_whisper_cpp_export import RUNTIME_TIMEOUT_S, lattice_checkpoint, words
+from helpers import RUNTIME_TIMEOUT_S, calibration_clips, lattice_checkpoint, run_cli, words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    status = cli.main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 def crispasr_text(model_file: Path, wav: str) -> str:
@@ -151,7 +142,7 @@ def test_a_mix_of_types_is_refused_for_crispasr_naming_why(tiny, tmp_path, capsy
 
 
 def test_a_tensor_type_recipe_for_whisper_on_crispasr_is_refused_before_calibrating(tmp_path, capsys, monkeypatch):
-    import tarq_deploy.models.registry as registry
+    import tarq_deploy.formats.backbones as registry
 
     monkeypatch.setattr(registry, "load_backbone", lambda *a, **k: pytest.fail("the model was loaded"))
     for extra in (["--tensor-type", "fc1=q8_0"], ["--tensor-type", "auto", "--recipe-from", tmp_path,

@@ -28,7 +28,7 @@ from tarq_deploy.models.ct2 import (
     read_ct2_model_bin,
     save_as_transformers,
 )
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.packaged import PackagedModelError, resolve_packaged
 
 SAMPLE_RATE = 16_000

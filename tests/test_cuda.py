@@ -17,10 +17,11 @@ from tarq_deploy.bench.gpu import build_variant
 from tarq_deploy.checkpoint import LatticeCheckpoint, save_checkpoint
 from tarq_deploy.data.corpus import Utterance, load_audio
 from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.whisper import WhisperBackbone
 from tarq_deploy.quant.lattice import check_on_lattice, on_scale_grid
-from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+from tarq_deploy.calibration.options import QuantizeOptions
+from tarq_deploy.calibration.pipeline import quantize_backbone
 from tarq_deploy.runtimes.int4_linear import Int4Linear
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -22,23 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import json
-import shutil
-import signal
 import struct
 import tracemalloc
 import wave
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest
 import torch
 from gguf.constants import GGUFValueType
-from hypothesis import event, given
+from helpers import Seed, fresh_path, hang_guard, mutated, parses_or_refuses
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tarq_deploy import cli
@@ -63,108 +58,11 @@ from tarq_deploy.runtimes.whisper_cpp import describe_whisper_cpp_file
 from tarq_deploy.sweep.plan import load_sweep
 from tarq_deploy.vocabulary import TokenTable
 
-HANG_GUARD_S = 30  # far beyond any example (milliseconds); only a reader stuck in a loop reaches it
 # bytes a claimed-size allocation would need at the least (the WAV seeds hold a few KiB): the decoders' peak stays below
 ALLOCATION_LIMIT_BYTES = 64 << 20
-# values a field edit writes: the edges of every integer width, the WAV streaming placeholders, small counts
-INTERESTING = (0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 255, 256, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFF000, 0x7FFFFFFF,
-               0x80000000, 0xFFFFFFFF, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1)
-
-
-# ------------------------------------------------------------------------------------------------ the property
-class ReaderHang(Exception):
-    """A reader ran past HANG_GUARD_S."""
-
-
-@contextmanager
-def hang_guard(seconds: float = HANG_GUARD_S) -> Iterator[None]:
-    """SIGALRM interrupts a reader stuck in a Python loop (the deadline only judges examples that return)."""
-    def interrupt(signum, frame):
-        raise ReaderHang(f"no answer after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def parses_or_refuses(read: Callable[[], object], *named: type[BaseException]) -> None:
-    """``read()`` returns, or raises one of ``named`` -- an error the CLI reports as the user's (exit 2), not as our
-    bug. Anything else propagates and fails the example."""
-    with hang_guard():
-        try:
-            read()
-        except named as error:
-            assert cli.user_error_message(error) is not None, f"{type(error).__name__} would print a traceback"
-            event(f"{type(error).__name__}: {_problem_kind(error)}")
-        else:
-            event("parsed")
-
-
-def _problem_kind(error: BaseException) -> str:
-    """The first words of an error's problem, without the file name: what --hypothesis-show-statistics tallies."""
-    problem = str(error).rsplit(": ", 1)[-1] if ": " in str(error) else str(error)
-    return " ".join(problem.split()[:3])
-
-
-def fresh_path(folder: Path, suffix: str) -> Path:
-    """A new name for each example's file (or checkpoint folder), the previous example's removed. New, not reused:
-    the readers memory-map what they read, and overwriting a file that an earlier example's result still maps would
-    kill the process with SIGBUS when that map is next touched (pytest shows a failing example's locals). Removing is
-    safe: a mapped file that is unlinked stays readable."""
-    previous = _LATEST_PATHS.pop((folder, suffix), None)
-    if previous is not None:
-        shutil.rmtree(previous) if previous.is_dir() else previous.unlink(missing_ok=True)
-    path = _LATEST_PATHS[folder, suffix] = folder / f"fuzz-{next(_EXAMPLE_NUMBERS)}{suffix}"
-    return path
-
-
-_EXAMPLE_NUMBERS = itertools.count()
-_LATEST_PATHS: dict[tuple[Path, str], Path] = {}
 
 
 # ----------------------------------------------------------------------------------------------------- mutations
-@dataclass(frozen=True)
-class Seed:
-    """A valid file and the offsets where its fields begin (sizes, counts, types, names: field edits and most bit flips
-    land there; a field edit writes a whole integer at one)."""
-
-    data: bytes = field(repr=False)
-    fields: tuple[int, ...] = field(repr=False)
-
-    def _repr_pretty_(self, printer, cycle: bool) -> None:  # how hypothesis shows a failing example's draws
-        printer.text(f"Seed({len(self.data)} bytes)")
-
-
-@st.composite
-def mutated(draw: st.DrawFn, seed: Seed) -> bytes:
-    """One to three edits of ``seed``: a truncation, a bit flip, an integer field overwritten, a span deleted or
-    inserted (shifting everything after it)."""
-    data = bytearray(seed.data)
-    for _ in range(draw(st.integers(1, 3))):
-        if not data:
-            break
-        edit = draw(st.sampled_from(("truncate", "flip", "field", "field", "delete", "insert")))
-        field_at = draw(st.sampled_from(seed.fields)) + draw(st.sampled_from((0, 0, 0, 1, 2, 3, 4, 7)))
-        at = (field_at if draw(st.integers(0, 3)) else draw(st.integers(0, len(data) - 1))) % len(data)
-        if edit == "truncate":
-            del data[draw(st.integers(0, len(data) - 1)):]
-        elif edit == "flip":
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif edit == "field":
-            width = draw(st.sampled_from((1, 2, 4, 8)))
-            value = draw(st.sampled_from(INTERESTING) | st.integers(0, (1 << 64) - 1)) % (1 << (8 * width))
-            data[at:at + width] = value.to_bytes(width, "little")[: len(data) - at]
-        elif edit == "delete":
-            del data[at:at + draw(st.integers(1, 16))]
-        else:
-            data[at:at] = draw(st.binary(min_size=1, max_size=16))
-    return bytes(data)
-
-
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import Seed, fresh_path, mutated, parses_or_refuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -28,10 +29,9 @@ from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp
 from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
 from tarq_deploy.formats.whisper_cpp_model import STOCK_ALIGNMENT_HEADS, load_whisper_cpp
 from tarq_deploy.models.common import saved_files
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.whisper_shapes import v3_vocabulary
 from tarq_deploy.models.whisper_tokens import ControlTokens
-from test_fuzz_readers import Seed, fresh_path, mutated, parses_or_refuses
 
 HEADER_INTS = 1 + 11 + 2  # magic, the 11 header integers, the mel filter dimensions
 SENTENCES = (

@@ -11,6 +11,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize
+from helpers import float_bits, layer_stats, metric_loss, random_blocks, random_metric, random_weights
 
 from tarq_deploy.formats.f16_values import blocks_to_f16
 from tarq_deploy.quant.ggml_quants import ggml_bytes, ggml_quantize
@@ -21,7 +22,6 @@ from tarq_deploy.quant.grid import GRIDS, grid_indices, nearest_points, searched
 from tarq_deploy.quant.lattice import check_on_lattice
 from tarq_deploy.quant.lattice_fit import fit_params, quantize_nearest
 from tarq_deploy.quant.tarq import TarqConfig, quantize_weight
-from test_low_bit_types import _bits, _loss, _metric, _random_blocks, _weights, layer_stats
 
 M, N = 32, 512
 # (bytes per 256 values, values per grid point, grid points, values per scale code, scale factor)
@@ -32,12 +32,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
 def test_every_valid_block_unpacks_and_repacks_exactly(t: T) -> None:
-    raw = _random_blocks(t, rows=6, supers=4, seed=int(t))
+    raw = random_blocks(t, rows=6, supers=4, seed=int(t))
     q = unpack(raw, t)
     check_on_lattice(q)
     assert q.spec == spec_for_type(t) and q.codes.shape == (6, 1024)
     assert np.array_equal(pack(q, t), raw)
-    assert np.array_equal(_bits(q.dequantize().numpy()), _bits(dequantize(raw, t).reshape(6, -1)))
+    assert np.array_equal(float_bits(q.dequantize().numpy()), float_bits(dequantize(raw, t).reshape(6, -1)))
     values, _ = blocks_to_f16(raw, t)  # the F16 export's decoder: the same values, rounded once
     assert np.array_equal(values.view(np.uint16), q.dequantize().half().numpy().view(np.uint16))
 
@@ -50,7 +50,7 @@ def test_layout_value_sets_and_refusals(t: T) -> None:
     assert (spec.grid, spec.group_size, spec.two_level, spec.sub_code_range) == (grid, group, True, (0, 15))
     assert (grid.dim, grid.points.shape, grid.factor) == (dim, (points, dim), factor)
     assert spec.codebook == tuple(sorted({s * v for v in grid.magnitudes for s in (1, -1)}))
-    W = _weights(3, 4, 512)
+    W = random_weights(3, 4, 512)
     params = fit_params(W, spec, "search", torch.rand(512))
     assert params["sub_scales"].shape == (4, 512 // group) and int(params["sub_scales"].max()) == 15
     q = quantize_nearest(W, spec, "search")
@@ -90,7 +90,7 @@ def test_ggml_quantizer_bytes_on_a_real_tiny_matrix(tiny, t: T) -> None:
     q = ggml_quantize(w, importance, spec)  # --method imatrix
     check_on_lattice(q)
     assert np.array_equal(pack(q, t), weighted)
-    assert np.array_equal(_bits(q.dequantize().numpy()), _bits(dequantize(weighted, t).reshape(w.shape)))
+    assert np.array_equal(float_bits(q.dequantize().numpy()), float_bits(dequantize(weighted, t).reshape(w.shape)))
     if t == T.IQ2_XS:
         with pytest.raises(ValueError, match="IQ2_XS quantizer needs an importance"):
             ggml_quantize(w, None, spec)
@@ -124,35 +124,35 @@ def test_the_joint_choice_finds_the_best_point_of_a_run(t: T) -> None:
 @pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
 def test_gptq_and_tarq_land_exactly_and_beat_nearest_points(t: T) -> None:
     spec = spec_for_type(t)
-    W, H, tail = _weights(10 + int(t)), _metric(11), _metric(12) * 0.05
+    W, H, tail = random_weights(10 + int(t)), random_metric(11), random_metric(12) * 0.05
     q_tarq, _ = quantize_weight(W, layer_stats(H, tail), spec, TarqConfig(method="tarq"))
     q_gptq = gptq_quantize(W, H + tail, spec, scale_rule="search", act_order=True)
     nearest = quantize_nearest(W, spec, "search", torch.diag(H + tail))
     for q in (q_tarq, q_gptq):
         check_on_lattice(q)
         assert np.array_equal(pack(unpack(pack(q, t), t), t), pack(q, t))
-        assert _loss(W, q, H + tail) < 0.9 * _loss(W, nearest, H + tail)
+        assert metric_loss(W, q, H + tail) < 0.9 * metric_loss(W, nearest, H + tail)
 
 
 def test_act_order_moves_whole_runs() -> None:
     """Act order sweeps whole runs of a grid type's columns (their codes are chosen together); a metric ordered
     column by column is refused for them."""
     spec = spec_for_type(T.IQ2_S)
-    H = _metric(5)
+    H = random_metric(5)
     metric = prepare_metric(H, act_order=True, run=8)
     runs = metric.perm.reshape(-1, 8)
     assert torch.equal(runs - runs[:, :1], torch.arange(8).expand_as(runs)) and bool((runs[:, 0] % 8 == 0).all())
     assert not torch.equal(metric.perm, torch.arange(N))
     with pytest.raises(ValueError, match="splits them"):
-        gptq_sweep(_weights(6, 8), prepare_metric(H, act_order=True), spec)
+        gptq_sweep(random_weights(6, 8), prepare_metric(H, act_order=True), spec)
 
 
 def test_iq3_s_beats_q3_k_at_the_same_size() -> None:
     """At the same 3.44 bits per weight IQ3_S's grid reaches a lower GPTQ loss than Q3_K (measured 25 % lower on
     these weights with outlier columns; asserted at 10 %). IQ2_S against Q2_K is no such rule: 11 % higher here,
     lower on Gaussian weights; the frontier measures it on Whisper."""
-    W, H = _weights(21, 64), _metric(22)
-    loss = {t: _loss(W, gptq_quantize(W, H, spec_for_type(t), scale_rule="search", act_order=True), H)
+    W, H = random_weights(21, 64), random_metric(22)
+    loss = {t: metric_loss(W, gptq_quantize(W, H, spec_for_type(t), scale_rule="search", act_order=True), H)
             for t in (T.IQ3_S, T.Q3_K)}
     assert loss[T.IQ3_S] < 0.9 * loss[T.Q3_K], loss
 

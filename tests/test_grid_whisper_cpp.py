@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import calibration_clips, check_tarq_export, exports_exactly_and_transcribes, run_cli, transcribe_whisper_cpp_clips
 
 from tarq_deploy.cli import main as cli
 from tarq_deploy.data.corpus import Utterance, write_manifest
@@ -36,10 +37,7 @@ from tarq_deploy.data.real_clips import all_real_clips
 from tarq_deploy.evaluate.wer import metric_counts, ratio, score_utterance
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
-from conftest import calibration_clips
-from test_whisper_cpp_export import transcribe_whisper_cpp_clips
-from tarq_deploy.models.loader import load_whisper
-from test_whisper_cpp_types import _check_tarq_export, _exports_exactly_and_transcribes, run_cli
+from tarq_deploy.formats.model_loader import load_whisper
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHORT_CLIP = "cards-001"  # 1.1 s: a garbled 2-bit model loops to the window's last token, over a second of audio
@@ -78,7 +76,7 @@ def test_tarq_on_a_grid_type_of_base_transcribes_held_out_clips_in_whisper_cpp(r
     n_calib = N_SYNTH_CALIB if calibration == "synthetic" else len(calibration_clips())
     ckpt, out = tmp_path / "ck", tmp_path / f"{type_name}.bin"
     quantize_tarq_of_base(type_name, calib, n_calib, ckpt)
-    _check_tarq_export(capsys, ckpt, out, type_name)
+    check_tarq_export(capsys, ckpt, out, type_name)
     model = read_whisper_cpp(out)
     assert model.tensors["decoder.token_embedding.weight"].ggml_type == type_by_name(type_name)
     knobs = json.loads((ckpt / "manifest.json").read_text())["method"]
@@ -104,7 +102,7 @@ def base():
 @pytest.mark.parametrize("type_name", ["iq2_s", "iq2_xs"])
 def test_the_other_grids_of_base_export_exactly_and_run_in_whisper_cpp(base, tmp_path, type_name):
     clip = next(c for c in all_real_clips() if c.id == SHORT_CLIP)
-    assert isinstance(_exports_exactly_and_transcribes(base, type_name, tmp_path, str(clip.path)), str)
+    assert isinstance(exports_exactly_and_transcribes(base, type_name, tmp_path, str(clip.path)), str)
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -117,6 +115,6 @@ def test_the_other_grids_of_base_export_exactly_and_run_in_whisper_cpp(base, tmp
 ])
 def test_what_ggml_cannot_quantize_is_refused_in_one_line(capsys, tmp_path, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)
-    status, err = run_cli(capsys, *argv)
+    status, _, err = run_cli(capsys, *argv)
     assert status == 2 and match in err, err
     assert list(tmp_path.iterdir()) == []

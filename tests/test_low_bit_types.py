@@ -11,15 +11,15 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize
+from helpers import float_bits, layer_stats, metric_loss, random_blocks, random_metric, random_weights
 
 from tarq_deploy.formats.ggml_blocks import ggml_rtn
 from tarq_deploy.formats.f16_values import blocks_to_f16
 from tarq_deploy.quant.ggml_quants import ggml_bytes, ggml_quantize
-from tarq_deploy.quant.ggml_types import FP16_FIELDS, pack, spec_for_type, type_by_name, unpack
+from tarq_deploy.quant.ggml_types import pack, spec_for_type, type_by_name, unpack
 from tarq_deploy.quant.gptq import gptq_quantize
 from tarq_deploy.quant.lattice import LatticeSpec, check_on_lattice
 from tarq_deploy.quant.lattice_fit import fit_params, quantize_nearest, quantize_rtn
-from tarq_deploy.quant.stats import LayerStats
 from tarq_deploy.quant.tarq import TarqConfig, quantize_weight, rarebal_metric
 
 LOW_BIT = (T.Q3_K, T.Q2_K, T.IQ4_NL, T.IQ4_XS)
@@ -27,57 +27,14 @@ M, N = 32, 512
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)  # -0.0 differs from 0.0 here
-
-
-def _random_blocks(t: T, rows: int, supers: int, seed: int) -> np.ndarray:
-    """Every byte random except the fp16 fields (finite, of both signs and many magnitudes): every such block is a
-    valid Q3_K / Q2_K / IQ4_NL block."""
-    rng = np.random.default_rng(seed)
-    size = GGML_QUANT_SIZES[t][1]
-    raw = rng.integers(0, 256, (rows, supers, size), dtype=np.uint8)
-    for at in FP16_FIELDS[t]:
-        d = rng.standard_normal((rows, supers)) * rng.choice([1e-6, 1e-3, 1.0, 100.0], (rows, supers))
-        d[0, 0] = 0.0
-        raw[:, :, at:at + 2] = d.astype(np.float16).view(np.uint8).reshape(rows, supers, 2)
-    return raw.reshape(rows, -1)
-
-
-def _weights(seed: int, m: int = M, n: int = N) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(m, n, generator=g) * 0.04
-    w[:, ::37] *= 6
-    return w
-
-
-def _metric(seed: int, n: int = N) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(4 * n, n, generator=g) * torch.linspace(0.2, 2.0, n) + 0.3 * torch.randn(4 * n, 1, generator=g)
-    return x.T @ x
-
-
-def layer_stats(H: torch.Tensor, tail: torch.Tensor) -> LayerStats:
-    """One Linear's statistics: common and tail second moments, no paired residual (H_delta = 0)."""
-    stats = LayerStats(N)
-    stats.H_common, stats.H_tail, stats.H_delta, stats.H_delta_tail = H, tail, 0.0 * H, 0.0 * H
-    stats.n_common, stats.n_tail, stats.n_delta = 2000, 100, 2100
-    return stats
-
-
-def _loss(W: torch.Tensor, q, H: torch.Tensor) -> float:
-    d = (W - q.dequantize()).double()
-    return float(torch.einsum("ij,jk,ik->", d, H.double(), d))
-
-
 @pytest.mark.parametrize("t", LOW_BIT, ids=lambda t: t.name)
 def test_every_valid_block_unpacks_and_repacks_exactly(t: T) -> None:
-    raw = _random_blocks(t, rows=6, supers=4, seed=int(t))
+    raw = random_blocks(t, rows=6, supers=4, seed=int(t))
     q = unpack(raw, t)
     check_on_lattice(q)
     assert q.spec == spec_for_type(t) and q.codes.shape == (6, 4 * GGML_QUANT_SIZES[t][0])
     assert np.array_equal(pack(q, t), raw)
-    assert np.array_equal(_bits(q.dequantize().numpy()), _bits(dequantize(raw, t).reshape(6, -1)))
+    assert np.array_equal(float_bits(q.dequantize().numpy()), float_bits(dequantize(raw, t).reshape(6, -1)))
     values, _ = blocks_to_f16(raw, t)  # the F16 export's decoder: the same values, rounded once
     assert np.array_equal(values.view(np.uint16), q.dequantize().half().numpy().view(np.uint16))
 
@@ -89,7 +46,7 @@ def test_value_sets_and_parameter_ranges() -> None:
     assert (q2.scheme, q2.bits, q2.group_size, q2.qmin, q2.qmax, q2.sub_code_range) == (
         "k-affine", 2, 16, 0, 3, (0, 15))
     assert type_by_name("q3_k") == T.Q3_K and type_by_name("q2_k") == T.Q2_K
-    W = _weights(1, 4, 512)
+    W = random_weights(1, 4, 512)
     p3 = fit_params(W, q3, "max", None)
     assert p3["sub_scales"].dtype == torch.int8 and p3["sub_scales"].shape == (4, 32)
     assert (p3["sub_scales"].amin(dim=1) == -32).all()  # the signed largest takes -32, as ggml's quantize_row_q3_K
@@ -133,7 +90,7 @@ def test_ggml_quantizer_bytes_on_a_real_tiny_matrix(tiny, type_name: str) -> Non
     weighted = ggml_bytes(w, t, importance)
     q = ggml_quantize(w, importance, spec)  # --method imatrix
     assert np.array_equal(pack(q, t), weighted) and not np.array_equal(weighted, plain)
-    assert np.array_equal(_bits(q.dequantize().numpy()), _bits(dequantize(weighted, t).reshape(w.shape)))
+    assert np.array_equal(float_bits(q.dequantize().numpy()), float_bits(dequantize(weighted, t).reshape(w.shape)))
     ours = quantize_rtn(w, spec)  # our data-free rounding is on the same lattice, and ggml's search beats it
     assert float(((ours.dequantize() - w) ** 2).sum()) > float(((unpack(plain, t).dequantize() - w) ** 2).sum())
 
@@ -141,7 +98,7 @@ def test_ggml_quantizer_bytes_on_a_real_tiny_matrix(tiny, type_name: str) -> Non
 @pytest.mark.parametrize("t", LOW_BIT, ids=lambda t: t.name)
 def test_gptq_and_tarq_land_exactly_and_beat_rounding(t: T) -> None:
     spec = spec_for_type(t)
-    W, H, tail = _weights(10 + int(t)), _metric(11), _metric(12) * 0.05
+    W, H, tail = random_weights(10 + int(t)), random_metric(11), random_metric(12) * 0.05
     stats = layer_stats(H, tail)
     q_tarq, info = quantize_weight(W, stats, spec, TarqConfig(method="tarq"))
     H_rB, lam = rarebal_metric(H, tail, 1.0)  # with no residual (H_delta = 0) TARQ is the sweep under H_rB
@@ -150,13 +107,13 @@ def test_gptq_and_tarq_land_exactly_and_beat_rounding(t: T) -> None:
     for q, metric in ((q_tarq, H_rB), (q_gptq, H)):
         check_on_lattice(q)
         blocks = pack(q, t)
-        assert np.array_equal(_bits(q.dequantize().numpy()), _bits(dequantize(blocks, t).reshape(W.shape)))
+        assert np.array_equal(float_bits(q.dequantize().numpy()), float_bits(dequantize(blocks, t).reshape(W.shape)))
         assert np.array_equal(pack(unpack(blocks, t), t), blocks)
         # loss ratios measured over 5 draws of this problem x threads 1/2 x AVX-512/AVX2 on an Intel Xeon
         # (results/test_bounds/low_bit-intel.json; this draw moves by <= 0.007 with threads and ISA), worst of TARQ
         # and GPTQ: of rtn Q3_K 0.835, Q2_K 0.553, IQ4_NL 0.852; of ggml 0.838, 0.658, 0.856; of imatrix 0.884,
         # 0.942, 0.883. RTN passed off as a solver gives 1.0 of rtn.
-        loss = _loss(W, q, metric)
-        assert loss < 0.92 * _loss(W, quantize_rtn(W, spec), metric)
-        assert loss < 0.92 * _loss(W, ggml_quantize(W, None, spec), metric)
-        assert loss < _loss(W, ggml_quantize(W, torch.diag(metric) / len(metric), spec), metric)
+        loss = metric_loss(W, q, metric)
+        assert loss < 0.92 * metric_loss(W, quantize_rtn(W, spec), metric)
+        assert loss < 0.92 * metric_loss(W, ggml_quantize(W, None, spec), metric)
+        assert loss < metric_loss(W, ggml_quantize(W, torch.diag(metric) / len(metric), spec), metric)

@@ -20,7 +20,7 @@ import tarq_deploy
 from tarq_deploy.errors import UserError
 from tarq_deploy.hashing import chunks_sha256, file_sha256, files_sha256, json_fingerprint, sha256_hex
 from tarq_deploy.model_source import ModelSource, SourceKind, resolve_source
-from test_runtimes import tiny_gguf  # a GGUF written by gguf-py: an architecture key and nothing else
+from helpers import tiny_gguf  # a GGUF written by gguf-py: an architecture key and nothing else
 
 PACKAGE_ROOT = Path(tarq_deploy.__file__).parent
 
@@ -123,7 +123,7 @@ def test_the_gguf_architecture_is_read_wherever_the_key_stands(tmp_path: Path) -
 
 
 def test_model_types_and_the_runtimes_that_claim_them(tmp_path: Path) -> None:
-    from tarq_deploy.models.registry import is_whisper_source, model_type
+    from tarq_deploy.formats.backbones import is_whisper_source, model_type
     from tarq_deploy.runtimes.registry import infer_runtime
 
     voxtral = transformers_dir(tmp_path / "vox", {"model_type": "voxtral"})
@@ -140,8 +140,8 @@ def test_model_types_and_the_runtimes_that_claim_them(tmp_path: Path) -> None:
 
 def test_a_config_that_is_not_json_fails_as_before(tmp_path: Path, capsys) -> None:
     from tarq_deploy.commands.quantize import check_model_source
-    from tarq_deploy.models.loader import load_whisper
-    from tarq_deploy.models.registry import is_whisper_source, model_type
+    from tarq_deploy.formats.model_loader import load_whisper
+    from tarq_deploy.formats.backbones import is_whisper_source, model_type
 
     broken = transformers_dir(tmp_path / "broken", "{not json")
     config = broken / "config.json"
@@ -158,7 +158,7 @@ def test_a_config_that_is_not_json_fails_as_before(tmp_path: Path, capsys) -> No
 def test_bad_sources_are_refused_in_the_commands_words(tmp_path: Path) -> None:
     from tarq_deploy.commands.eval import _not_here, default_label
     from tarq_deploy.commands.quantize import check_model_source
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     with pytest.raises(UserError, match="unknown packaged model; available: packaged:tiny.en"):
         check_model_source("packaged:tiny.nl")

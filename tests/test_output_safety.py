@@ -1,4 +1,6 @@
-"""No command writes over what it reads, one writer per output, and a sweep file read strictly (issue #27).
+"""No command writes over what it reads, one writer per output, and a sweep file read strictly (issue #27); what a
+write leaves (a named file in a target folder, nothing on a refused or full disk, the usual permissions, a checkpoint
+that reads back or is refused by name) (issue #14).
 
 Each refusal: exit status 2, one line naming both paths (or the key), the inputs byte for byte as they were, and
 nothing partial left. The lock tests run two real processes: a first run held inside its lock (the real command,
@@ -6,6 +8,7 @@ stopped where it would load the model) and a second one into the same --out."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,11 +20,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers import assert_user_error, forbid_loading, quantize_args, run_cli
 
 from tarq_deploy import cli
+from tarq_deploy.checkpoint import CheckpointError, load_checkpoint
 from tarq_deploy.sweep.plan import load_sweep
-from test_bad_inputs import (_forbid_loading, assert_user_error, checkpoint, corpus, models,  # noqa: F401 (fixtures)
-                             quantize_args, run_cli)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py: small torch ops, one thread
@@ -40,7 +43,7 @@ def snapshot(*roots: Path) -> dict[str, bytes | None]:
 
 
 @pytest.fixture
-def ckpt(checkpoint, tmp_path) -> Path:  # noqa: F811 -- a copy: a failing test must not spoil the shared one
+def ckpt(checkpoint, tmp_path) -> Path:  # a copy: a failing test must not spoil the shared one
     return Path(shutil.copytree(checkpoint, tmp_path / "ckpt"))
 
 
@@ -53,23 +56,23 @@ def ckpt(checkpoint, tmp_path) -> Path:  # noqa: F811 -- a copy: a failing test 
 def test_export_over_its_checkpoint_is_refused(ckpt, tmp_path, capsys, target, output):
     (tmp_path / "link").symlink_to(ckpt)
     before = snapshot(ckpt)
-    status, err = run_cli(capsys, "export", "--target", target, ckpt, "-o", tmp_path / output, "--overwrite")
+    status, _, err = run_cli(capsys, "export", "--target", target, ckpt, "-o", tmp_path / output, "--overwrite")
     assert_user_error(status, err, f"--output {tmp_path / output}", f"CHECKPOINT_DIR {ckpt}")
     assert snapshot(ckpt) == before
 
 
 # ------------------------------------------------------------------------------------------------------- eval
-def test_eval_out_over_its_manifest_is_refused(corpus, tmp_path, capsys):  # noqa: F811
+def test_eval_out_over_its_manifest_is_refused(corpus, tmp_path, capsys):
     manifest = Path(shutil.copy(corpus, tmp_path / "test.jsonl"))
     before = snapshot(manifest)
-    status, err = run_cli(capsys, "eval", "--data", manifest, "--model", "packaged:tiny.en", "--out", manifest)
+    status, _, err = run_cli(capsys, "eval", "--data", manifest, "--model", "packaged:tiny.en", "--out", manifest)
     assert_user_error(status, err, f"--out {manifest}: is the input --data {manifest}")
     assert snapshot(manifest) == before
 
 
-def test_eval_out_inside_a_model_checkpoint_is_refused(ckpt, corpus, capsys):  # noqa: F811
+def test_eval_out_inside_a_model_checkpoint_is_refused(ckpt, corpus, capsys):
     before = snapshot(ckpt)
-    status, err = run_cli(capsys, "eval", "--data", corpus, "--model", ckpt, "--out", ckpt / "eval")
+    status, _, err = run_cli(capsys, "eval", "--data", corpus, "--model", ckpt, "--out", ckpt / "eval")
     assert_user_error(status, err, f"--out {ckpt / 'eval'}: lies inside the input --model {ckpt}")
     assert snapshot(ckpt) == before
 
@@ -77,7 +80,7 @@ def test_eval_out_inside_a_model_checkpoint_is_refused(ckpt, corpus, capsys):  #
 # ------------------------------------------------------------------------------------------------------ bench
 def test_bench_out_inside_its_checkpoint_is_refused(ckpt, capsys):
     before = snapshot(ckpt)
-    status, err = run_cli(capsys, "bench", "--gpu", "--model", "packaged:tiny.en", "--checkpoint", ckpt,
+    status, _, err = run_cli(capsys, "bench", "--gpu", "--model", "packaged:tiny.en", "--checkpoint", ckpt,
                           "--out", ckpt / "bench")
     assert_user_error(status, err, f"--out {ckpt / 'bench'}", f"--checkpoint {ckpt}")
     assert snapshot(ckpt) == before
@@ -104,14 +107,14 @@ def test_publish_staging_over_a_published_file_is_refused(tmp_path, capsys):
     model = staged / "model.bin"
     model.write_bytes(b"lmgg" + bytes(64))
     before = snapshot(staged)
-    status, err = run_cli(capsys, "publish", staged, "--repo-id", "me/m", "--file", model, "--dry-run")
+    status, _, err = run_cli(capsys, "publish", staged, "--repo-id", "me/m", "--file", model, "--dry-run")
     assert_user_error(status, err, f"-o/--out {staged}: would replace the folder holding the input --file {model}")
     assert snapshot(staged) == before
 
 
 def test_publish_staging_over_its_checkpoint_is_refused(ckpt, capsys):
     before = snapshot(ckpt)
-    status, err = run_cli(capsys, "publish", ckpt, "--repo-id", "me/m", "--checkpoint", ckpt, "--dry-run")
+    status, _, err = run_cli(capsys, "publish", ckpt, "--repo-id", "me/m", "--checkpoint", ckpt, "--dry-run")
     assert_user_error(status, err, f"-o/--out {ckpt}: is the input --checkpoint {ckpt}")
     assert snapshot(ckpt) == before
 
@@ -127,14 +130,14 @@ def _quantize_leftovers(out: Path) -> list[Path]:
     ("model/ckpt", "lies inside the input --model"),
     ("calib", "is the input --calib"),
 ])
-def test_quantize_out_over_its_inputs_is_refused(models, corpus, tmp_path, capsys, monkeypatch,  # noqa: F811
+def test_quantize_out_over_its_inputs_is_refused(models, corpus, tmp_path, capsys, monkeypatch,
                                                  where, message):
     model = Path(shutil.copytree(models["clean"], tmp_path / "model"))
     calib = Path(shutil.copy(corpus, tmp_path / "calib"))
     out = tmp_path / where
     before = snapshot(model, calib)
-    _forbid_loading(monkeypatch)
-    status, err = run_cli(capsys, *quantize_args(model, out, "--method", "gptq", calib=calib))
+    forbid_loading(monkeypatch)
+    status, _, err = run_cli(capsys, *quantize_args(model, out, "--method", "gptq", calib=calib))
     assert_user_error(status, err, f"--out {out}: {message}")
     assert snapshot(model, calib) == before
     assert _quantize_leftovers(out) == []
@@ -153,16 +156,16 @@ def _sweep_file(tmp_path: Path, models: str = 'a = "packaged:tiny.en"', extra: s
 def test_sweep_out_over_its_sweep_file_is_refused(tmp_path, capsys):
     sweep = _sweep_file(tmp_path)
     before = snapshot(sweep)
-    status, err = run_cli(capsys, "sweep", sweep, "--out", sweep)
+    status, _, err = run_cli(capsys, "sweep", sweep, "--out", sweep)
     assert_user_error(status, err, f"--out {sweep}: is the input SWEEP.toml {sweep}")
     assert snapshot(sweep) == before
 
 
-def test_sweep_out_inside_a_model_folder_is_refused(models, tmp_path, capsys):  # noqa: F811
+def test_sweep_out_inside_a_model_folder_is_refused(models, tmp_path, capsys):
     model = Path(shutil.copytree(models["clean"], tmp_path / "model"))
     sweep = _sweep_file(tmp_path, f'local = "{model}"')
     before = snapshot(model, sweep)
-    status, err = run_cli(capsys, "sweep", sweep, "--out", model / "runs", "--plan")
+    status, _, err = run_cli(capsys, "sweep", sweep, "--out", model / "runs", "--plan")
     assert_user_error(status, err, f"--out {model / 'runs'}: lies inside the input [models] local {model}")
     assert snapshot(model, sweep) == before
 
@@ -194,10 +197,10 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_second_quantize_into_one_out_is_refused_naming_the_holder(models, tmp_path, capsys):  # noqa: F811
+def test_second_quantize_into_one_out_is_refused_naming_the_holder(models, tmp_path, capsys):
     out = tmp_path / "ckpt"
     argv = quantize_args(models["clean"], out, "--method", "rtn")
-    first = _held(HOLD.format(module="tarq_deploy.commands.quantize", function="check_model_source"), *argv)
+    first = _held(HOLD.format(module="tarq_deploy.commands.quantize", function="load_checked_backbone"), *argv)
     try:
         lock = out.with_name("ckpt.partial.lock")
         assert lock.read_text().split()[0] == str(first.pid)
@@ -213,7 +216,7 @@ def test_second_quantize_into_one_out_is_refused_naming_the_holder(models, tmp_p
         first.send_signal(signal.SIGKILL)  # an interruption: the kernel drops its lock, the file stays behind
         first.communicate()
     assert lock.exists()
-    status, err = run_cli(capsys, *argv)  # the run after it is not blocked by the dead run's lock file
+    status, _, err = run_cli(capsys, *argv)  # the run after it is not blocked by the dead run's lock file
     assert status == 0, err
     assert (out / "manifest.json").is_file() and _quantize_leftovers(out) == [out.with_name("ckpt.log.json")]
 
@@ -223,7 +226,7 @@ def test_second_sweep_into_one_out_is_refused_naming_the_holder(tmp_path, capsys
     first = _held(HOLD.format(module="tarq_deploy.sweep.driver", function="run_sweep"), "sweep", sweep, "--out", out)
     try:
         lock = out / "sweep.lock"
-        status, err = run_cli(capsys, "sweep", sweep, "--out", out, "--quiet")
+        status, _, err = run_cli(capsys, "sweep", sweep, "--out", out, "--quiet")
         assert_user_error(status, err, f"--out {out}", str(lock), f"pid {first.pid}")
         assert sorted(p.name for p in out.iterdir()) == ["sweep.lock"]
     finally:
@@ -250,7 +253,7 @@ def test_sweep_file_unknown_names_are_errors(tmp_path, capsys, sweep_keys, table
     sweep = tmp_path / "sweep.toml"
     sweep.write_text(SWEEP.format(models='a = "packaged:tiny.en"').replace("[models]", f"{sweep_keys}\n[models]")
                      + tables + "\n")
-    status, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out", "--plan")
+    status, _, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out", "--plan")
     assert_user_error(status, err, str(sweep), *fragments)
     assert not (tmp_path / "out").exists()
 
@@ -258,7 +261,7 @@ def test_sweep_file_unknown_names_are_errors(tmp_path, capsys, sweep_keys, table
 def test_sweep_key_before_any_table_is_placed(tmp_path, capsys):
     sweep = tmp_path / "sweep.toml"
     sweep.write_text('baseline = "rtn"\n' + SWEEP.format(models='a = "packaged:tiny.en"'))
-    status, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out", "--plan")
+    status, _, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out", "--plan")
     assert_user_error(status, err, "`baseline` stands before any table header; it belongs in [sweep]")
 
 
@@ -349,3 +352,129 @@ def test_the_speed_frontier_comes_from_its_sweep_file_with_every_files_speed():
         measured = {s["threads"]: s for s in row["speed"] if s["audio"] == doc["bench"]["audio"][0]}
         assert sorted(measured) == sorted(threads), row["cell"]
         assert all(s["latency_s"] > 0 and 0 < s["rtf"] < 1 and s["max_rss_mb"] > 0 for s in measured.values())
+
+
+# ------------------------------------------------------------------------------------------------------- export
+def test_export_to_a_directory_target_writes_a_named_file_inside(checkpoint, tmp_path, capsys):
+    target = tmp_path / "models"
+    target.mkdir()
+    status, _, _ = run_cli(capsys, "export", "--target", "whisper.cpp", checkpoint, "-o", target)
+    assert status == 0
+    assert [p.name for p in target.iterdir()] == ["clean-rtn-q4_0.bin"]  # MODEL-METHOD-TYPE, llama.cpp style
+
+
+def test_export_to_a_read_only_target(checkpoint, tmp_path, capsys, monkeypatch):
+    import tarq_deploy.checks as checks
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), kwargs.get("dir"))
+
+    monkeypatch.setattr(checks.tempfile, "TemporaryFile", denied)
+    status, _, err = run_cli(capsys, "export", "--target", "whisper.cpp", checkpoint, "-o", tmp_path / "m.bin")
+    assert_user_error(status, err, str(tmp_path / "m.bin"), "Permission denied")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_to_a_full_disk(checkpoint, tmp_path, capsys, monkeypatch):
+    import tarq_deploy.formats.whisper_cpp as whisper_cpp
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(whisper_cpp, "write_buffers", full)
+    out = tmp_path / "m.bin"
+    status, _, err = run_cli(capsys, "export", "--target", "whisper.cpp", checkpoint, "-o", out, "--quiet")
+    assert_user_error(status, err, str(out), "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------- checkpoints
+def test_tampered_manifest_shape_is_a_checkpoint_error(checkpoint, tmp_path, capsys):
+    tampered = tmp_path / "tampered"
+    shutil.copytree(checkpoint, tampered)
+    manifest = json.loads((tampered / "manifest.json").read_text())
+    name = sorted(manifest["quantized"])[0]
+    manifest["quantized"][name] = [manifest["quantized"][name][0], 96]
+    (tampered / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    with pytest.raises(CheckpointError, match="manifest.json: content does not match its own manifest_sha256"):
+        load_checkpoint(tampered)
+    with pytest.raises(CheckpointError, match=f"blocks of {name} are stored as"):  # no reshape traceback either
+        load_checkpoint(tampered, verify_hashes=False)
+    status, _, err = run_cli(capsys, "inspect", tampered)
+    assert_user_error(status, err, str(tampered / "manifest.json"), "manifest_sha256")
+
+
+def test_outputs_get_the_usual_permissions(checkpoint, tmp_path):
+    from tarq_deploy.fileio import write_bytes_atomic
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    file_mode, dir_mode = 0o666 & ~umask, 0o777 & ~umask
+    assert os.stat(write_bytes_atomic(tmp_path / "x.bin", b"x")).st_mode & 0o777 == file_mode
+    assert os.stat(checkpoint).st_mode & 0o777 == dir_mode
+    for path in checkpoint.rglob("*"):
+        assert os.stat(path).st_mode & 0o777 == (dir_mode if path.is_dir() else file_mode), path
+
+
+def test_atomic_file_writes_through_the_temporary_it_made(tmp_path, monkeypatch):
+    """Outputs are written through the descriptor that created them: opening an existing temporary again with "wb"
+    truncated it, and ext4 flushes a file truncated to zero when it closes, which doubled the time to write a model
+    file. Text and binary modes both work, and a failed writer leaves nothing."""
+    import builtins
+
+    from tarq_deploy.fileio import atomic_file
+
+    def no_reopen(*args, **kwargs):
+        raise AssertionError(f"atomic_file opened {args[0]!r} again")
+
+    monkeypatch.setattr(builtins, "open", no_reopen)
+    with atomic_file(tmp_path / "model.bin") as f:
+        f.write(b"\x00model")
+    with atomic_file(tmp_path / "card.md", "w") as f:
+        f.write("# card\n")
+    with pytest.raises(RuntimeError), atomic_file(tmp_path / "broken.bin") as f:
+        f.write(b"half")
+        raise RuntimeError("writer failed")
+    monkeypatch.undo()
+    assert (tmp_path / "model.bin").read_bytes() == b"\x00model"
+    assert (tmp_path / "card.md").read_text() == "# card\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["card.md", "model.bin"]
+
+
+def test_atomic_path_hands_a_writer_a_path_that_does_not_exist_yet(tmp_path):
+    """A writer that opens the file itself creates it (no truncation of a temporary made for it), under the target's
+    own name and suffix; the result gets the usual permissions, and nothing else is left. A writer that makes no
+    file is an error naming the target, not an empty output."""
+    from tarq_deploy.fileio import atomic_path, default_file_mode
+
+    with atomic_path(tmp_path / "model.gguf") as tmp:
+        assert not tmp.exists() and tmp.name == "model.gguf" and tmp.parent.parent == tmp_path
+        tmp.write_bytes(b"GGUF")
+    assert (tmp_path / "model.gguf").read_bytes() == b"GGUF"
+    assert os.stat(tmp_path / "model.gguf").st_mode & 0o777 == default_file_mode()
+    with pytest.raises(OSError, match="the writer made no file") as made_nothing, atomic_path(tmp_path / "x.bin"):
+        pass
+    assert made_nothing.value.filename == str(tmp_path / "x.bin")
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "y.bin") as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+
+
+# ------------------------------------------------------------------------------------------- a bad sweep file
+@pytest.mark.parametrize("text, fragment", [
+    (None, "no such sweep file"),
+    ("[sweep\n", "not a readable TOML sweep file"),
+    ('[sweep]\nmethods = ["gptq"]\n[models]\na = "packaged:tiny.en"\n', "[calibration] names no corpus"),
+    ('[sweep]\nmethods = ["gptq"]\ntarget = "marlin"\n[models]\na = "packaged:tiny.en"\n', "target 'marlin'"),
+    ('[sweep]\nmethods = ["gptq"]\nsteps = ["quantize"]\n[models]\na = "packaged:tiny.en"\n[calibration]\n'
+     'c = "missing.jsonl"\n',
+     "missing.jsonl does not exist"),
+])
+def test_bad_sweep_file_is_one_line_before_any_work(tmp_path, capsys, text, fragment):
+    sweep = tmp_path / "sweep.toml"
+    if text is not None:
+        sweep.write_text(text)
+    status, _, err = run_cli(capsys, "sweep", sweep, "--out", tmp_path / "out")
+    assert_user_error(status, err, fragment)
+    assert not (tmp_path / "out").exists()

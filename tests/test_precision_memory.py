@@ -76,7 +76,7 @@ def test_anonymous_memory_is_never_released():
 
 
 def test_a_mapped_source_is_hashed_without_staying_resident_and_hashes_as_its_float32_copy(tmp_path, monkeypatch):
-    from tarq_deploy.quant import pipeline
+    from tarq_deploy.calibration import pipeline
 
     monkeypatch.setattr(pipeline, "HASH_CHUNK_ELEMENTS", 3_000_017)  # slices that end mid-row
     linear, stored = mapped_linear(tmp_path)

@@ -10,17 +10,19 @@ from pathlib import Path
 import jiwer
 import pytest
 import torch
+from helpers import calibration_interrupted_at, transcribe_whisper_cpp
 
 from tarq_deploy.checkpoint import load_checkpoint, save_checkpoint
 from tarq_deploy.data.corpus import Utterance, load_audio, write_manifest
 from tarq_deploy.data.real_clips import all_real_clips
 from tarq_deploy.models.from_checkpoint import load_dequantized_whisper
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.common import TextAudio
 from tarq_deploy.models.whisper import WhisperBackbone
-from tarq_deploy.quant import calibrate
+from tarq_deploy.calibration import driver
 from tarq_deploy.quant.gptq import weighted_loss
-from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+from tarq_deploy.calibration.options import QuantizeOptions
+from tarq_deploy.calibration.pipeline import quantize_backbone
 
 HELD_OUT = ("jfk", "cards-004", "cards-005", "goforward")
 # rarebal (metric only) and residual (solver only) are TARQ's two halves: their arithmetic is tested in
@@ -66,7 +68,7 @@ def _count_metric_preparations(patch: pytest.MonkeyPatch, solved: list[str], pre
     """Record each Linear the driver solves, and each one whose solve prepares (damps, inverts, factors) a metric."""
     from tarq_deploy.quant import tarq
 
-    solve, prepare = calibrate.solve_layer, tarq.rebalanced_metric
+    solve, prepare = driver.solve_layer, tarq.rebalanced_metric
 
     def named_solve(name, *args, **kwargs):
         solved.append(name)
@@ -76,7 +78,7 @@ def _count_metric_preparations(patch: pytest.MonkeyPatch, solved: list[str], pre
         prepared.append(solved[-1])
         return prepare(*args, **kwargs)
 
-    patch.setattr(calibrate, "solve_layer", named_solve)
+    patch.setattr(driver, "solve_layer", named_solve)
     patch.setattr(tarq, "rebalanced_metric", counted_prepare)
 
 
@@ -165,16 +167,12 @@ def test_gptq_and_tarq_beat_rtn_on_held_out_speech(checkpoints: dict, clips: dic
         assert wins >= 0.7, (method, wins)
 
 
-class _Interrupt(Exception):
-    pass
-
-
 def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path, monkeypatch) -> None:
     """Also: the fp stream kept from the alignment pass (a budget it fits, whatever the machine's memory) and the
     one recomputed block by block (--max-memory 0) give the same bytes."""
     options = QuantizeOptions(method="tarq", n_calib=2, max_memory=1 << 40)
     kept_blocks: list[str] = []
-    take_kept = calibrate.SequentialCalibrator._kept_fp_stream
+    take_kept = driver.SequentialCalibrator._kept_fp_stream
 
     def spy(self, block):
         kept = take_kept(self, block)
@@ -182,7 +180,7 @@ def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path,
             kept_blocks.append(block.name)
         return kept
 
-    monkeypatch.setattr(calibrate.SequentialCalibrator, "_kept_fp_stream", spy)
+    monkeypatch.setattr(driver.SequentialCalibrator, "_kept_fp_stream", spy)
 
     def run(work: Path | None, out: Path, options: QuantizeOptions = options) -> Path:
         model, processor, gc = load_whisper("packaged:tiny.en")
@@ -198,21 +196,9 @@ def test_interrupted_run_resumes_to_identical_bytes(clips: dict, tmp_path: Path,
     assert kept_blocks == []
     for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
         assert (recomputed / name).read_bytes() == (reference / name).read_bytes(), name
-    original = calibrate.SequentialCalibrator._calibrate_block
-    calls = {"n": 0}
-
-    def flaky(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise _Interrupt
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(calibrate.SequentialCalibrator, "_calibrate_block", flaky)
-    with pytest.raises(_Interrupt):
+    with calibration_interrupted_at(4):
         run(tmp_path / "res.partial", tmp_path / "res")
     assert (tmp_path / "res.partial" / "progress.json").is_file() and not (tmp_path / "res").exists()
-    monkeypatch.setattr(calibrate.SequentialCalibrator, "_calibrate_block", original)
-    calls["n"] = 0
     resumed = run(tmp_path / "res.partial", tmp_path / "res")
     for name in ("manifest.json", "lattice.safetensors", "tensors.safetensors"):
         assert (resumed / name).read_bytes() == (reference / name).read_bytes(), name
@@ -236,7 +222,6 @@ def test_calibrated_checkpoint_exports_losslessly_to_whisper_cpp(checkpoints: di
                                                                  method: str) -> None:
     from tarq_deploy.formats.whisper_cpp import verify
     from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
-    from test_whisper_cpp_export import transcribe_whisper_cpp
 
     model_file = export_whisper_cpp(checkpoints[method], tmp_path / f"{method}-q4_0.bin", "q4_0")
     diffs = verify(model_file, checkpoints[method])

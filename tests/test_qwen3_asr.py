@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +29,13 @@ from tarq_deploy.models.qwen3_asr import (Qwen3ASRBackbone, audio_token_count, l
 from tarq_deploy.models.common import TextAudio
 from tarq_deploy.quant.ggml_types import type_by_name
 from tarq_deploy.quant.lattice import LatticeSpec
-from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+from tarq_deploy.calibration.options import QuantizeOptions
+from tarq_deploy.calibration.pipeline import quantize_backbone
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tarq_deploy.models import qwen3_asr_shapes as tiny  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 SPEC = LatticeSpec(4, 32)  # ggml targets: one fp16 scale per 32-value Q4_0 block
 CLIP_SUFFIXES = ("0870", "0880", "0930")  # rare words: dashwood, prudently | none | amiable
 COMPARE_SECONDS = 4  # one 8-second attention window, whole 1 s chunks: no padding inside the conv front end
@@ -501,3 +504,20 @@ def test_patched_binary_through_eval_and_bench(exports, jfk_wav, clip):
     cell = run_cpu_bench(config, log=lambda _: None).cells[0]
     assert cell.status == "ok", cell.error
     assert cell.summary["transcribe_s"].n == 1 and cell.summary["tokens"].median == 4
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_loader_patch_refuses_to_apply_without_unidiff_zero(tmp_path):
+    patch = REPO / "third_party" / "qwen3-asr.cpp" / "loader-patch.diff"
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("gguf_loader.cpp", "text_decoder.cpp"):  # stand-ins: the hunks carry no context to match
+        (src / name).write_text("".join(f"// upstream line {i}\n" for i in range(1, 301)))
+    git = ["git", "-C", str(tmp_path)]
+    subprocess.run(git + ["init", "-q"], check=True)
+    plain = subprocess.run(git + ["apply", "--check", str(patch)], capture_output=True, text=True)
+    assert plain.returncode != 0 and "patch does not apply" in plain.stderr
+    subprocess.run(git + ["apply", "--unidiff-zero", str(patch)], check=True)
+    lines = (src / "gguf_loader.cpp").read_text().splitlines()
+    assert "--unidiff-zero" in lines[0] and lines[2] == "// upstream line 1"
+    assert lines[lines.index("// upstream line 5") + 1] == "#include <map>"

@@ -185,7 +185,7 @@ def _cases() -> list:
 def user_folder(tmp_path_factory) -> Path:
     """Where the README's commands run, holding the user's own files that its --model lines name."""
     from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     work = tmp_path_factory.mktemp("readme")
     model, processor, generation_config = load_whisper("packaged:tiny.en", dtype="stored")
@@ -217,3 +217,7 @@ def test_readme_command_runs(command: str, user_folder: Path):
     done = run(command, user_folder)
     assert done.returncode == 0, (f"{command}\nexit status {done.returncode}\n"
                                   f"stdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-3000:]}")
+
+
+def test_readme_says_how_to_load_compressed_tensors():
+    assert "CompressedTensorsConfig(dequantize=True)" in (REPO / "README.md").read_text()

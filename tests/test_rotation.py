@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from helpers import quantize_options_for, run_cli, transcribe_whisper_cpp
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
 from tarq_deploy.formats.whisper_cpp import export_whisper_cpp
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.whisper_rotation import attention_modules, random_orthogonal, rotate_heads
 from tarq_deploy.runtimes.whisper_cpp import teacher_forced_logits
-from test_whisper_cpp_types import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 JFK_PREFIX = " And so my fellow Americans, ask not what your country can do for you"
@@ -105,16 +105,14 @@ def test_rotated_f16_file_gives_whisper_cpp_the_same_logits(tiny, tmp_path, jfk_
 
 
 def test_quantize_rotate_heads_records_it_and_exports_exactly(capsys, tmp_path, jfk_wav):
-    from test_whisper_cpp_export import transcribe_whisper_cpp
-
     ckpt, out = tmp_path / "ck", tmp_path / "rot.bin"
     assert run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "rtn", "--rotate", "heads",
-                   "--out", ckpt) == (0, "")
+                   "--out", ckpt).status == 0
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert manifest["rotation"] == {"rotate": "heads", "seed": 0, "attentions": 12, "kind": "hadamard-random-signs"}
     assert manifest["method"]["rotate"] == "heads"
     assert run_cli(capsys, "export", str(ckpt), "-o", out)[0] == 0
-    assert run_cli(capsys, "verify", "--checkpoint", ckpt, out) == (0, "")  # exit 1 on any differing array
+    assert run_cli(capsys, "verify", "--checkpoint", ckpt, out).status == 0  # exit 1 on any differing array
     text = transcribe_whisper_cpp(out, jfk_wav)
     assert "fellow americans" in text.lower() and "country" in text.lower(), text
 
@@ -124,7 +122,7 @@ def test_rotate_refuses_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatc
     source = tmp_path / "voxtral"
     source.mkdir()
     (source / "config.json").write_text(json.dumps({"model_type": "voxtral"}))
-    status, err = run_cli(capsys, "quantize", "--model", str(source), "--method", "rtn", "--rotate", "heads",
+    status, _, err = run_cli(capsys, "quantize", "--model", str(source), "--method", "rtn", "--rotate", "heads",
                           "--out", "o")
     assert status == 2 and "--rotate heads: rotates Whisper's attention heads" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["voxtral"]
@@ -138,28 +136,20 @@ def test_rotate_refuses_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatc
     ("gptq", "q3_k", "packaged:base", "none"), ("rtn", "iq3_xxs", "packaged:base", "none"),
 ])
 def test_rotate_auto_rotates_where_the_dev_split_measured_a_gain(method, type_name, model, expected):
-    import argparse
-
-    from tarq_deploy.commands.quantize import rotation_choice
-
-    args = argparse.Namespace(rotate="auto", method=method, model=model)
-    assert rotation_choice(args, type_name) == expected  # q3_k: rare KLD lower in 3 draws, common worse in one
-    assert rotation_choice(argparse.Namespace(rotate="none", method=method, model=model), type_name) == "none"
+    # q3_k: rare KLD lower in 3 draws, common worse in one
+    assert quantize_options_for(model, method=method, type=type_name).rotate == expected
+    assert quantize_options_for(model, method=method, type=type_name, rotate="none").rotate == "none"
 
 
 def test_rotate_auto_leaves_a_model_that_is_not_whisper_alone(tmp_path):
-    import argparse
-
-    from tarq_deploy.commands.quantize import rotation_choice
-
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_asr"}))
-    assert rotation_choice(argparse.Namespace(rotate="auto", method="tarq", model=str(tmp_path)), "iq3_s") == "none"
+    assert quantize_options_for(str(tmp_path), method="tarq", type="iq3_s", target="qwen3-asr.cpp").rotate == "none"
 
 
 def test_rotate_refuses_an_importance_matrix_from_a_file(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "im.gguf").write_bytes(b"GGUF")
-    status, err = run_cli(capsys, "quantize", "--model", "packaged:base", "--method", "imatrix", "--type", "q4_0",
+    status, _, err = run_cli(capsys, "quantize", "--model", "packaged:base", "--method", "imatrix", "--type", "q4_0",
                           "--imatrix", "im.gguf", "--rotate", "heads", "--out", "o")
     assert status == 2 and "--rotate heads: --imatrix im.gguf holds importances of the unrotated model" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["im.gguf"]
@@ -167,7 +157,7 @@ def test_rotate_refuses_an_importance_matrix_from_a_file(capsys, tmp_path, monke
 
 def test_rotate_refuses_to_save_the_rotated_models_importances(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    status, err = run_cli(capsys, "quantize", "--model", "packaged:base", "--method", "imatrix", "--type", "q4_0",
+    status, _, err = run_cli(capsys, "quantize", "--model", "packaged:base", "--method", "imatrix", "--type", "q4_0",
                           "--calib", "c.jsonl", "--save-imatrix", "im.gguf", "--rotate", "heads", "--out", "o")
     assert status == 2 and "--rotate heads: --save-imatrix im.gguf would hold the rotated model's" in err, err
     assert list(tmp_path.iterdir()) == []

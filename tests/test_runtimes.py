@@ -4,22 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import pytest
+from helpers import tiny_gguf
 
 from tarq_deploy.errors import UserError
 from tarq_deploy.runtimes import crispasr, qwen3_asr_cpp
 from tarq_deploy.runtimes.registry import ADAPTERS, BY_NAME, FALLBACK, bench_runtimes, infer_runtime
-
-
-def tiny_gguf(path: Path, arch: str) -> Path:
-    """A GGUF container with an architecture key and nothing else: enough to say which runtime claims it."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.mark.parametrize("arch,runtime", [(crispasr.ARCH, crispasr.NAME), (qwen3_asr_cpp.ARCH, qwen3_asr_cpp.NAME)])
@@ -40,3 +30,13 @@ def test_every_adapter_is_listed_once_and_the_bench_runtimes_come_from_the_same_
     names = [adapter.name for adapter in ADAPTERS]
     assert len(names) == len(set(names)) == len(BY_NAME)
     assert set(bench_runtimes()) <= set(names) and "whisper.cpp" in bench_runtimes()
+
+
+def test_qwen3_asr_cpp_output_with_broken_utf8_is_kept(tmp_path):
+    from tarq_deploy.runtimes.qwen3_asr_cpp import run_qwen3_asr_cpp
+
+    fake = tmp_path / "qwen3-asr-cli"
+    fake.write_text("#!/bin/sh\nprintf 'caf\\303 au lait\\n'\nprintf 'tokens: 1 2\\342\\202\\n' >&2\n")
+    fake.chmod(0o755)
+    done = run_qwen3_asr_cpp(fake, tmp_path / "m.gguf", tmp_path / "a.wav", 1, 8, 30)
+    assert done.returncode == 0 and done.stdout == "caf\ufffd au lait\n" and "\ufffd" in done.stderr

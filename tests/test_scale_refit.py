@@ -92,7 +92,7 @@ def test_quantize_refit_scales_logs_every_refit_and_exports_exact(tmp_path, caps
     from tarq_deploy.cli import main
     from tarq_deploy.data.corpus import Utterance, write_manifest
     from tarq_deploy.data.real_clips import all_real_clips
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
     from tarq_deploy.models.whisper_shapes import random_whisper
 
     _, processor, generation_config = load_whisper("packaged:base")

@@ -11,7 +11,7 @@ from tarq_deploy.quant.lattice import (LatticeSpec, check_on_lattice, codes_for,
                                       stored_scales)
 from tarq_deploy.quant.lattice_fit import quantize_rtn
 from tarq_deploy.quant.stats import LayerStats, symmetrize_from_upper_
-from tarq_deploy.quant.calibrate import solve_layer
+from tarq_deploy.quant.layer_solve import solve_layer
 from tarq_deploy.quant.tarq import (
     TarqConfig, group_losses, optimal_alpha, rarebal_metric, residual_direction, reweighting_mask,
 )
@@ -393,7 +393,7 @@ def test_float32_compute_widens_looked_up_rows_not_the_table() -> None:
 def test_a_tall_linear_is_solved_a_slice_of_rows_at_a_time_with_the_whole_answer(method, spec_name, monkeypatch):
     """Rows depend on the shared metric alone, so solving a head in row slices (to bound the solver's copies of W)
     gives the whole solve's codes and parameters; only a closed-form alpha, fitted over all rows, is not sliced."""
-    from tarq_deploy.quant import calibrate
+    from tarq_deploy.quant import layer_solve
     from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
 
     spec = spec_for_type(type_by_name(spec_name))
@@ -404,8 +404,8 @@ def test_a_tall_linear_is_solved_a_slice_of_rows_at_a_time_with_the_whole_answer
     W = torch.randn(200, 256, generator=g) * 0.05
     config = TarqConfig(method=method, record_losses=True)
     whole, whole_record = solve_layer("head", W, stats_for(x_q, tail, x_fp), spec, config)
-    monkeypatch.setattr(calibrate, "ROW_SLICE_BYTES", 64 * 256 * 4)  # 64-row slices: 4 of them, the last short
-    assert len(calibrate.row_slices(W, config)) == 4
+    monkeypatch.setattr(layer_solve, "ROW_SLICE_BYTES", 64 * 256 * 4)  # 64-row slices: 4 of them, the last short
+    assert len(layer_solve.row_slices(W, config)) == 4
     sliced, sliced_record = solve_layer("head", W, stats_for(x_q, tail, x_fp), spec, config)
     # Equal on the AMD EPYC this was written on (the logged loss, summed slice by slice, to float32 summation order).
     # A BLAS that sums a 64-row product in another order than a 200-row one (another processor) may flip a near-tie
@@ -416,4 +416,4 @@ def test_a_tall_linear_is_solved_a_slice_of_rows_at_a_time_with_the_whole_answer
     else:
         assert (sliced.codes != whole.codes).float().mean() <= 0.01
         assert sliced_record.loss_final == pytest.approx(whole_record.loss_final, rel=1e-2)
-    assert calibrate.row_slices(W, TarqConfig(method="tarq", alpha_rule="closed-form")) == [slice(None)]
+    assert layer_solve.row_slices(W, TarqConfig(method="tarq", alpha_rule="closed-form")) == [slice(None)]

@@ -15,8 +15,9 @@ from tarq_deploy.cli import main as cli
 from tarq_deploy.checkpoint import save_checkpoint
 from tarq_deploy.data.corpus import Utterance
 from tarq_deploy.models import qwen3_asr_shapes, voxtral_shapes
-from tarq_deploy.models.registry import load_backbone
-from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+from tarq_deploy.formats.backbones import load_backbone
+from tarq_deploy.calibration.options import QuantizeOptions
+from tarq_deploy.calibration.pipeline import quantize_backbone
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import sweep_plan
 
 from tarq_deploy.errors import UserError
 from tarq_deploy.evaluate.teacher_forced import TF_METRICS
 from tarq_deploy.evaluate.wer import score_utterance
 from tarq_deploy.sweep.driver import SweepRun
-from tarq_deploy.sweep.plan import load_sweep, plan_cells
+from tarq_deploy.sweep.plan import load_sweep
 from tarq_deploy.sweep.report import (build_sweep_report, frontier_rows, render_frontier, render_sweep_markdown,
                                       size_quality_png)
 from tarq_deploy.sweep.steps import StepResult
@@ -50,15 +51,8 @@ def _write(tmp_path: Path, baseline: str = '["ggml", "gptq"]', steps: str = '["q
     return path
 
 
-def _plan(path: Path):
-    sweep = load_sweep(path)
-    corpora = {p: f"hash-{p.name}" for p in [*(c.manifest for c in sweep.corpora), *sweep.evaluation.values()]}
-    cells, steps = plan_cells(sweep, {"base": "model-hash"}, corpora, "code")
-    return sweep, cells, steps
-
-
 def test_every_quantized_cell_is_scored_against_the_one_f16_export(tmp_path):
-    _, cells, steps = _plan(_write(tmp_path))
+    _, cells, steps = sweep_plan(_write(tmp_path))
     reference = next(c for c in cells if c.method == "f16")
     assert "score" not in reference.steps  # the reference is what the others are scored against
     scored = [c for c in cells if c.method != "f16"]
@@ -116,7 +110,7 @@ def _fake_results(tmp_path: Path, cells, steps) -> dict[str, StepResult]:
 
 
 def test_the_report_merges_figures_against_every_baseline_and_ends_with_the_frontier(tmp_path):
-    sweep, cells, steps = _plan(_write(tmp_path))
+    sweep, cells, steps = sweep_plan(_write(tmp_path))
     run = SweepRun(cells, steps, _fake_results(tmp_path, cells, steps))
     report = build_sweep_report(sweep, run)
     report["frontier"] = frontier_rows(report)
@@ -146,7 +140,7 @@ def test_the_report_merges_figures_against_every_baseline_and_ends_with_the_fron
 def test_cells_decoded_by_two_backends_are_compared_within_each(tmp_path):
     path = _write(tmp_path)
     path.write_text(path.read_text() + '\n[eval]\nbackends = ["whisper.cpp", "torch"]\n')
-    sweep, cells, steps = _plan(path)
+    sweep, cells, steps = sweep_plan(path)
     assert sweep.backends == ("whisper.cpp", "torch")
     assert all(steps[c.steps["eval"]].params["tokenizer"] == "packaged:base" for c in cells)  # torch reads the .bin
     results = _fake_results(tmp_path, cells, steps)
@@ -188,7 +182,7 @@ def test_a_group_size_is_a_coordinate_of_the_type_axis(tmp_path):
     path = _write(tmp_path)
     path.write_text(path.read_text().replace('["ggml", "gptq", "tarq"]', '["rtn", "gptq", "tarq"]')
                     .replace('["q3_k", "q4_0"]', '["q4_0-g128", "q4_0"]').replace('["ggml", "gptq"]', '"rtn"'))
-    sweep, cells, steps = _plan(path)
+    sweep, cells, steps = sweep_plan(path)
     grouped = [c for c in cells if c.type == "q4_0-g128"]
     assert [c.method for c in grouped] == ["rtn", "gptq", "tarq"]
     for cell in grouped:
@@ -234,7 +228,7 @@ def _fake_bench(tmp_path: Path, cells, results: dict[str, StepResult]) -> dict:
 def test_the_frontier_carries_each_files_bench_figures_and_plots_latency(tmp_path):
     """The bench's medians join the frontier by the file's name (the sweep's folder may have moved since), one column
     per thread count; a failed bench row leaves its cell's column empty."""
-    sweep, cells, steps = _plan(_write(tmp_path, steps='["quantize", "export", "eval", "score", "bench"]'))
+    sweep, cells, steps = sweep_plan(_write(tmp_path, steps='["quantize", "export", "eval", "score", "bench"]'))
     results = _fake_results(tmp_path, cells, steps)
     bench_file = tmp_path / "bench.json"
     bench_file.write_text(json.dumps(_fake_bench(tmp_path, cells, results)))
@@ -258,7 +252,7 @@ def test_the_frontier_carries_each_files_bench_figures_and_plots_latency(tmp_pat
 
 
 def test_a_frontier_without_a_bench_has_no_speed_columns(tmp_path):
-    sweep, cells, steps = _plan(_write(tmp_path))
+    sweep, cells, steps = sweep_plan(_write(tmp_path))
     report = build_sweep_report(sweep, SweepRun(cells, steps, _fake_results(tmp_path, cells, steps)))
     rows = frontier_rows(report)
     assert all(r["speed"] == [] for r in rows)

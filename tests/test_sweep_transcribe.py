@@ -13,7 +13,7 @@ from tarq_deploy.sweep import steps as sweep_steps
 from tarq_deploy.sweep.plan import load_sweep
 from tarq_deploy.sweep.report import frontier_rows
 from tarq_deploy.sweep.steps import StepResult
-from test_sweep_score import _plan  # the plan of a sweep file, over placeholder hashes
+from helpers import sweep_plan  # the plan of a sweep file, over placeholder hashes
 
 SWEEP = """
 [sweep]
@@ -47,7 +47,7 @@ def _write(tmp_path: Path, text: str = SWEEP) -> Path:
 
 
 def test_plan_presets_and_mixes_are_types_of_the_grid(tmp_path):
-    sweep, cells, steps = _plan(_write(tmp_path))
+    sweep, cells, steps = sweep_plan(_write(tmp_path))
     assert sweep.runtime == "transcribe.cpp" and sweep.backends == ("transcribe.cpp",)
     assert [c.name for c in cells] == ["base/-/f16/f16", "base/-/ggml/q8_0", "base/-/ggml/q4_k_m",
                                        "base/-/ggml/q4_k-emb_q6_k", "base/synth/tarq/q4_k_m",
@@ -63,7 +63,7 @@ def test_plan_presets_and_mixes_are_types_of_the_grid(tmp_path):
 
 
 def test_plan_quantize_step_passes_type_and_tensor_types(tmp_path, monkeypatch):
-    _, cells, steps = _plan(_write(tmp_path))
+    _, cells, steps = sweep_plan(_write(tmp_path))
     calls = []
     monkeypatch.setattr(sweep_steps, "_tarq_deploy", lambda args, folder, cpus: calls.append(args))
     mix = next(c for c in cells if c.name == "base/synth/tarq/q4_k-emb_q6_k")
@@ -75,7 +75,7 @@ def test_plan_quantize_step_passes_type_and_tensor_types(tmp_path, monkeypatch):
 
 
 def test_plan_export_suffix_is_gguf(tmp_path, monkeypatch):
-    _, cells, steps = _plan(_write(tmp_path))
+    _, cells, steps = sweep_plan(_write(tmp_path))
     calls = []
 
     def export(args, folder, cpus):  # stands for the command: writes the file it is told to

@@ -88,7 +88,7 @@ def test_window_targets_concatenate_each_utterance_tokens() -> None:
     """A packed window's reference tokens are its utterances' own tokens back to back, equal to tokenizing the joined
     transcript (byte-level BPE never merges across the space before a word); each position has one owner."""
     from tarq_deploy.evaluate.teacher_forced import TeacherForcedScorer
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
 
     scorer = TeacherForcedScorer(load_whisper("packaged:tiny.en"))
     texts = ["The abbot of Dunfermline spoke.", "Zymurgy, quoth he!", "and so on"]

@@ -26,7 +26,7 @@ from tarq_deploy.data.corpus import load_audio
 from tarq_deploy.data.rarity import reference_words
 from tarq_deploy.models.voxtral import VoxtralBackbone, load_dequantized_voxtral, voxtral_checkpoint
 from tarq_deploy.models.common import TextAudio
-from tarq_deploy.quant.calibrate import CalibrationConfig, SequentialCalibrator
+from tarq_deploy.calibration.driver import CalibrationConfig, SequentialCalibrator
 from tarq_deploy.quant.lattice import LatticeSpec
 from tarq_deploy.quant.tarq import TarqConfig
 

@@ -63,8 +63,9 @@ def test_a_bfloat16_scale_grid_is_served_in_bfloat16_exactly(tmp_path: Path) -> 
     default fp16 grid is refused for bf16 serving, with the option that fixes it named."""
     from tarq_deploy.formats.compressed_tensors import write_compressed_tensors_checkpoint
     from tarq_deploy.formats.int4_checkpoint import ExportError
-    from tarq_deploy.models.registry import load_backbone
-    from tarq_deploy.quant.pipeline import QuantizeOptions, quantize_backbone
+    from tarq_deploy.formats.backbones import load_backbone
+    from tarq_deploy.calibration.options import QuantizeOptions
+    from tarq_deploy.calibration.pipeline import quantize_backbone
 
     model_dir = write_tiny_voxtral(tmp_path / "voxtral")
     done = cli("quantize", "--model", str(model_dir), "--method", "rtn", "--target", "compressed-tensors",

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import wave
 from pathlib import Path
 
@@ -22,12 +19,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from helpers import lattice_checkpoint, transcribe_whisper_cpp, words
 
 from tarq_deploy.formats.ggml_blocks import (BLOCKS as GGML_BLOCK, LatticeNotRepresentable, ggml_rtn_q4_0, ggml_rtn_q8_0,
                                              pack_q4_0, pack_q8_0)
 from tarq_deploy.formats.ggml_file import GGMLFileError, read_whisper_cpp, tensor_slots
 from tarq_deploy.formats.whisper_cpp import as_source, export_whisper_cpp, verify
-from tarq_deploy.checkpoint import CheckpointError, LatticeCheckpoint, load_checkpoint, save_checkpoint
+from tarq_deploy.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tarq_deploy.commands.export_whispercpp import add_export_arguments, run_export
 from tarq_deploy.commands.verify import add_arguments as add_verify_arguments, run as run_verify
 from tarq_deploy.data.real_clips import JFK_TEXT
@@ -35,35 +33,9 @@ from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight
 from tarq_deploy.quant.lattice_fit import quantize_rtn
 
 Q4_0, Q8_0 = GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0
-N_THREADS = 2
-RUNTIME_TIMEOUT_S = 180
-
-TRANSCRIBE = """
-import json, sys
-from pywhispercpp.model import Model
-model = Model(sys.argv[1], redirect_whispercpp_logs_to=None, n_threads=int(sys.argv[2]), language="en",
-              temperature=0.0, temperature_inc=0.0, no_timestamps=True, print_progress=False, print_realtime=False)
-for wav in sys.argv[3:]:
-    print(json.dumps(" ".join(s.text.strip() for s in model.transcribe(wav))))
-"""
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
-def transcribe_whisper_cpp(model_file: Path, wav: str) -> str:
-    """Greedy English transcription by whisper.cpp (pywhispercpp) in a fresh process."""
-    return transcribe_whisper_cpp_clips(model_file, [wav])[0]
-
-
-def transcribe_whisper_cpp_clips(model_file: Path, wavs: list[str]) -> list[str]:
-    """Greedy English transcriptions of several clips, in their order, by one whisper.cpp (pywhispercpp) process."""
-    read_whisper_cpp(model_file)  # whisper.cpp must never see a file our parser rejects
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    run = subprocess.run([sys.executable, "-c", TRANSCRIBE, str(model_file.resolve()), str(N_THREADS), *wavs],
-                         capture_output=True, text=True, timeout=RUNTIME_TIMEOUT_S + 60 * (len(wavs) - 1), env=env)
-    assert run.returncode == 0, f"pywhispercpp exited with {run.returncode} on {model_file}:\n{run.stderr[-2000:]}"
-    return [json.loads(line) for line in run.stdout.strip().splitlines()[-len(wavs):]]
-
-
 def transcribe_transformers(bundle, wav: str) -> str:
     model, processor, generation_config = bundle
     with wave.open(wav) as w:
@@ -72,33 +44,6 @@ def transcribe_transformers(bundle, wav: str) -> str:
     with torch.inference_mode():
         ids = model.generate(features, generation_config=generation_config)
     return processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
-
-
-def words(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
-
-
-def lattice_checkpoint(bundle, spec: LatticeSpec) -> LatticeCheckpoint:
-    """The lead's Whisper checkpoint convention, with plain RTN codes: every Linear (attention, MLP, proj_out) on the
-    lattice, the token embedding an alias of proj_out, everything else untouched, the model files alongside."""
-    model, processor, generation_config = bundle
-    linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    state = model.state_dict()
-    quantized = {name: quantize_rtn(state[name], spec) for name in sorted(linear)}
-    aliases = {"model.decoder.embed_tokens.weight": "proj_out.weight"}
-    tensors = {k: v.clone() for k, v in state.items() if k not in quantized and k not in aliases}
-    return LatticeCheckpoint(spec, quantized, tensors, aliases, {"method": {"name": "rtn"}}, _model_files(bundle))
-
-
-def _model_files(bundle) -> dict[str, bytes]:
-    import tempfile
-
-    model, processor, generation_config = bundle
-    with tempfile.TemporaryDirectory() as tmp:
-        model.config.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
-        generation_config.save_pretrained(tmp)
-        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
 
 
 def parse(parser_setup, argv: list[str]) -> argparse.Namespace:
@@ -236,7 +181,7 @@ def test_an_in_memory_model_asks_its_tokenizer_for_the_vocabulary_tokenizer_json
     """model_source reads the vocabulary from the tokenizer object instead of parsing its JSON: the same tokens, ids
     and added tokens, so the same vocabulary bytes in the file."""
     from tarq_deploy.formats.whisper_cpp import base_vocab_table, model_source
-    from tarq_deploy.models.loader import load_whisper
+    from tarq_deploy.formats.model_loader import load_whisper
     from tarq_deploy.vocabulary import token_strings
 
     model, processor, _ = load_whisper(f"packaged:{name}")

@@ -13,18 +13,18 @@ from pathlib import Path
 import jiwer
 import pytest
 import torch
+from helpers import (RUNTIME_TIMEOUT_S, calibration_clips, check_tarq_export, exports_exactly_and_transcribes,
+                     lattice_checkpoint, run_cli, transcribe_whisper_cpp, words)
 
 from tarq_deploy import cli
 from tarq_deploy.checkpoint import load_checkpoint, save_checkpoint
 from tarq_deploy.data.corpus import Utterance, write_manifest
 from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
-from tarq_deploy.formats.whisper_cpp import WhisperExportError, export_whisper_cpp, verify
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.whisper_cpp import WhisperExportError, export_whisper_cpp
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.quant.ggml_types import spec_for_type, type_by_name
 from tarq_deploy.quant.lattice_fit import quantize_rtn
-from conftest import calibration_clips
-from test_whisper_cpp_export import RUNTIME_TIMEOUT_S, lattice_checkpoint, transcribe_whisper_cpp, words
 
 ONE_LEVEL = ("q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl")  # q4_0 is tests/test_whisper_cpp_export.py's
 K_QUANTS = ("q4_k", "q5_k", "q6_k", "q3_k", "iq4_xs")  # rows of 256: Whisper base (512 wide), not tiny (384)
@@ -36,32 +36,15 @@ def base():
     return load_whisper("packaged:base")
 
 
-def run_cli(capsys, *argv) -> tuple[int, str]:
-    capsys.readouterr()
-    status = cli.main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    return status, "\n".join(line for line in err.replace("\r", "\n").splitlines() if "error" in line)
-
-
-def _exports_exactly_and_transcribes(bundle, type_name: str, work: Path, jfk_wav: str) -> str:
-    ckpt = save_checkpoint(lattice_checkpoint(bundle, spec_for_type(type_by_name(type_name))), work / type_name)
-    out = export_whisper_cpp(ckpt, work / f"{type_name}.bin")  # the checkpoint's own type by default
-    model = read_whisper_cpp(out)
-    assert model.tensors["encoder.blocks.0.mlp.0.weight"].ggml_type == type_by_name(type_name)
-    assert model.tensors["decoder.token_embedding.weight"].ggml_type == type_by_name(type_name)
-    assert {name: d for name, d in verify(out, ckpt).items() if d != 0.0} == {}
-    return transcribe_whisper_cpp(out, jfk_wav)
-
-
 @pytest.mark.parametrize("type_name", ONE_LEVEL)
 def test_one_level_types_of_tiny_run_in_whisper_cpp(tiny, tmp_path, jfk_wav, type_name):
-    text = _exports_exactly_and_transcribes(tiny, type_name, tmp_path, jfk_wav)
+    text = exports_exactly_and_transcribes(tiny, type_name, tmp_path, jfk_wav)
     assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
 
 
 @pytest.mark.parametrize("type_name", K_QUANTS)
 def test_k_quants_of_base_run_in_whisper_cpp(base, tmp_path, jfk_wav, type_name):
-    text = _exports_exactly_and_transcribes(base, type_name, tmp_path, jfk_wav)
+    text = exports_exactly_and_transcribes(base, type_name, tmp_path, jfk_wav)
     assert jiwer.wer(words(JFK_TEXT), words(text)) <= 0.25, text
     if type_name == "iq4_xs":  # the non-uniform 4.25-bit type CrispASR's quantize offers: its runtime loads it too
         text = transcribe_crispasr(tmp_path / f"{type_name}.bin", jfk_wav)
@@ -71,7 +54,7 @@ def test_k_quants_of_base_run_in_whisper_cpp(base, tmp_path, jfk_wav, type_name)
 def test_q2_k_of_base_exports_exactly_and_whisper_cpp_runs_it(base, tmp_path, jfk_wav):
     """Plain rounding to 2 bits garbles base (measured: "I"; ggml's own Q2_K loops on "I I I ..."), so only the
     bit-exact export and a clean run are asserted; calibration is what must make Q2_K usable."""
-    assert isinstance(_exports_exactly_and_transcribes(base, "q2_k", tmp_path, jfk_wav), str)
+    assert isinstance(exports_exactly_and_transcribes(base, "q2_k", tmp_path, jfk_wav), str)
 
 
 CRISPASR_TRANSCRIBE = """
@@ -104,7 +87,7 @@ def test_tarq_calibrates_onto_a_type_and_whisper_cpp_runs_it(capsys, tmp_path, j
     ckpt, out = tmp_path / "ck", tmp_path / "q5_1.bin"
     assert run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "tarq", "--type", "q5_1", "--calib",
                    calib_manifest, "--n-calib", 3, "--out", ckpt) == (0, "")
-    _check_tarq_export(capsys, ckpt, out, "q5_1")
+    check_tarq_export(capsys, ckpt, out, "q5_1")
     assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
 
 
@@ -112,27 +95,18 @@ def test_tarq_calibrates_onto_a_type_and_whisper_cpp_runs_it(capsys, tmp_path, j
 # calibration path is the same as q3_k's (a K-quant super-block fixed on entry), its export runs above
 def test_tarq_q3_k_of_base_runs_in_whisper_cpp_and_crispasr(capsys, tmp_path, jfk_wav, tarq_base_q3_k):
     out = tmp_path / "q3_k.bin"
-    _check_tarq_export(capsys, tarq_base_q3_k, out, "q3_k")
+    check_tarq_export(capsys, tarq_base_q3_k, out, "q3_k")
     assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
     assert jiwer.wer(words(JFK_TEXT), words(transcribe_crispasr(out, jfk_wav))) <= 0.25
 
 
-def _check_tarq_export(capsys, ckpt: Path, out: Path, type_name: str) -> None:
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    assert manifest["lattice"]["ggml_type"] == type_name and manifest["method"]["name"] == "tarq"
-    assert any(layer.get("lam") for layer in manifest["layers"])  # rareBAL ran, on this type's lattice
-    assert run_cli(capsys, "export", "--target", "whisper.cpp", ckpt, "-o", out, "--quiet")[0] == 0
-    status, _ = run_cli(capsys, "verify", out, "--against", ckpt)
-    assert status == 0
-
-
 # ------------------------------------------------------------------------------------------------------ refusals
 def test_k_quant_on_384_wide_rows_is_refused_naming_the_types_that_fit(capsys, tmp_path):
-    status, err = run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "rtn", "--type", "q4_k",
+    status, _, err = run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "rtn", "--type", "q4_k",
                           "--out", tmp_path / "ck")
     assert status == 2 and "384 input columns, not a multiple of 256" in err and "q4_0, q4_1, q5_0, q5_1, q8_0" in err
     assert not (tmp_path / "ck").exists()
-    status, err = run_cli(capsys, "export", "--target", "whisper.cpp", "--model", "packaged:tiny.en", "--baseline",
+    status, _, err = run_cli(capsys, "export", "--target", "whisper.cpp", "--model", "packaged:tiny.en", "--baseline",
                           "rtn", "--type", "q5_k", "-o", tmp_path / "x.bin", "--quiet")
     assert status == 2 and "d_model = 384 is not a multiple of 256" in err and not (tmp_path / "x.bin").exists()
 
@@ -153,7 +127,7 @@ def test_a_mix_of_types_is_refused_for_a_bin(tiny, tmp_path):
 
 def test_a_checkpoint_exports_only_to_its_own_type(tiny, tmp_path, capsys):
     path = save_checkpoint(lattice_checkpoint(tiny, spec_for_type(type_by_name("q5_1"))), tmp_path / "q5_1")
-    status, err = run_cli(capsys, "export", "--target", "whisper.cpp", path, "--type", "q5_0", "-o",
+    status, _, err = run_cli(capsys, "export", "--target", "whisper.cpp", path, "--type", "q5_0", "-o",
                           tmp_path / "x.bin", "--quiet")
     assert status == 2 and "affine lattice is not what Q5_0 stores" in err and not (tmp_path / "x.bin").exists()
 

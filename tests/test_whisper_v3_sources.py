@@ -19,11 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tarq_deploy import cli
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
-from tarq_deploy.models.loader import load_whisper
+from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.whisper_shapes import V3_VOCAB_SIZE, YUE_ID, random_whisper
-from test_whisper_cpp_export import RUNTIME_TIMEOUT_S
+from helpers import RUNTIME_TIMEOUT_S, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,13 +36,6 @@ model = Model(sys.argv[1], redirect_whispercpp_logs_to=False, n_threads=2, langu
               max_tokens=24)
 print(json.dumps(" ".join(s.text.strip() for s in model.transcribe(sys.argv[2]))))
 """
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    status = cli.main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..data.corpus import POOLS
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
@@ -28,14 +28,15 @@ from ..model_source import ModelSource
 from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE,
                              DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS, GGML_TYPES, GGUF_TARGETS,
                              HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES,
-                             GGML_QUANTIZER_METHODS, METHODS, PRESET_TARGET, REFIT_SCALES_BY_DEFAULT,
+                             GGML_QUANTIZER_METHODS, METHODS, PERCDAMP, PRESET_TARGET, REFIT_SCALES_BY_DEFAULT,
                              ROTATE_HEADS_BY_DEFAULT, ROTATIONS, SCALE_DTYPES, SCALE_RULES, SOURCES, TARGETS)
-from ..quant.gptq import PERCDAMP
-from ..quant.lattice import LatticeSpec
 from ..quant.presets import PRESETS, find_preset
-from ..quant.recipe import TypeRecipe
-from ..quant.tarq import TarqConfig
 from ..values import memory_size, thread_count
+
+if TYPE_CHECKING:  # torch-backed: imported where used, so that building the CLI's parser imports no torch
+    from ..quant.lattice import LatticeSpec
+    from ..quant.recipe import TypeRecipe
+    from ..quant.tarq import TarqConfig
 
 __all__ = ["Option", "QuantizeArguments", "QuantizeOptions", "Importance", "add_quantize_arguments",
            "quantize_options", "option_value_problem", "parse_option_value"]
@@ -311,6 +312,8 @@ class QuantizeOptions:
 
     # -- what the pipeline reads ------------------------------------------------------------------------------------
     def solver(self) -> TarqConfig:
+        from ..quant.tarq import TarqConfig
+
         return TarqConfig(method=self.method, source=self.source, c=self.cost_ratio, percdamp=self.percdamp,
                           scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule,
                           refit_scales=self.refit_scales)
@@ -324,9 +327,13 @@ class QuantizeOptions:
         return "align" if self.solver().uses_rarebal else "none"
 
     def spec(self) -> LatticeSpec:
+        from ..quant.lattice import LatticeSpec
+
         return LatticeSpec(self.bits, self.group_size, self.scheme, self.scale_grid)
 
     def recipe(self) -> TypeRecipe:
+        from ..quant.recipe import TypeRecipe
+
         return TypeRecipe.from_types(self.spec(), self.tensor_types)
 
     def result_knobs(self) -> dict:

@@ -41,6 +41,8 @@ SCALE_DTYPES = ("float16", "bfloat16")  # quantize --scale-dtype: the scale grid
 # Two-level lattices: refit the sub-block scale codes after the sweep (quant/scale_refit.py): on by the dev split
 # (results/refit). The solver's config and quantize's options both take their default from here.
 REFIT_SCALES_BY_DEFAULT = True
+# GPTQ's damping: a fraction of the metric's mean diagonal added to it before the Cholesky factor (quant/gptq.py).
+PERCDAMP = 0.01
 
 # The ggml types a lattice can be made for: name -> (scheme, bits, group size) of the lattice the type stores
 # (quant/lattice.py's schemes; quant/ggml_types.py holds the byte layouts). whisper.cpp's published models are

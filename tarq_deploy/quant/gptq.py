@@ -31,9 +31,9 @@ from ..errors import all_finite
 from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
 from .grid import nearest_points, sweep_run_codes
 from .lattice_fit import fit_params
+from .choices import PERCDAMP
 from .stats import symmetrize_from_upper_
 
-PERCDAMP = 0.01
 BLOCKSIZE = 128
 ROW_CHUNK = 8192
 
