@@ -1,6 +1,6 @@
 """Device check for issue 29 (stage C of bench/gpu_decode_suite.sh): the GPU bench's Whisper decode on CUDA at large-v3
 dimensions (random seeded fp16 weights), FP16 (cuBLAS) / INT4 tinygemm / INT4 triton, through the same calls as
-``tarq-deploy bench --gpu`` (``tarq_deploy.bench.gpu._greedy`` + ``greedy_generate``):
+``tarq-deploy bench --gpu`` (``tarq_deploy.bench.gpu.greedy_config`` + ``greedy_generate``):
 
 - ``max_new_tokens`` holds (the 662-token run of bench/results/h100): tokens per run with the fixed config, and,
   for the record, with the config as it was before (``force_unique_generate_call`` unset, a cap of 16, at most 12
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from tarq_deploy.bench.gpu import _greedy, generated_token_count, greedy_generate
+from tarq_deploy.bench.gpu import greedy_config, generated_token_count, greedy_generate
 from tarq_deploy.bench.gpu_voxtral import synthetic_audio
 from tarq_deploy.fileio import write_json_atomic
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, codes_for, scales_for
@@ -81,7 +81,7 @@ def timed_generate(model, features, gc) -> tuple[list[int], float]:
 
 
 def measure(model, features, gc, args) -> dict:
-    fixed = _greedy(gc, args.max_new_tokens)
+    fixed = greedy_config(gc, args.max_new_tokens)
     torch.cuda.reset_peak_memory_stats()
     runs = []
     for i in range(1 + args.runs):

@@ -59,6 +59,10 @@ from .safetensors_view import (SafetensorsViewError, map_private, map_readonly, 
                                write_safetensors)
 from .vocabulary import TokenTable, table_of_tokens, token_strings
 
+__all__ = ["CheckpointError", "FAST_DIGESTS_KEY", "LatticeCheckpoint", "LatticeWeights", "MANIFEST",
+           "MANIFEST_DIGEST_KEY", "fast_digest", "ggml_type_name", "load_checkpoint", "manifest_digest", "pack_codes",
+           "read_manifest", "save_checkpoint", "table_of_tokenizer", "unpack_codes"]
+
 FORMAT_NAME = "tarq-lattice"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)

@@ -13,6 +13,8 @@ from typing import Iterable
 
 from .errors import UserError
 
+__all__ = ["Output", "check_device", "check_output_dir", "check_output_file", "check_outputs_apart", "probe_writable"]
+
 
 def _existing_ancestor(path: Path) -> Path:
     """The nearest ancestor of ``path`` (itself excluded) that exists."""

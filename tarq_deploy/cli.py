@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+__all__ = ["main"]
+
 # Must precede the OpenMP runtime start (torch import): busy-waiting threads make small ops crawl on a shared CPU.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

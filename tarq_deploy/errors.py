@@ -2,6 +2,9 @@
 
 import math
 
+__all__ = ["CalibrationDataError", "JSON_ERRORS", "NonFiniteError", "UserError", "all_finite", "nonfinite_problem",
+           "require_finite"]
+
 
 # What json.loads raises on bad bytes: ValueError (not UTF-8, not JSON, an integer past Python's digit limit) and
 # RecursionError (arrays or objects nested thousands deep). Every reader of a JSON file it did not write catches these.

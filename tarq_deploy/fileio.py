@@ -19,6 +19,10 @@ from typing import IO, Any, Callable, Iterator
 
 from .errors import UserError
 
+__all__ = ["atomic_directory", "atomic_file", "atomic_path", "default_file_mode", "exclusive_writer",
+           "naming_os_errors", "replace_directory", "write_buffers", "write_bytes_atomic", "write_json_atomic",
+           "write_text_atomic"]
+
 
 _UMASK: int | None = None
 

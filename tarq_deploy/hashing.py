@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
     Buffer = bytes | bytearray | memoryview | mmap.mmap  # what hashlib reads
 
+__all__ = ["chunks_sha256", "code_version", "file_chunks", "file_sha256", "file_sha256_and", "files_sha256",
+           "json_fingerprint", "sha1_hex", "sha256_hex"]
+
 CHUNK_BYTES = 1 << 20  # the size of a read: the digest does not depend on it, memory does
 
 

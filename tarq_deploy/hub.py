@@ -67,6 +67,8 @@ from .errors import UserError
 from .fileio import atomic_directory
 from .model_source import SourceKind, resolve_source
 
+__all__ = ["eval_datasets"]
+
 PIPELINE_TAG = "automatic-speech-recognition"
 TASK_NAME = "Automatic Speech Recognition"
 CARD_FILE = "README.md"

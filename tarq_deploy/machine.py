@@ -18,6 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+__all__ = ["cpu_field", "cpu_isa", "cpu_model", "machine_record", "peak_rss_mb", "physical_memory_bytes",
+           "resident_bytes"]
+
 # Environment knobs that change which kernels torch, oneDNN and MKL run (and so the rounding of float sums).
 KERNEL_KNOBS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS",
                 "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG")

@@ -21,6 +21,9 @@ from pathlib import Path
 
 from .errors import JSON_ERRORS
 
+__all__ = ["CHECKPOINT_LATTICE", "CHECKPOINT_MANIFEST", "CHECKPOINT_MODEL_DIR", "CONFIG_JSON", "CT2_BINARY_VERSION",
+           "CT2_MODEL_BIN", "ModelSource", "PACKAGED_PREFIX", "SourceKind", "packaged_name", "resolve_source"]
+
 PACKAGED_PREFIX = "packaged:"
 # Prefixes that can only mean a filesystem path (a Hub id is "name" or "owner/name").
 LOCAL_PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")

@@ -20,6 +20,8 @@ import torch
 
 from .errors import JSON_ERRORS
 
+__all__ = ["SafetensorsViewError", "map_private", "map_readonly", "tensor_views", "torch_views", "write_safetensors"]
+
 NUMPY_DTYPES = {"U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F16": np.float16,
                 "F32": np.float32, "F64": np.float64, "BOOL": np.bool_}
 LITTLE_ENDIAN = {name: np.dtype(t).newbyteorder("<") for name, t in NUMPY_DTYPES.items()}

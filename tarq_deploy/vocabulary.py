@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["BYTE_DECODER", "NotByteLevel", "TokenTable", "table_of_tokens", "token_strings"]
+
 
 class NotByteLevel(ValueError):
     """The tokenizer's tokens use characters outside the byte-level BPE alphabet."""

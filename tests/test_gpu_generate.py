@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tarq_deploy.bench import gpu
-from tarq_deploy.bench.gpu import (GpuBenchConfig, KernelUnavailable, _greedy, _variants, build_variant,
+from tarq_deploy.bench.gpu import (GpuBenchConfig, KernelUnavailable, greedy_config, _variants, build_variant,
                                    generated_token_count, greedy_generate, kernel_unavailable_reason)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -52,14 +52,14 @@ def timestamp_whisper():
 def test_max_new_tokens_holds_when_the_model_emits_timestamps(timestamp_whisper):
     model, generation_config = timestamp_whisper
     features = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(0))  # one 30 s window
-    old = copy.deepcopy(generation_config)  # what _greedy set before the fix
+    old = copy.deepcopy(generation_config)  # what greedy_config set before the fix
     old.max_new_tokens, old.do_sample, old.num_beams = 8, False, 1
     cut = greedy_generate(model, features, PROMPT, old)
     assert generated_token_count(cut, PROMPT) > 8  # the bug: the window decoded again after each cut
-    row = greedy_generate(model, features, PROMPT, _greedy(generation_config, 8))
+    row = greedy_generate(model, features, PROMPT, greedy_config(generation_config, 8))
     assert generated_token_count(row, PROMPT) == 8
     assert not hasattr(generation_config, "force_unique_generate_call") or \
-        not generation_config.force_unique_generate_call  # _greedy changed a copy only
+        not generation_config.force_unique_generate_call  # greedy_config changed a copy only
 
 
 def test_kernel_choices_skip_with_their_reason(monkeypatch):

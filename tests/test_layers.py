@@ -1,9 +1,12 @@
 """The package's house rules, read from its source with ``ast``: six layers that import only downward, and no import
-circle anywhere, between modules or between folders (imports inside functions count: they run too, only later)."""
+circle anywhere, between modules or between folders (imports inside functions count: they run too, only later); and
+what a module offers others is its ``__all__``: no code imports a name it does not list, nor a ``_private`` one."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import tomllib
 from pathlib import Path
 
@@ -257,3 +260,78 @@ def test_the_argparse_namespace_stays_in_the_command_line_layer():
             elif isinstance(node, ast.Name) and node.id == "Namespace":
                 offenders.append(f"{module}:{node.lineno}")
     assert not offenders, f"argparse.Namespace below the command line: {offenders}"
+
+
+# ------------------------------------------------------------------------------------ what a module offers others
+def pinned_scripts() -> set[Path]:
+    """results/ scripts that run at the commit their README pins (its "Pinned code" section names them): they import
+    the package as it was then, not as it is."""
+    pinned: set[Path] = set()
+    for readme in (REPO_ROOT / "results").glob("*/README.md"):
+        _, found, section = readme.read_text(encoding="utf-8").partition("\n## Pinned code\n")
+        if found:
+            names = re.findall(r"\b([\w-]+\.py)\b", section.split("\n## ", 1)[0])
+            pinned |= {readme.parent / name for name in names if (readme.parent / name).is_file()}
+    return pinned
+
+
+def importing_files() -> list[Path]:
+    """The code that imports the package: the package itself, the benchmarks' scripts and results/ scripts not
+    pinned to an earlier commit. (Tests may reach for internals: they are the internals' own checks.)"""
+    scripts = [p for folder in ("bench", "results") for p in sorted((REPO_ROOT / folder).rglob("*.py"))]
+    return [*MODULES.values(), *(p for p in scripts if p not in pinned_scripts())]
+
+
+@functools.cache
+def declared_all(module: str) -> list[str] | None:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return [ast.literal_eval(element) for element in node.value.elts]
+    return None
+
+
+@functools.cache
+def names_imported_from_modules() -> list[tuple[str, str, str]]:
+    """(importing file:line, module, name) for every ``from MODULE import name`` of a module file of ours (a package's
+    __init__ offers its submodules too, and is left out)."""
+    found = []
+    for path in importing_files():
+        importer = module_name(path) if path.is_relative_to(PACKAGE_ROOT) else ""
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = _resolve(importer, path.name == "__init__.py", node.level, node.module)
+            if module in MODULES and MODULES[module].name != "__init__.py" and module != importer:
+                where = f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+                found += [(where, module, alias.name) for alias in node.names]
+    return found
+
+
+def test_no_code_imports_a_private_name_of_another_module() -> None:
+    private = [f"{where}: {name} from {module}" for where, module, name in names_imported_from_modules()
+               if name.startswith("_") and not name.startswith("__")]
+    assert not private, "a _private name used outside its module: make it public or keep it home\n" + "\n".join(private)
+
+
+def test_every_module_others_import_from_declares_what_it_offers() -> None:
+    """``__all__`` on each module other code imports from, listing every name it is imported for."""
+    missing = []
+    for where, module, name in names_imported_from_modules():
+        offered = declared_all(module)
+        if offered is None:
+            missing.append(f"{module}: no __all__ (imported by {where})")
+        elif name not in offered:
+            missing.append(f"{where}: {name} is not in {module}.__all__")
+    assert not missing, "\n".join(sorted(set(missing)))
+
+
+def test_a_results_script_that_imports_a_path_gone_from_the_package_is_pinned() -> None:
+    """A script whose import would fail today runs at its README's pinned commit, and says so there."""
+    stale = set()
+    for path in sorted((REPO_ROOT / "results").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(PACKAGE + "."):
+                if node.module not in MODULES:
+                    stale.add(path)
+    assert stale <= pinned_scripts(), sorted(str(p.relative_to(REPO_ROOT)) for p in stale - pinned_scripts())

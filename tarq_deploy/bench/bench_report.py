@@ -21,6 +21,8 @@ from typing import Any, Iterable
 
 from tarq_deploy.fileio import write_bytes_atomic
 
+__all__ = ["cpu_markdown", "csv_text", "load_result", "markdown_report", "variant_of", "write_reports"]
+
 CPU_STATS = ("transcribe_s", "rtf", "wall_s", "load_s", "peak_rss_mb", "model_rss_mb", "ru_maxrss_mb", "tokens")
 GPU_STATS = ("generate_ms", "end_to_end_ms", "ms_per_token", "tokens", "peak_vram_mb", "nvml_used_mb", "load_s")
 REFERENCE_PRECISION = "F16"

@@ -40,6 +40,9 @@ from tarq_deploy.errors import UserError
 from tarq_deploy.quant.choices import COMPUTE_DTYPES
 from tarq_deploy.models.whisper_shapes import WHISPER_DIMS
 
+__all__ = ["DIMS", "beyond_a_stopped_cell", "cell_figures", "child_launch", "main", "resumed_rows",
+           "speedups_over_baseline", "tarq_over_gptq"]
+
 DIMS = WHISPER_DIMS  # real Whisper dimensions, random weights (no such checkpoints offline)
 
 

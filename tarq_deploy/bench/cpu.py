@@ -53,6 +53,11 @@ from tarq_deploy.runtimes.child import CHILD_CODE, proc_status_mb
 from tarq_deploy.runtimes.registry import bench_runtimes
 from tarq_deploy.runtimes.worker import with_package_on_path
 
+__all__ = ["AudioInfo", "Baseline", "BenchConfig", "BenchConfigError", "CellResult", "CpuBenchResult",
+           "DEFAULT_OMP_WAIT_POLICY", "DEFAULT_RUNS", "DEFAULT_THREADS", "DEFAULT_TIMEOUT_S", "DEFAULT_WARMUP",
+           "ORDERS", "RUNTIMES", "RunRecord", "Stat", "check_audio", "default_threads", "get_runtime",
+           "machine_description", "run_cpu_bench", "schedule", "summarize_cell"]
+
 
 def default_threads(cores: int | None = None) -> tuple[int, ...]:
     """The default thread ladder for this machine: the top three rungs of 1, 2, 4, ... up to the usable cores, the

@@ -20,7 +20,7 @@ The INT4 swap is ``tarq_deploy.runtimes.int4_linear.swap_in_int4_linears(model, 
 scales are not exact in bfloat16 -- that row is then an error naming it; ``triton``: TritonInt4Linear).
 
 Per run: end-to-end latency (feature extraction + generate, perf_counter), generate latency with CUDA events, tokens
-decoded (greedy, English, no timestamps, one 30 s window: at most ``max_new_tokens``, see ``_greedy``), peak VRAM
+decoded (greedy, English, no timestamps, one 30 s window: at most ``max_new_tokens``, see ``greedy_config``), peak VRAM
 from ``torch.cuda.max_memory_allocated`` and, when NVML is available (pynvml), the largest per-process device memory
 NVML reported while the run was going (it includes the CUDA context and the caching allocator's reserve). Median /
 min / max over the timed runs after warm-ups.
@@ -43,6 +43,9 @@ from tarq_deploy.runtimes.child import read_wav_float32
 from tarq_deploy.runtimes.whisper_cpp import whisper_backbone
 
 from .cpu import AudioInfo, Stat, check_audio, machine_description
+
+__all__ = ["GpuBenchConfig", "KernelUnavailable", "build_variant", "generated_token_count", "greedy_config",
+           "greedy_generate", "kernel_unavailable_reason", "run_gpu_bench"]
 
 KERNELS = ("tinygemm", "triton", "marlin")
 MARLIN_PROVIDERS = ("vllm", "gptqmodel")
@@ -261,7 +264,7 @@ def measure_generate(model: Any, processor: Any, generation_config: Any, audio: 
 
     from tarq_deploy.models.whisper import WhisperBackbone
 
-    gc = _greedy(generation_config, max_new_tokens)
+    gc = greedy_config(generation_config, max_new_tokens)
     prompt = WhisperBackbone(model, processor, gc, device="cuda").prompt_ids()  # the project's one greedy prompt
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -285,7 +288,7 @@ def measure_generate(model: Any, processor: Any, generation_config: Any, audio: 
             "text": processor.tokenizer.decode(row, skip_special_tokens=True).strip()}
 
 
-def _greedy(generation_config: Any, max_new_tokens: int) -> Any:
+def greedy_config(generation_config: Any, max_new_tokens: int) -> Any:
     """A copy set for greedy decoding of ONE 30 s window (settings on the config, not as generate() kwargs:
     transformers 5 warns when both are given).
 
@@ -302,7 +305,7 @@ def _greedy(generation_config: Any, max_new_tokens: int) -> Any:
 
 
 def greedy_generate(model: Any, features: Any, prompt: list[int], generation_config: Any) -> list[int]:
-    """The token ids of one greedy decode (``generation_config`` from :func:`_greedy`) of ``features`` [1, mels,
+    """The token ids of one greedy decode (``generation_config`` from :func:`greedy_config`) of ``features`` [1, mels,
     frames] after ``prompt``, on the model's device; the prompt may or may not lead the row (transformers
     versions differ: see generated_token_count)."""
     import torch

@@ -56,6 +56,8 @@ import torch.nn.functional as F
 
 from tarq_deploy.fileio import write_json_atomic, write_text_atomic
 
+__all__ = ["StaticDecoder", "build_text_model", "weight_bytes"]
+
 DEVICE = "cuda"  # the only device measured; a module constant so that the Python around it can be exercised on a CPU
 SPEEDUP_GOAL = 1.4
 KERNEL_M = (1, 4, 16)
@@ -436,9 +438,9 @@ def tune_triton(model, fused: list[dict] | None = None) -> list[dict]:
 
 
 def _tune_group(label: str, modules: list) -> list[dict]:
-    from tarq_deploy.runtimes.triton_w4a16 import _multiprocessors, choose_split_k
+    from tarq_deploy.runtimes.triton_w4a16 import multiprocessor_count, choose_split_k
 
-    sms = _multiprocessors(modules[0].qweight.device)
+    sms = multiprocessor_count(modules[0].qweight.device)
     iters = modules[0].in_features // modules[0].block_k
     tried, best = [], None
     for block_n, per_sm in TRITON_CANDIDATES:

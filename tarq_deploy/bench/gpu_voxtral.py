@@ -41,6 +41,8 @@ from tarq_deploy.fileio import write_json_atomic
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight, codes_for, scales_for
 from tarq_deploy.runtimes.int4_linear import Int4Linear, replace_linears
 
+__all__ = ["TEXT_CONFIG", "main", "snap_layers", "synthetic_audio"]
+
 SAMPLE_RATE = 16000
 AUDIO_TOKENS_PER_CHUNK = 375
 PROMPT_HEAD = [1, 3, 25]  # <s> [INST] [BEGIN_AUDIO]

@@ -40,6 +40,8 @@ from ..machine import machine_record
 from ..model_source import SourceKind, resolve_source
 from ..quant.choices import COMPUTE_DTYPES
 
+__all__ = ["Calibration", "differences", "over_rounds", "render", "summary"]
+
 OURS = ("rtn", "gptq", "tarq")
 PEERS = ("llmcompressor-gptq", "llmcompressor-awq")
 REFERENCE = "FP32"

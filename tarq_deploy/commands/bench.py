@@ -28,6 +28,8 @@ from ..errors import UserError
 from ..values import thread_list
 from .options import add_checkpoint, add_out
 
+__all__ = ["bench_inputs", "bench_outputs"]
+
 HELP = "benchmark runtime model files: CPU latency/RTF/max-RSS over a thread ladder, or FP16 vs INT4 on a GPU"
 EXAMPLE = """  tarq-deploy bench --model base-f16.bin --model base-q4_0.bin --audio jfk.wav --threads 1,2 -o runs/bench"""
 DEFAULT_OUT = "runs/bench"  # never into the committed results/

@@ -25,6 +25,8 @@ from ..errors import UserError
 from ..values import thread_list
 from .options import add_out
 
+__all__ = ["final_table"]
+
 HELP = "run the whole product on the packaged Whisper tiny.en: quantize, export, verify, eval, bench, publish (dry run)"
 EXAMPLE = """  tarq-deploy demo -o demo-out"""
 MODEL = "packaged:tiny.en"

@@ -42,6 +42,8 @@ from ..model_source import ModelSource, SourceKind, resolve_source
 from ..values import thread_count
 from .options import add_out
 
+__all__ = ["default_label"]
+
 HELP = "score models (WER, rare-WER, loops, rare-word recovery) on datasets, in PyTorch and in the real runtimes"
 EXAMPLE = """  tarq-deploy eval --data clips/eval.jsonl --model f16=base-f16.bin --model tarq=base-q4_0.bin -o runs/eval"""
 GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}

@@ -15,6 +15,8 @@ from typing import Sequence
 
 from .options import add_checkpoint, add_out
 
+__all__ = ["add_export_arguments", "run_export"]
+
 TARGETS = ("whisper.cpp",)
 EXIT_OK, EXIT_ERROR = 0, 2
 # The converters (and torch behind them) are imported when a command runs, not to build `--help`; these names

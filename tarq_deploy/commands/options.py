@@ -14,6 +14,9 @@ import argparse
 
 from ..errors import UserError
 
+__all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "add_checkpoint", "add_out", "add_positional_out",
+           "merge_spellings", "require"]
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # the command ran and a check it exists for failed: verify mismatch, a failed bench row or cell
 EXIT_USER_ERROR = 2  # bad input: the message names the file or option; nothing was written

@@ -13,6 +13,8 @@ import sys
 
 from .options import add_checkpoint, add_out
 
+__all__ = ["add_arguments", "run"]
+
 HELP = "decode every tensor of a whisper.cpp or Qwen3-ASR GGUF file and compare it with a lattice checkpoint's values"
 EXAMPLE = """  tarq-deploy verify base-q4_0.bin --checkpoint base-q4_0
   tarq-deploy verify base-q4_0.bin --checkpoint base-q4_0 -o base-q4_0.verify.json"""

@@ -33,6 +33,10 @@ from tarq_deploy.fileio import write_text_atomic
 from tarq_deploy.data.normalize import spoken_words
 from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
 
+__all__ = ["AudioDecodeError", "CorpusError", "POOLS", "TARGET_SAMPLE_RATE", "Utterance", "corpus_statistics",
+           "decode_wav", "encode_wav_float32", "load_audio", "load_corpus", "refuse_longer_than", "select_pool",
+           "to_mono_16k", "write_manifest"]
+
 TARGET_SAMPLE_RATE = 16_000
 DEFAULT_CALIBRATION_SIZE = 128
 # Sample rates decoded audio may have: telephone-band and below up to the highest studio rate. Outside it a header is

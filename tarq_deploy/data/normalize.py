@@ -14,6 +14,9 @@ import json
 import re
 from typing import Callable
 
+__all__ = ["Normalizer", "english_spelling_mapping", "normalized_words", "normalizer_description", "spoken_words",
+           "whisper_english_normalizer"]
+
 Normalizer = Callable[[str], str]
 
 # A token that holds a letter or a digit: something a recogniser can be asked to say.

@@ -32,6 +32,9 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Sequence
 
+__all__ = ["DEFAULT_ZIPF_THRESHOLD", "NumeralPolicy", "count_rare_words", "decoder_text", "is_rare_word",
+           "normalize_word", "rare_token_mask", "reference_words", "written_words", "zipf"]
+
 DEFAULT_ZIPF_THRESHOLD = 3.0
 NumeralPolicy = Literal["zipf", "rare"]
 

@@ -41,6 +41,9 @@ from typing import Any, BinaryIO, Iterable, Iterator
 from ..fileio import atomic_file, write_bytes_atomic
 from ..hashing import chunks_sha256
 
+__all__ = ["Clip", "JFK_TEXT", "RealClipError", "all_real_clips", "cache_root", "download_distribution",
+           "extract_member", "jfk_wav_path", "lecture_wav_path", "librivox_clips"]
+
 SAMPLE_RATE = 16_000
 
 JFK_TEXT = (

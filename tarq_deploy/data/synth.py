@@ -44,6 +44,11 @@ from ..hashing import sha256_hex
 from .corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, to_mono_16k, write_manifest
 from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, zipf
 
+__all__ = ["DEFAULT_MIN_RARE", "DEFAULT_N_CALIB", "DEFAULT_N_EVAL", "DEFAULT_SOURCES", "DEFAULT_TEST_VOICES",
+           "DEFAULT_VOICES", "Sentence", "SynthError", "SynthOptions", "build_synthetic_corpus", "check_options",
+           "deal_splits", "encode_wav_pcm16", "osis_to_text", "sentence_problem", "split_sentences",
+           "strip_quotation_marks"]
+
 WEB_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
 WORDNET_DIR = Path("/usr/share/wordnet")

@@ -16,6 +16,8 @@ from ..runtimes.base import DecodeOptions, ModelSpec
 from ..runtimes.whisper_cpp import WHISPER_CPP_PARAMS
 from .dataset import Dataset
 
+__all__ = ["FigureCache", "HypothesisCache", "MarginCache", "audio_digest", "source_fingerprint"]
+
 
 def source_fingerprint(source: str) -> str:
     """Identifies a model's bytes: a file's sha256 (so re-exporting identical bytes keeps the cache, and changed bytes

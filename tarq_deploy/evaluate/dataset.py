@@ -7,6 +7,8 @@ import numpy as np
 
 from ..data.corpus import Utterance
 
+__all__ = ["Dataset"]
+
 
 @dataclass
 class Dataset:

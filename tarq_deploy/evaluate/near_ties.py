@@ -11,6 +11,8 @@ from .cache import MarginCache
 from .dataset import Dataset
 from .wer import normalized_words
 
+__all__ = ["near_tie_margins"]
+
 
 def near_tie_margins(specs: list[ModelSpec], datasets: list[Dataset], hypotheses: dict, options: DecodeOptions,
                      cache_dir: Path) -> dict[str, dict[str, dict[str, float | None]]]:

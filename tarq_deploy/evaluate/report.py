@@ -17,6 +17,10 @@ from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK
                   bootstrap_indices, bootstrap_interval, check_same_references, metric_counts, paired_difference,
                   totals)
 
+__all__ = ["DEFAULT_CONTEXT_WORDS", "DEFAULT_EXAMPLES", "DEFAULT_NEAR_TIE_MARGIN", "DatasetRuns", "ModelRun",
+           "ReportOptions", "build_report", "render_dataset", "render_markdown", "render_teacher_forced",
+           "retention_section", "teacher_forced_section"]
+
 DIFFERENCE_METRICS = ("wer", "rare_wer", "capped_wer")
 DEFAULT_EXAMPLES = 8
 DEFAULT_NEAR_TIE_MARGIN = 0.5  # nats: the PyTorch model prefers its own token by a factor below e^0.5 = 1.65

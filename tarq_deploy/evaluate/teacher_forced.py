@@ -27,6 +27,9 @@ import numpy as np
 
 from .wer import OK, UtteranceScore
 
+__all__ = ["TEACHER_FORCED_LINES", "TF_METRICS", "TeacherForcedScorer", "UtteranceFigures", "figure_counts",
+           "retention_counts", "score_utterances", "token_figures"]
+
 FIGURES = ("kld", "dnll", "top1")
 GROUPS = ("rare", "common")
 TEACHER_FORCED_LINES = "teacher-forced.jsonl"  # eval's per-utterance figures, one JSON line each

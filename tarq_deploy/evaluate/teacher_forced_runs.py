@@ -11,6 +11,8 @@ from ..runtimes.torch_whisper import load_torch_bundle
 from .cache import FigureCache, audio_digest, source_fingerprint
 from .dataset import Dataset
 
+__all__ = ["teacher_forced_figures"]
+
 
 def teacher_forced_specs(specs: list[ModelSpec], reference: str) -> tuple[ModelSpec, list[ModelSpec]]:
     """One spec per label, loaded in PyTorch (a label's backends share its weights): the reference and the rest."""

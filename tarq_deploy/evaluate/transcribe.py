@@ -15,6 +15,8 @@ from ..runtimes.registry import open_transcriber
 from .cache import HypothesisCache, audio_digest
 from .dataset import Dataset
 
+__all__ = ["transcribe_models"]
+
 
 def transcribe_model(spec: ModelSpec, datasets: list[Dataset], options: DecodeOptions, cache_dir: Path,
                      progress: bool) -> dict[str, list[dict]]:

@@ -37,6 +37,11 @@ from ..data.normalize import (Normalizer, english_spelling_mapping, normalized_w
                               normalizer_description, whisper_english_normalizer)
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word, written_words
 
+__all__ = ["CONFIDENCE_LEVEL", "DEFAULT_RESAMPLES", "DEFAULT_SEED", "DELETED", "METRICS", "OK", "SUBSTITUTED",
+           "UtteranceScore", "align_words", "bootstrap_indices", "bootstrap_interval", "check_same_references",
+           "is_repetition_loop", "longest_repetition", "metric_counts", "normalized_words", "normalizer_description",
+           "paired_difference", "ratio", "score_utterance", "totals"]
+
 OK, SUBSTITUTED, DELETED = "ok", "sub", "del"
 DEFAULT_LOOP_REPEATS = 4
 DEFAULT_LOOP_MAX_NGRAM = 8

@@ -9,6 +9,8 @@ import sys
 from ..model_source import ModelSource, resolve_source
 from .model_loader import load_whisper
 
+__all__ = ["is_whisper_source", "load_backbone", "model_type"]
+
 
 def model_type(source: str | ModelSource) -> str:
     """The model type a backbone is picked by (ModelSource.assumed_model_type); ValueError naming a config.json that

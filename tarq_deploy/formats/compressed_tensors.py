@@ -30,6 +30,9 @@ from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, SERVE_DT
                               pack_int4_last_dim, unpack_int4_last_dim, write_int4_checkpoint)
 from .marlin import check_runtime_shapes
 
+__all__ = ["compressed_tensors_dequantize", "compressed_tensors_layer", "compressed_tensors_to_lattice",
+           "write_compressed_tensors_checkpoint"]
+
 QUANT_METHOD = "compressed-tensors"
 PACK_FORMAT = "pack-quantized"
 # The compressed-tensors release whose config schema and unpacking rule this module follows (tests load with it).

@@ -26,6 +26,8 @@ from .gguf_file import KV, GGUFExportError
 from .qwen3_asr_gguf import (front_end_and_llm_keys, AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
                              Qwen3ASRFlavour, Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, gguf_vocab, vocab_kv)
 
+__all__ = ["SIZE_KEYS"]
+
 ARCH = "qwen3asr"
 TARGET = "crispasr"
 MODEL_NAME = "Qwen3-ASR"

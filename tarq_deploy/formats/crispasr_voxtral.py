@@ -52,6 +52,9 @@ from .model_files import ModelTensors, as_model_source, feature_extractor_config
 from .qwen3_asr_gguf import (TextDecoderHParams, check_nothing_left_over, default_target, front_end_and_llm_keys,
                              pack_tensors, text_decoder_fields, weight_type_of)
 
+__all__ = ["HF_PROJECTOR", "TekkenVocab", "VoxtralSource", "build_crispasr_voxtral", "checkpoint_source",
+           "describe_voxtral_gguf", "export_voxtral_gguf"]
+
 ARCH = "voxtral"
 TARGET = "crispasr"
 MODEL_NAME = "Voxtral"

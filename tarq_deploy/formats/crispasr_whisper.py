@@ -21,6 +21,8 @@ from typing import Any
 from .ggml_blocks import GGML_TYPE_NAMES, type_for_spec
 from .whisper_cpp import WhisperCppModel, WhisperExportError, WhisperSource, as_source, build_whisper_cpp, default_target
 
+__all__ = ["build_crispasr_whisper"]
+
 RUNTIME = "CrispASR's whisper backend"
 
 

@@ -25,6 +25,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+__all__ = ["to_f16"]
+
 _kernel = numba.njit(nogil=True, cache=True, boundscheck=False)
 
 

@@ -25,6 +25,8 @@ import numpy as np
 
 from .f16_values import threads
 
+__all__ = ["F16Rounding", "F16Values", "MadeAhead"]
+
 log = logging.getLogger(__name__)
 
 WINDOW_BYTES = 16 << 20  # fp16 values made ahead of the writer, at most (one tensor always, however large)

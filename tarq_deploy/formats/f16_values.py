@@ -20,6 +20,8 @@ from gguf.constants import GGMLQuantizationType as GGMLType
 from tarq_deploy.quant.ggml_types import GRID_TYPES, unpack
 from tarq_deploy.quant.lattice import CODEBOOKS
 
+__all__ = ["blocks_to_f16", "float_to_f16", "threads"]
+
 MIN_PART_VALUES = 1 << 20  # a tensor is shared among the cores from two parts of this size on
 
 

@@ -42,7 +42,9 @@ QUANTIZED_TYPES = tuple(t for t, layout in BLOCKS.items() if layout.block_size >
 # lower-case names, as the command line and whisper.cpp's quantize tool spell them
 TYPE_BY_NAME: dict[str, GGMLType] = {t.name.lower(): t for t in KNOWN_TYPES}
 
-__all__ = ["K_TYPES", "LATTICE_TYPES", "LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec"]
+__all__ = ["K_TYPES", "LATTICE_TYPES", "LatticeNotRepresentable", "QK", "spec_for_type", "type_for_spec", "BLOCKS",
+           "GGMLType", "GGML_TYPE_NAMES", "QUANTIZED_TYPES", "ggml_rtn", "ggml_rtn_q4_0", "ggml_rtn_q8_0",
+           "pack_lattice", "pack_q4_0", "pack_q8_0", "tensor_nbytes"]
 
 
 # ------------------------------------------------------------------------------------------------------- sizes

@@ -27,6 +27,9 @@ from .ggml_blocks import BLOCKS, GGML_TYPE_NAMES, QUANTIZED_TYPES, GGMLType, ten
 from .ggml_tensors import (ROLE_CONV, ROLE_F32, ROLE_MATRIX, ByteCursor, MappedTensors, TensorFileError, TensorRecord,
                            TensorSlot, map_file)
 
+__all__ = ["FILE_MAGIC", "FTYPE_OF_TYPE", "GGMLFileError", "N_FFT_BINS", "QNT_VERSION", "QNT_VERSION_FACTOR",
+           "WhisperCppFile", "WhisperHParams", "read_whisper_cpp", "tensor_slots"]
+
 FILE_MAGIC = 0x67676D6C  # "ggml"
 QNT_VERSION = 2  # GGML_QNT_VERSION: the block layouts of ggml-common.h
 QNT_VERSION_FACTOR = 1000  # GGML_QNT_VERSION_FACTOR

@@ -25,6 +25,10 @@ from .f16_values import blocks_to_f16, float_to_f16
 from .ggml_blocks import GGML_TYPE_NAMES, GGMLType, LatticeNotRepresentable, pack_lattice
 from .model_files import ModelTensors
 
+__all__ = ["ByteCursor", "CheckpointValues", "MappedTensors", "PackedTensor", "ROLE_CONV", "ROLE_F32", "ROLE_MATRIX",
+           "TensorFileError", "TensorRecord", "TensorSlot", "VerifyError", "as_checkpoint", "compare_tensors",
+           "map_file", "max_abs_diff", "pack_float", "stored_blocks_as_f16", "stored_or_packed"]
+
 # tensor roles: which ggml type a runtime stores the tensor in (TensorSlot.ggml_type)
 ROLE_MATRIX = "matrix"  # the file's weight type (lattice blocks, or F16 / F32 in a float file)
 ROLE_CONV = "conv"  # convolution kernels: F16 (F32 in an all-F32 file), what ggml convolutions take

@@ -26,6 +26,9 @@ from .ggml_tensors import (ByteCursor, MappedTensors, PackedTensor, TensorFileEr
                            map_file)
 from .model_files import ModelFilesError
 
+__all__ = ["FILE_TYPES", "GGUFExportError", "GGUFFile", "GGUFFileError", "GGUFModel", "GGUFVerifyError", "KV",
+           "check_metadata", "file_kv", "file_type_name", "file_types", "most_weights_type", "read_gguf", "write_gguf"]
+
 MAGIC_BYTES = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
 # general.file_type (llama_ftype) of a file whose weight matrices are of the given type
 # (a file of one K-quant type throughout is llama.cpp's "_S" mix, the one without bigger types for some tensors)

@@ -32,6 +32,8 @@ from .int4_checkpoint import (CODE_OFFSET, INT4_BITS, NIBBLES_PER_WORD, ExportEr
                               unpack_int4_last_dim, write_int4_checkpoint)
 from .marlin import check_runtime_shapes
 
+__all__ = ["ExportError", "gptq_dequantize", "gptq_tensors", "gptq_to_lattice", "write_gptq_checkpoint"]
+
 GPTQ_V1_ZERO_SHIFT = 1  # v1 stores zero point minus one
 
 

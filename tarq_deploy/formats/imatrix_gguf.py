@@ -27,6 +27,8 @@ from .ggml_blocks import GGMLType
 from .ggml_tensors import PackedTensor
 from .gguf_file import KV, GGUFFileError, GGUFModel, read_gguf, write_gguf
 
+__all__ = ["Imatrix", "ImatrixFileError", "read_imatrix", "write_imatrix"]
+
 SUMS, COUNTS = ".in_sum2", ".counts"
 DATASETS, CHUNK_COUNT, CHUNK_SIZE = "imatrix.datasets", "imatrix.chunk_count", "imatrix.chunk_size"
 FILE_TYPE = "imatrix"

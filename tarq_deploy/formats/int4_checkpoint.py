@@ -24,6 +24,11 @@ from tarq_deploy.checkpoint import LatticeCheckpoint
 from tarq_deploy.fileio import atomic_directory
 from tarq_deploy.quant.lattice import LatticeSpec, QuantizedWeight
 
+__all__ = ["CODE_OFFSET", "ExportError", "INT4_BITS", "Int4Layout", "NIBBLES_PER_WORD", "SERVE_DTYPES",
+           "check_int4_spec", "check_output_path", "checked_layers", "module_name", "pack_int4_last_dim",
+           "prepare_model_files", "resolve_serve_dtype", "scales_exact_in_bf16", "unpack_int4_last_dim",
+           "untouched_tensors", "write_hf_directory", "write_int4_checkpoint"]
+
 log = logging.getLogger(__name__)
 
 INT4_BITS = 4

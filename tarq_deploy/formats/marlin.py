@@ -35,6 +35,9 @@ from .int4_checkpoint import (CODE_OFFSET, NIBBLES_PER_WORD, ExportError, check_
                               checked_layers, module_name, pack_int4_last_dim, prepare_model_files,
                               resolve_serve_dtype, unpack_int4_last_dim, untouched_tensors, write_hf_directory)
 
+__all__ = ["SCALE_PERM", "SCALE_PERM_SINGLE", "WEIGHT_PERM", "check_marlin_shape", "check_runtime_shapes",
+           "marlin_pack", "marlin_unpack", "write_marlin_checkpoint"]
+
 TILE = 16  # Marlin tile edge (values)
 PERM_CHUNK = 1024  # values permuted together: 4 tiles of 16 x 16
 INTERLEAVE = (0, 2, 4, 6, 1, 3, 5, 7)  # order of the 8 nibbles of one word in the fragment

@@ -11,6 +11,8 @@ from typing import Any, Callable, TypeVar
 from tarq_deploy.checkpoint import LatticeCheckpoint, LatticeWeights, load_checkpoint
 from tarq_deploy.errors import JSON_ERRORS
 
+__all__ = ["ModelFilesError", "ModelTensors", "as_model_source", "feature_extractor_config", "json_file"]
+
 Source = TypeVar("Source")
 
 

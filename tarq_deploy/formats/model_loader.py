@@ -24,6 +24,8 @@ from tarq_deploy.model_source import ModelSource, SourceKind, resolve_source
 from tarq_deploy.models.ct2 import load_ct2_whisper
 from tarq_deploy.models.packaged import resolve_packaged
 
+__all__ = ["STORED", "load_whisper"]
+
 WHISPER_MODEL_TYPE = "whisper"
 
 WhisperBundle = tuple[WhisperForConditionalGeneration, WhisperProcessor, GenerationConfig]

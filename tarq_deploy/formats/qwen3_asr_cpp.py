@@ -28,6 +28,8 @@ from .gguf_file import KV
 from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN, EOS_TOKEN, PAD_TOKEN,
                              Qwen3ASRFlavour, Qwen3ASRHParams, Qwen3ASRNames, Qwen3ASRSource, gguf_vocab, vocab_kv)
 
+__all__ = ["build_qwen3_asr_cpp", "export_qwen3_asr_cpp", "verify"]
+
 ARCH = "qwen3-asr"
 TARGET = "qwen3-asr.cpp"
 MODEL_NAME = "Qwen3-ASR"

@@ -34,6 +34,12 @@ from .gguf_file import (KV, GGUFExportError, GGUFModel, GGUFVerifyError, check_m
                         read_gguf, write_gguf)
 from .model_files import ModelTensors, as_model_source, feature_extractor_config, json_file
 
+__all__ = ["AUDIO_END_TOKEN", "AUDIO_PAD_TOKEN", "AUDIO_START_TOKEN", "EOS_TOKEN", "HF_EMBEDDING", "HF_LM_HEAD",
+           "PAD_TOKEN", "Qwen3ASRFlavour", "Qwen3ASRHParams", "Qwen3ASRNames", "Qwen3ASRSource", "TARGET_TYPES",
+           "TOKEN_CONTROL", "TOKEN_NORMAL", "TextDecoderHParams", "as_source", "check_nothing_left_over",
+           "default_target", "float_model_source", "front_end_and_llm_keys", "gguf_vocab", "pack_tensors",
+           "qwen3_asr_slots", "text_decoder_fields", "vocab_kv", "weight_type_of"]
+
 TARGET_TYPES = {"f16": GGMLType.F16, **{t.name.lower(): t for t in LATTICE_TYPES}}
 
 # tokenizer.ggml.token_type values (llama.cpp llama_token_type)

@@ -13,6 +13,8 @@ from .ggml_blocks import GGML_TYPE_NAMES
 from .gguf_file import GGUFExportError, GGUFFileError, GGUFVerifyError, file_types, read_gguf, write_gguf
 from .qwen3_asr_gguf import as_source, float_model_source
 
+__all__ = ["describe_qwen3_asr_gguf", "export_qwen3_asr_gguf", "verify_gguf"]
+
 
 TARGETS = {flavour.target: flavour for flavour in (qwen3_asr_cpp.FLAVOUR, crispasr.FLAVOUR)}
 ARCH_TARGETS = {target.arch: target for target in TARGETS.values()}

@@ -50,8 +50,11 @@ from .qwen3_asr_gguf import (AUDIO_END_TOKEN, AUDIO_PAD_TOKEN, AUDIO_START_TOKEN
                              HF_LM_HEAD, PAD_TOKEN, TOKEN_CONTROL, TOKEN_NORMAL, Qwen3ASRSource,
                              check_nothing_left_over, gguf_vocab, qwen3_asr_slots)
 from .qwen3_asr_gguf import as_source as qwen3_as_source, float_model_source as qwen3_float_source
-from .transcribe_whisper import (TARGET, _main_type, _table_diff, check_export_options, check_loader_types,
+from .transcribe_whisper import (TARGET, main_file_type, front_end_table_diff, check_export_options, check_loader_types,
                                  matrix_type, pack_slot)
+
+__all__ = ["MODEL_TYPES", "describe", "export_transcribe_llm", "family_of_file", "is_transcribe_voxtral",
+           "tekken_merges", "transcribe_name"]
 
 QWEN3_ASR_ARCH, VOXTRAL_ARCH = "qwen3_asr", "voxtral"
 VOXTRAL_KEY = "stt.voxtral.encoder.n_layers"  # present in transcribe.cpp's Voxtral files, absent in CrispASR's
@@ -352,7 +355,7 @@ def build(family: Family, source: Any) -> GGUFModel:
     tables = [PackedTensor(name, GGMLType.F32, values.shape, values) for name, values in family.tables(source).items()]
     tensors = tables + [pack_slot(slot, source, rounding) for slot in slots]
     rounding.report()
-    kv = file_kv(f"{family.name} (tarq-deploy)", _main_type(tensors)) + family.metadata(source)
+    kv = file_kv(f"{family.name} (tarq-deploy)", main_file_type(tensors)) + family.metadata(source)
     return GGUFModel(family.arch, kv, tensors)
 
 
@@ -394,7 +397,7 @@ def verify(model_file: str | os.PathLike, checkpoint: str | os.PathLike | Lattic
     source = family.source(ckpt)
     source.origin = origin
     check_metadata(model, family.metadata(source), family.structural_keys, origin)
-    diffs = {name: _table_diff(model, name, values) for name, values in family.tables(source).items()}
+    diffs = {name: front_end_table_diff(model, name, values) for name, values in family.tables(source).items()}
     diffs.update(compare_tensors(model, family.slots(source), CheckpointValues(ckpt), origin, GGUFVerifyError))
     return diffs
 

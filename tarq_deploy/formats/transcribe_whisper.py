@@ -48,6 +48,10 @@ from .gguf_file import (FILE_TYPES, KV, GGUFExportError, GGUFFile, GGUFModel, GG
                         file_kv, most_weights_type, read_gguf, write_gguf)
 from .whisper_cpp import OUTPUT_PROJECTION, WhisperSource, as_source, checkpoint_source
 
+__all__ = ["ARCH", "TARGET", "TARGET_TYPES", "check_export_options", "check_loader_types", "export_transcribe_whisper",
+           "front_end_table_diff", "main_file_type", "matrix_type", "pack_slot", "preset_plan", "preset_tensor_types",
+           "tensor_slots"]
+
 ARCH = "whisper"
 TARGET = "transcribe.cpp"
 # transcribe.cpp's allowlist for linear weights and the token embedding (TRANSCRIBE_QUANT_LINEAR_TYPES; BF16 too,
@@ -335,7 +339,7 @@ def build(source: WhisperSource, preset: Preset | None = None) -> GGUFModel:
                   for name, values in front_end_tables(source).items()]
         tensors = tables + [pack_slot(slot, source, rounding, preset) for slot in slots]
         rounding.report()
-        kv = file_kv(f"whisper-{source.config['d_model']}x{source.config['encoder_layers']}", _main_type(tensors))
+        kv = file_kv(f"whisper-{source.config['d_model']}x{source.config['encoder_layers']}", main_file_type(tensors))
         if preset is not None:  # the preset's own tag (Q4_K_M 15, not the Q4_K_S that its main type alone says)
             kv = [KV(k.key, preset.file_type, k.value_type) if k.key == "general.file_type" else k for k in kv]
         model = GGUFModel(ARCH, kv + metadata(source), tensors)
@@ -344,7 +348,7 @@ def build(source: WhisperSource, preset: Preset | None = None) -> GGUFModel:
     return model
 
 
-def _main_type(tensors: list[PackedTensor]) -> int:
+def main_file_type(tensors: list[PackedTensor]) -> int:
     """general.file_type: the type holding the most weight-matrix values (F16 for a float file)."""
     counts: dict[int, int] = {}
     for t in tensors:
@@ -406,13 +410,13 @@ def verify(model_file: str | os.PathLike, checkpoint: str | os.PathLike | Lattic
     ckpt, origin = as_checkpoint(checkpoint)
     source = checkpoint_source(ckpt, origin=origin)
     check_metadata(model, metadata(source), STRUCTURAL_KEYS, origin)
-    diffs = {name: _table_diff(model, name, values) for name, values in front_end_tables(source).items()}
+    diffs = {name: front_end_table_diff(model, name, values) for name, values in front_end_tables(source).items()}
     diffs.update(compare_tensors(model, tensor_slots(source.config), CheckpointValues(ckpt), origin,
                                  GGUFVerifyError))
     return diffs
 
 
-def _table_diff(model: GGUFFile, name: str, expected: np.ndarray) -> float:
+def front_end_table_diff(model: GGUFFile, name: str, expected: np.ndarray) -> float:
     if name not in model.tensors or model.tensors[name].shape != expected.shape:
         raise GGUFVerifyError(f"{model.path}: front-end table {name} missing or of another shape")
     return max_abs_diff(model.dequantize(name), expected)

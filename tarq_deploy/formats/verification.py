@@ -17,6 +17,8 @@ from .model_files import ModelFilesError
 from .qwen3_asr_targets import verify_gguf
 from .whisper_cpp import verify as verify_whisper_cpp
 
+__all__ = ["VERIFY_ERRORS", "verify_model_file"]
+
 # Errors that name a bad model file, checkpoint or mismatch between them (not a bug of ours).
 VERIFY_ERRORS: tuple[type[BaseException], ...] = (TensorFileError, VerifyError, ModelFilesError,
                                                    LatticeNotRepresentable, CheckpointError, FileNotFoundError)

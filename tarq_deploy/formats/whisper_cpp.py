@@ -46,6 +46,10 @@ from .ggml_tensors import (CheckpointValues, PackedTensor, TensorSlot, VerifyErr
                            max_abs_diff, pack_float, stored_blocks_as_f16, stored_or_packed)
 from .model_files import ModelFilesError, ModelTensors, as_model_source, feature_extractor_config, json_file
 
+__all__ = ["BASELINES", "OUTPUT_PROJECTION", "PackedTensor", "TARGET_TYPES", "WhisperCppModel", "WhisperExportError",
+           "WhisperSource", "as_source", "base_vocab_table", "build_whisper_cpp", "checkpoint_source", "default_target",
+           "export_whisper_cpp", "model_source", "verify", "write_whisper_cpp"]
+
 log = logging.getLogger(__name__)
 
 TARGET_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1,

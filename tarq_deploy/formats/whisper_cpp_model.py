@@ -36,6 +36,8 @@ from tarq_deploy.models.whisper_tokens import (ControlTokens, begin_suppressed_t
 from .ggml_blocks import GGML_TYPE_NAMES, GGMLType
 from .ggml_file import GGMLFileError, WhisperCppFile, WhisperHParams, read_whisper_cpp, tensor_slots
 
+__all__ = ["STOCK_ALIGNMENT_HEADS", "load_whisper_cpp", "read_float_whisper_cpp"]
+
 log = logging.getLogger(__name__)
 
 FLOAT_TYPES = {GGMLType.F16: np.dtype("<f2"), GGMLType.F32: np.dtype("<f4")}

@@ -18,6 +18,10 @@ from ..quant.backbone import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import is_memory_mapped
 
+__all__ = ["CALIBRATION_DTYPE", "HeadStage", "SAMPLE_RATE", "SplicedDecoderStage", "TextAudio", "WINDOW_SECONDS",
+           "checkpoint_from_model", "joined", "load_lattice_weights", "model_files_dir", "pack_utterances",
+           "saved_files"]
+
 SAMPLE_RATE = 16000
 # What a calibration stage hands the model: float32, whatever dtype the weights are stored in (float32_compute widens
 # each module as it runs), so a bfloat16 source is calibrated with a float32 copy's arithmetic.

@@ -39,6 +39,11 @@ from transformers import (
 from tarq_deploy.fileio import atomic_directory
 from tarq_deploy.model_source import CONFIG_JSON, CT2_BINARY_VERSION, CT2_MODEL_BIN
 
+__all__ = ["CT2_NUMPY_DTYPES", "Ct2Checkpoint", "END_OF_TEXT", "MULTILINGUAL_MIN_VOCAB", "NO_TIMESTAMPS",
+           "START_OF_TRANSCRIPT", "TIMESTAMP_TOKEN_COUNT", "build_generation_config", "build_processor",
+           "instantiate_model", "load_ct2_whisper", "plan_tensor_routes", "read_ct2_model_bin", "save_as_transformers",
+           "whisper_tokenizer"]
+
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------

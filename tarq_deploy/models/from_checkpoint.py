@@ -10,6 +10,8 @@ from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalG
 from ..checkpoint import LatticeCheckpoint, load_checkpoint
 from .common import load_lattice_weights, model_files_dir
 
+__all__ = ["load_dequantized_whisper"]
+
 
 def load_dequantized_whisper(checkpoint: str | Path | LatticeCheckpoint, dtype: torch.dtype = torch.float32):
     """(model, processor, generation_config) with every lattice weight replaced by s * q; the tied token embedding

@@ -29,6 +29,8 @@ from ..fileio import replace_directory
 from ..hashing import chunks_sha256, file_chunks
 from ..model_source import CT2_MODEL_BIN, PACKAGED_PREFIX, packaged_name
 
+__all__ = ["PACKAGED_MODELS", "PackagedModelError", "resolve_packaged"]
+
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
 # ---------------------------------------------------------------------------------------------------------------

@@ -62,6 +62,9 @@ from ..quant.lattice import LatticeSpec, QuantizedWeight
 from .common import (CALIBRATION_DTYPE, HeadStage, SplicedDecoderStage, TextAudio, checkpoint_from_model, joined,
                      load_lattice_weights, model_files_dir, pack_utterances, saved_files)
 
+__all__ = ["Qwen3ASRBackbone", "audio_token_count", "load_dequantized_qwen3_asr", "load_qwen3_asr",
+           "load_qwen3_asr_backbone", "transcript_of"]
+
 SAMPLE_RATE = 16000
 CHUNK_MEL_FRAMES = 100  # 2 * n_window: the conv stack runs on 1 s chunks
 FRAMES_PER_FULL_CHUNK = 13  # post-CNN frames of a full chunk (three k=3, s=2, p=1 convolutions)

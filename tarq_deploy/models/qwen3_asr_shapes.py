@@ -35,6 +35,8 @@ from transformers import (AutoTokenizer, GenerationConfig, Qwen3ASRConfig, Qwen3
 from ..data.real_clips import cache_root, download_distribution, extract_member
 from ..hashing import file_sha256
 
+__all__ = ["write_random_qwen3_asr"]
+
 SEED = 0
 VOCAB_SIZE = 151936
 LLAMA_CPP_PYTHON_SDIST = "llama_cpp_python-0.3.36.tar.gz"

@@ -63,6 +63,8 @@ from .common import (CALIBRATION_DTYPE, SplicedDecoderStage, TextAudio, checkpoi
                      load_lattice_weights, model_files_dir, pack_utterances, saved_files)
 from .whisper import ENCODER_FRAMES_PER_SECOND
 
+__all__ = ["VoxtralBackbone", "load_dequantized_voxtral", "voxtral_checkpoint"]
+
 SAMPLE_RATE = 16000
 CHUNK_SECONDS = 30  # Voxtral's processor pads audio to a multiple of 30 s (480000 samples)
 CHUNK_SAMPLES = SAMPLE_RATE * CHUNK_SECONDS

@@ -37,6 +37,8 @@ import torch
 from transformers import (AutoTokenizer, GenerationConfig, VoxtralConfig, VoxtralForConditionalGeneration,
                           VoxtralProcessor, WhisperFeatureExtractor)
 
+__all__ = ["AUDIO_TOKEN_ID", "load_tiny_voxtral", "write_random_voxtral", "write_tiny_voxtral"]
+
 SEED = 0
 NUM_SPECIAL_TOKENS = 1000  # Tekken reserves the first 1000 ids for control tokens
 BPE_MERGES = 256

@@ -41,6 +41,9 @@ from ..quant.precision import compute_in, widened
 from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
 from .whisper_rotation import rotate_heads
 
+__all__ = ["ENCODER_FRAMES_PER_SECOND", "WhisperBackbone", "cross_attention_weights", "dtw_path", "dtw_paths",
+           "round_conv_kernels_to_f16", "token_start_frames"]
+
 ENCODER_FRAMES_PER_SECOND = 50
 MEDIAN_FILTER_WIDTH = 7
 ENCODER_GROUPS = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.out_proj"], ["fc1"], ["fc2"]]

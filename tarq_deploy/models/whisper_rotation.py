@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+__all__ = ["attention_modules", "random_orthogonal", "rotate_heads"]
+
 
 def hadamard(d: int) -> torch.Tensor:
     """Sylvester's Hadamard matrix of order d (a power of two), in float64, entries ±1."""

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+__all__ = ["V3_VOCAB_SIZE", "WHISPER_DIMS", "YUE_ID", "random_whisper", "v3_vocabulary"]
+
 WHISPER_DIMS: dict[str, dict[str, int]] = {  # smallest first (parameters)
     "tiny": dict(d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
                  decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536, num_mel_bins=80),

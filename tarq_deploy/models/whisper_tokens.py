@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 from ..vocabulary import BYTE_DECODER
 from .ct2 import END_OF_TEXT, MULTILINGUAL_MIN_VOCAB, NO_TIMESTAMPS, START_OF_TRANSCRIPT, TIMESTAMP_TOKEN_COUNT
 
+__all__ = ["ControlTokens", "begin_suppressed_tokens", "suppressed_tokens", "text_tokens", "tokenizer_json"]
+
 ENGLISH_END_OF_TEXT = 50256  # <|endoftext|> of the English-only vocabulary; multilingual ones have one text token more
 BYTE_TOKENS = 256  # a byte-level BPE's first tokens: every single byte, so that any text can be encoded
 AFTER_LANGUAGES = ("<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>",

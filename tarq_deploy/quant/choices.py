@@ -4,6 +4,12 @@ vocabulary that quant/tarq.py, calibration/options.py, the sweep and the checkpo
 
 from __future__ import annotations
 
+__all__ = ["ALPHA_RULES", "COMPUTE_DTYPES", "DATA_FREE_METHODS", "DEFAULT_GROUP_SIZE", "DEFAULT_HEAD_IDENTITY_WEIGHT",
+           "GGML_NEEDS_IMPORTANCE", "GGML_QUANTIZER_METHODS", "GGML_TARGETS", "GGML_TYPES", "GGUF_TARGETS",
+           "HEAD_IDENTITY_WEIGHT_BY_DEFAULT", "K_QUANT_ROW", "LOOKUP_PASSES", "LOOKUP_PASS_BY_DEFAULT", "METHODS",
+           "PERCDAMP", "PRESET_TARGET", "REFIT_SCALES_BY_DEFAULT", "ROTATE_HEADS_BY_DEFAULT", "ROTATIONS",
+           "SCALE_DTYPES", "SCALE_RULES", "SOURCES", "TARGETS", "TARGET_FILE_SUFFIX"]
+
 METHODS = ("rtn", "gptq", "rarebal", "residual", "tarq", "imatrix", "ggml")
 DATA_FREE_METHODS = ("rtn", "ggml")  # no calibration corpus needed
 GGML_QUANTIZER_METHODS = ("imatrix", "ggml")  # ggml's own quantizer: each type at its own grouping, float16 scales

@@ -26,6 +26,9 @@ from .choices import GGML_NEEDS_IMPORTANCE
 from .ggml_types import GRID_TYPES, GGMLType, spec_for_type, type_by_name, type_for_spec, unpack
 from .lattice import LatticeSpec, QuantizedWeight
 
+__all__ = ["NEEDS_IMPORTANCE", "ggml_bytes", "ggml_q4_0_bytes", "ggml_quantize", "q4_0_lattice",
+           "quantize_q4_0_imatrix"]
+
 
 class GgmlUnavailable(RuntimeError):
     """The ggml library could not be found or loaded."""

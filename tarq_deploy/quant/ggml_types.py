@@ -43,6 +43,10 @@ from gguf.constants import GGMLQuantizationType as GGMLType
 from .grid import SIGN_RUN, grid_indices
 from .lattice import CODEBOOKS, K_SUPER_BLOCK, LatticeSpec, QuantizedWeight, check_on_lattice
 
+__all__ = ["FP16_FIELDS", "GGMLType", "GRID_TYPES", "K_TYPES", "LATTICE_TYPES", "LatticeNotRepresentable", "QK",
+           "block_matrix_shape", "check_block_scales", "native_type", "pack", "pack_one_level", "spec_for_type",
+           "type_by_name", "type_for_spec", "unpack"]
+
 QK = 32  # values per block of the one-level types
 # the lattice each type's dequantizer spans: (scheme, bits, group size); symmetric types also hold wider groups
 LATTICE_OF_TYPE: dict[GGMLType, tuple[str, int, int]] = {

@@ -34,6 +34,9 @@ from .lattice_fit import fit_params
 from .choices import PERCDAMP
 from .stats import symmetrize_from_upper_
 
+__all__ = ["BLOCKSIZE", "PERCDAMP", "PreparedMetric", "gptq_quantize", "gptq_sweep", "prepare_metric", "sweep_run",
+           "weighted_loss"]
+
 BLOCKSIZE = 128
 ROW_CHUNK = 8192
 

@@ -31,6 +31,9 @@ import numpy as np
 import torch
 from gguf import quants as gguf_quants
 
+__all__ = ["GRIDS", "GridCodebook", "SCALE_CODE_MAX", "SIGN_RUN", "check_codes", "grid_indices", "nearest_points",
+           "scale_multipliers", "searched_grid_scales", "sweep_run_codes"]
+
 NEIGHBOURS = 32  # grid points searched per run: those nearest to its element-wise rounding
 SIGN_RUN = 8  # values per sign byte
 

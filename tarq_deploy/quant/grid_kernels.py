@@ -14,6 +14,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+__all__ = ["nearest_runs", "run_codes", "scale_search"]
+
 PARALLEL_FROM = 1 << 16  # values per call from which the rows are shared among the cores
 
 

@@ -63,6 +63,11 @@ import torch
 from .choices import SCALE_DTYPES, SCALE_RULES
 from .grid import GRIDS, SCALE_CODE_MAX, GridCodebook, check_codes, nearest_points, scale_multipliers
 
+__all__ = ["CODEBOOKS", "CODE_DTYPE", "FP16_MAX", "K_SUPER_BLOCK", "LatticeSpec", "PARAM_FIELDS", "QuantizedWeight",
+           "SCALE_DTYPE", "SUPPORTED_BITS", "SUPPORTED_GROUP_SIZES", "check_on_lattice", "choose_scales", "codes_for",
+           "dequantize", "effective_scale_offset", "max_rule_scales", "on_scale_grid", "round_codes", "scales_for",
+           "search_scales", "searched_scales", "signed_max", "stored_scales"]
+
 SCALE_DTYPE = torch.float16
 CODE_DTYPE = torch.int8
 SUPPORTED_GROUP_SIZES = (-1, 32, 64, 128)
@@ -261,7 +266,7 @@ def _grouped(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
     return w.float().reshape(m, n // width, width)
 
 
-def _signed_max(x: torch.Tensor) -> torch.Tensor:
+def signed_max(x: torch.Tensor) -> torch.Tensor:
     """The value of largest magnitude in each group of x [m, G, g], with its sign: [m, G]."""
     return x.gather(2, x.abs().argmax(dim=2, keepdim=True)).squeeze(2)
 
@@ -271,7 +276,7 @@ def _max_rule(x: torch.Tensor, spec: LatticeSpec) -> tuple[torch.Tensor, int]:
     largest magnitude over the lowest code (ggml Q4_0 / Q5_0), or for 8 bits max|w| over 127 (Q8_0)."""
     if spec.bits == 8:
         return x.abs().amax(dim=2), spec.qmax
-    return _signed_max(x), spec.qmin
+    return signed_max(x), spec.qmin
 
 
 def max_rule_scales(w: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:

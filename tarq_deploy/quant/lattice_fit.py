@@ -28,8 +28,10 @@ import torch
 
 from .choices import SCALE_RULES
 from .grid import SCALE_CODE_MAX, searched_grid_scales
-from .lattice import (CODE_DTYPE, FP16_MAX, K_SUPER_BLOCK, SCALE_DTYPE, LatticeSpec, QuantizedWeight, _signed_max,
+from .lattice import (CODE_DTYPE, FP16_MAX, K_SUPER_BLOCK, SCALE_DTYPE, LatticeSpec, QuantizedWeight, signed_max,
                       choose_scales, codes_for, effective_scale_offset, max_rule_scales, searched_scales)
+
+__all__ = ["fit_params", "quantize_nearest", "quantize_rtn"]
 
 AFFINE_SEARCH_STEPS = tuple(0.1 * k for k in range(-10, 11))
 EPS = 1e-30
@@ -190,7 +192,7 @@ def _k_symmetric_codes(scale: torch.Tensor, spec: LatticeSpec) -> dict[str, torc
     m, groups = scale.shape
     lo, hi = spec.sub_code_range
     sc = scale.reshape(m, groups // (K_SUPER_BLOCK // spec.group_size), K_SUPER_BLOCK // spec.group_size)
-    d = _fp16(_signed_max(sc) / lo)
+    d = _fp16(signed_max(sc) / lo)
     return {"scales": d, "sub_scales": _code_under(sc, d, lo, hi).reshape(m, groups).to(torch.int8)}
 
 

@@ -38,6 +38,9 @@ from torch import nn
 
 from ..machine import cpu_isa
 
+__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "full_precision", "is_memory_mapped",
+           "release_mapped_pages", "resolve_compute_dtype", "return_freed_memory", "widened"]
+
 NARROW_DTYPES = (torch.float16, torch.bfloat16)
 TORCH_COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --compute-dtype, less auto
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")

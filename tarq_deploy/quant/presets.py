@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from .choices import GGML_TYPES, K_QUANT_ROW
 
+__all__ = ["PRESETS", "Preset", "find_preset", "matrix_type"]
+
 FLOAT_TYPES = ("f32", "f16")
 LEGACY_BLOCK = 32  # q4_0 ... q8_0 store blocks of 32 values
 # names whose matrices the _M presets bump to attn_out (transcribe.cpp's spellings over its families; Whisper's are

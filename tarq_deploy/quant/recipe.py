@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from .choices import GGML_TYPES
 from .lattice import LatticeSpec
 
+__all__ = ["TypeRecipe", "auto_recipe", "bits_per_weight", "layer_score", "parse_tensor_type", "promotion_patterns"]
+
 
 def spec_of_type(type_name: str) -> LatticeSpec:
     """The lattice a ggml type stores ("q5_1" -> 5-bit affine, groups of 32)."""

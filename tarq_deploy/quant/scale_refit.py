@@ -26,6 +26,8 @@ import torch
 
 from .lattice import QuantizedWeight
 
+__all__ = ["refit_sub_codes"]
+
 PASSES = 2
 ROW_CHUNK = 2048  # rows refitted together: E and E H of a chunk (4 MB each at 512 inputs) stay in cache
 

@@ -30,6 +30,8 @@ import torch
 from ..errors import CalibrationDataError, require_finite
 from .precision import full_precision
 
+__all__ = ["LayerStats", "symmetrize_from_upper_", "upper_gram_"]
+
 PRODUCT_DTYPE = torch.float32
 FOLD_POSITIONS = 16384  # positions summed in float32 before a fold into the float64 sums
 GRAM_PARTS = 4  # row blocks of the upper-triangular Gram product: 10 of 16 blocks formed instead of 16

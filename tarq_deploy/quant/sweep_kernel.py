@@ -19,6 +19,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+__all__ = ["sweep_block_columns"]
+
 _compile = numba.njit(nogil=True, cache=True, boundscheck=False)
 
 

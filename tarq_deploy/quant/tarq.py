@@ -44,6 +44,10 @@ from .lattice_fit import quantize_rtn
 from .scale_refit import refit_sub_codes
 from .stats import LayerStats, symmetrize_from_upper_, upper_gram_
 
+__all__ = ["MetricCache", "SolveInfo", "TarqConfig", "group_losses", "importance_sums", "optimal_alpha",
+           "quantize_weight", "rarebal_metric", "residual_direction", "reweighting_mask", "rounding_losses",
+           "tarq_solve"]
+
 EPS = 1e-12
 
 

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
     from ..model_source import ModelSource
 
+__all__ = ["BackendError", "BenchRuntime", "DecodeOptions", "ModelInfo", "ModelSpec", "RuntimeAdapter", "SAMPLE_RATE",
+           "Transcriber", "dist_version", "torch_stack_info"]
+
 SAMPLE_RATE = 16_000  # every runtime here takes 16 kHz mono float32
 
 

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 from ..fileio import write_text_atomic
 
+__all__ = ["CHILD_CODE", "measure_transcription", "proc_status_mb", "read_wav_float32"]
+
 CHILD_CODE = "import sys; from tarq_deploy.runtimes.child import child_main; sys.exit(child_main(sys.argv[1:]))"
 
 

@@ -32,6 +32,8 @@ from .worker import WorkerTranscriber, serve_worker
 if TYPE_CHECKING:
     import numpy as np
 
+__all__ = ["ARCH", "describe_crispasr_file", "is_crispasr_file", "open_session"]
+
 NAME = "crispasr"
 MODULE = "tarq_deploy.runtimes.crispasr"  # what worker and bench child import (there __name__ is __main__)
 ARCH = "qwen3asr"

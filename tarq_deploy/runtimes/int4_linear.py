@@ -33,6 +33,8 @@ from ..quant.lattice import QuantizedWeight
 if TYPE_CHECKING:  # a type only: the GPU benches import this module where gguf (checkpoint's formats) is absent
     from ..checkpoint import LatticeCheckpoint
 
+__all__ = ["Int4Linear", "cuda_nibbles", "replace_linears", "swap_in_int4_linears", "symmetric_scales_and_zeros"]
+
 CODE_OFFSET = 8  # u = c + 8
 KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 INNER_K_TILES = (2, 4, 8)

@@ -35,6 +35,8 @@ from .sources import checked_gguf, is_gguf_of_arch
 if TYPE_CHECKING:
     import numpy as np
 
+__all__ = ["run_qwen3_asr_cpp"]
+
 NAME = "qwen3-asr.cpp"
 ARCH = "qwen3-asr"
 BINARY_ENV = "QWEN3_ASR_CPP_BIN"

@@ -12,6 +12,8 @@ from ..model_source import ModelSource, SourceKind, resolve_source
 from . import crispasr, qwen3_asr_cpp, torch_qwen3_asr, torch_whisper, transcribe_cpp, whisper_cpp
 from .base import BenchRuntime, DecodeOptions, ModelSpec, RuntimeAdapter, Transcriber
 
+__all__ = ["ADAPTERS", "BY_NAME", "FALLBACK", "bench_runtimes", "infer_runtime", "open_transcriber"]
+
 ADAPTERS: tuple[RuntimeAdapter, ...] = (torch_whisper.ADAPTER, whisper_cpp.ADAPTER, crispasr.ADAPTER,
                                         torch_qwen3_asr.ADAPTER, qwen3_asr_cpp.ADAPTER, transcribe_cpp.ADAPTER)
 FALLBACK = torch_whisper.NAME  # the runtime of a source no other runtime claims

@@ -10,6 +10,8 @@ from ..errors import UserError
 from ..model_source import ModelSource, SourceKind, resolve_source
 from .base import ModelSpec
 
+__all__ = ["checked_gguf", "checked_whisper_cpp", "is_gguf_of_arch", "is_whisper_cpp_file"]
+
 
 def is_whisper_cpp_file(source: str | os.PathLike | ModelSource) -> bool:
     return resolve_source(source).kind is SourceKind.WHISPER_CPP

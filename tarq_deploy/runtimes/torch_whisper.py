@@ -18,6 +18,8 @@ from .base import SAMPLE_RATE, DecodeOptions, ModelSpec, RuntimeAdapter, torch_s
 if TYPE_CHECKING:
     import numpy as np
 
+__all__ = ["NAME", "load_torch_bundle"]
+
 NAME = "torch"
 
 

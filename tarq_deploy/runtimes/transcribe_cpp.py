@@ -31,6 +31,8 @@ from .worker import WorkerTranscriber, serve_worker
 if TYPE_CHECKING:
     import numpy as np
 
+__all__ = ["NAME", "describe_transcribe_cpp_file"]
+
 NAME = "transcribe.cpp"
 MODULE = "tarq_deploy.runtimes.transcribe_cpp"  # what worker and bench child import (there __name__ is __main__)
 ARCH = "whisper"

@@ -40,6 +40,9 @@ except ImportError:  # pragma: no cover - depends on the machine
     triton = None
     tl = None
 
+__all__ = ["TritonInt4Linear", "block_k_for", "choose_split_k", "multiprocessor_count", "pack_codes",
+           "replace_linears_triton", "triton_unavailable_reason", "unpack_codes"]
+
 CODE_OFFSET = 8
 PACK = 8  # codes per int32
 MAX_BLOCK_K = 128
@@ -165,7 +168,7 @@ def choose_split_k(n_blocks: int, iters: int, programs: int) -> int:
 _SM_COUNT: dict[int, int] = {}
 
 
-def _multiprocessors(device: torch.device) -> int:
+def multiprocessor_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: a few programs are enough to exercise the split
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -224,7 +227,7 @@ class TritonInt4Linear(nn.Module):
         self.num_warps = num_warps or self.num_warps
         self.num_stages = num_stages or self.num_stages
         n_blocks = math.ceil(self.out_features / block_n)
-        self.split_k = split_k or choose_split_k(n_blocks, iters, 2 * _multiprocessors(self.qweight.device))
+        self.split_k = split_k or choose_split_k(n_blocks, iters, 2 * multiprocessor_count(self.qweight.device))
         _Workspace.reserve(self.qweight.device, self.out_features, self.split_k)
         return self
 

@@ -24,6 +24,8 @@ from .child import measure_transcription
 from .sources import checked_whisper_cpp, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
+__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "teacher_forced_logits", "whisper_backbone"]
+
 NAME = "whisper.cpp"
 MODULE = "tarq_deploy.runtimes.whisper_cpp"  # what worker and bench child import (there __name__ is __main__)
 WORKER_FLAG = "--whisper-cpp-worker"

@@ -25,6 +25,8 @@ from .base import BackendError, DecodeOptions
 if TYPE_CHECKING:
     import numpy as np
 
+__all__ = ["WorkerTranscriber", "serve_worker", "with_package_on_path"]
+
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory that holds tarq_deploy/
 
 

@@ -24,6 +24,8 @@ from ..hashing import code_version
 from .plan import STEPS, Cell, Step, Sweep, corpus_hash, model_hash, plan_cells
 from .steps import LOG, StepResult, append_log, finished, run_step
 
+__all__ = ["LOCK", "SweepRun", "describe", "plan", "run_sweep", "sweep_inputs", "sweep_outputs"]
+
 EMBEDDED_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # results are small dicts: no need for Ray's 30 % of memory
 POLL_SECONDS = 1.0
 LOCK = "sweep.lock"  # in OUT while a sweep runs there: its pid and host (fileio.exclusive_writer)

@@ -62,6 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+__all__ = ["Cell", "REFERENCE_METHOD", "STEPS", "Step", "Sweep", "TARGETS", "corpus_hash", "ggml_type_of", "load_sweep",
+           "model_hash", "plan_cells"]
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10

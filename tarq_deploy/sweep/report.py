@@ -22,6 +22,9 @@ from ..fileio import write_bytes_atomic, write_text_atomic
 from .driver import SweepRun, describe
 from .plan import REFERENCE_METHOD, Cell, Sweep, ggml_type_of
 
+__all__ = ["build_sweep_report", "frontier_rows", "render_frontier", "render_sweep_markdown", "size_quality_png",
+           "type_bits_per_weight", "write_sweep_report"]
+
 MIB = 1024 * 1024
 TIMING_FIELDS = ("decode_seconds", "real_time_factor")
 

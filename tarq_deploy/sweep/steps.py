@@ -27,6 +27,8 @@ from ..hashing import json_fingerprint
 from ..machine import machine_record
 from .plan import TARGETS, Step
 
+__all__ = ["LOG", "StepResult", "append_log", "finished", "run_step"]
+
 DONE = "done.json"
 LOG = "cells.log.jsonl"
 PR_SET_PDEATHSIG = 1
