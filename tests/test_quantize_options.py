@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import assert_user_error, quantize_options_for, run_cli
 
 from tarq_deploy import model_source
@@ -63,6 +64,29 @@ def test_a_sweep_cell_the_schema_refuses_fails_when_the_file_is_read(tmp_path: P
     """))
     with pytest.raises(UserError, match=r"cell tiny / rtn / q4_0: --bits 3: --type q4_0 stores 4-bit codes"):
         load_sweep(sweep)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device this machine lacks")
+def test_a_sweep_leaves_the_device_to_the_node_and_quantize_asks_it_of_this_machine(tmp_path: Path) -> None:
+    """A GPU cell is planned on a head without CUDA (it runs on the node that declares a GPU); the same options
+    given to quantize here are refused, before anything is loaded."""
+    from tarq_deploy.sweep.plan import load_sweep
+
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(textwrap.dedent("""
+        [sweep]
+        methods = ["rtn"]
+        types = ["q4_0"]
+        steps = ["quantize"]
+        [models]
+        tiny = "packaged:tiny.en"
+        [quantize]
+        device = "cuda"
+    """))
+    assert load_sweep(sweep).quantize_options["device"] == "cuda"
+    options = quantize_options_for("packaged:tiny.en", method="rtn", type="q4_0", device="cuda")
+    with pytest.raises(UserError, match="--device cuda"):
+        options.check_machine()
 
 
 @pytest.fixture(scope="module")

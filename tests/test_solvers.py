@@ -340,7 +340,7 @@ def test_alpha_one_targets_the_weighted_least_squares_solution() -> None:
 @pytest.mark.parametrize("type_name", ["q4_0", "q4_1", "q8_0", "q3_k", "q4_k", "q6_k", "iq4_nl", "iq4_xs"])
 @pytest.mark.parametrize("act_order", [False, True])
 def test_the_numpy_column_sweep_gives_the_torch_sweeps_codes_and_scales(type_name, act_order):
-    """The CPU sweep's per-column steps run as a compiled loop over NumPy views (gptq._sweep_rows_numpy,
+    """The CPU sweep's per-column steps run as a compiled loop over NumPy views (gptq.CompiledColumns,
     quant/sweep_kernel.py) for speed; the accelerator keeps the torch steps. Both must give the same codes and group
     parameters bit for bit, for every scheme (uniform, affine, K-quant two-level, codebook), with and without act
     order and a dead column."""
@@ -358,8 +358,8 @@ def test_the_numpy_column_sweep_gives_the_torch_sweeps_codes_and_scales(type_nam
     width, fit_width = spec.group_width(n), spec.param_width(n)
     blocksize = max(gptq.BLOCKSIZE, fit_width)
     for rule in ("max", "search"):
-        a = gptq._sweep_rows_torch(W, metric, spec, blocksize, rule, width, fit_width)
-        b = gptq._sweep_rows_numpy(W, metric, spec, blocksize, rule, width, fit_width)
+        a = gptq.column_sweep(W, metric, spec, blocksize, rule, width, fit_width, gptq.TorchColumns)
+        b = gptq.column_sweep(W, metric, spec, blocksize, rule, width, fit_width, gptq.CompiledColumns)
         assert torch.equal(a.codes, b.codes), (rule, int((a.codes != b.codes).sum()))
         assert a.params().keys() == b.params().keys()
         assert all(torch.equal(v, b.params()[k]) for k, v in a.params().items()), rule

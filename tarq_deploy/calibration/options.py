@@ -8,7 +8,8 @@ Three steps, each in one place:
    one list of names, never two.
 2. :meth:`QuantizeOptions.build` -- the options from the arguments and the model source, resolved once by the caller
    and handed in. Every default that depends on the method, the type or the model is settled here, and
-   :meth:`QuantizeOptions.validate` checks every rule that needs no weights, before any slow work.
+   :meth:`QuantizeOptions.validate` checks every rule that needs no weights, before any slow work;
+   :meth:`QuantizeOptions.check_machine`, that this machine has the --device (the sweep leaves that to the node).
 3. :meth:`QuantizeOptions.check_backbone` -- the rules that need the loaded model: finite weights, every Linear's
    width against its lattice, an importance matrix made for this model's tensors.
 
@@ -471,8 +472,8 @@ class QuantizeOptions:
 
     # -- checked before any slow work -----------------------------------------------------------------------------
     def validate(self) -> "QuantizeOptions":
-        """Every rule that needs no weights (UserError naming the option); the options themselves."""
-        from ..checks import check_device
+        """Every rule that needs no weights (UserError naming the option); the options themselves. Whether this
+        machine has the --device is asked apart (``check_machine``): a sweep validates cells another node runs."""
         from ..quant.lattice import SUPPORTED_BITS, SUPPORTED_GROUP_SIZES
 
         if self.scheme == "symmetric" and self.bits not in SUPPORTED_BITS:
@@ -494,6 +495,12 @@ class QuantizeOptions:
             self._check_lookup_pass()
         if self.head_identity_weight < 0:
             raise UserError(f"--head-identity-weight {self.head_identity_weight}: must not be negative")
+        return self
+
+    def check_machine(self) -> "QuantizeOptions":
+        """This machine can run them: the --device is here (UserError naming it)."""
+        from ..checks import check_device
+
         check_device(self.device)
         return self
 

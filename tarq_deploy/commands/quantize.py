@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     arguments = QuantizeArguments.from_values(vars(args))
     source = check_model_source(arguments.model)  # the one resolution: handed down from here
-    options = QuantizeOptions.build(arguments, source)
+    options = QuantizeOptions.build(arguments, source).check_machine()
     out, work, log_path = checked_outputs(args.out, arguments.inputs())
     saved_imatrix = checked_imatrix_output(arguments, out, work, log_path)
     importance = read_importance(arguments.imatrix) if arguments.imatrix else None

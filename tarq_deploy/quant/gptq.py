@@ -21,6 +21,7 @@ original weights ("static groups"), and each column is rounded against its own g
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from .choices import PERCDAMP
 from .stats import symmetrize_from_upper_
 
 __all__ = ["BLOCKSIZE", "PERCDAMP", "PreparedMetric", "gptq_quantize", "gptq_sweep", "prepare_metric", "sweep_run",
-           "weighted_loss"]
+           "weighted_loss", "column_sweep", "ColumnSteps", "CompiledColumns", "TorchColumns"]
 
 BLOCKSIZE = 128
 ROW_CHUNK = 8192
@@ -158,20 +159,48 @@ def gptq_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, block
 
 def _sweep_rows(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
                 scale_rule: str) -> QuantizedWeight:
-    # The sweep works on W^T so that a column of W is a contiguous row in memory.
     m, n = W.shape
     spec.check_columns(n)
     width, fit_width = spec.group_width(n), spec.param_width(n)
     blocksize = max(blocksize, fit_width) if spec.group_size != -1 else blocksize  # a super-block fits in one block
     if spec.group_size != -1 and blocksize % fit_width != 0:
         raise ValueError(f"blocksize {blocksize} must be a multiple of group size {fit_width}")
-    if W.device.type != "cpu":
-        return _sweep_rows_torch(W, metric, spec, blocksize, scale_rule, width, fit_width)
-    return _sweep_rows_numpy(W, metric, spec, blocksize, scale_rule, width, fit_width)
+    columns = CompiledColumns if W.device.type == "cpu" else TorchColumns
+    return column_sweep(W, metric, spec, blocksize, scale_rule, width, fit_width, columns)
+
+
+def column_sweep(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int, scale_rule: str,
+                 width: int, fit_width: int, columns: type[ColumnSteps]) -> QuantizedWeight:
+    """The sweep, the one place its loop is written: blocks of ``blocksize`` columns, left to right; entering each
+    group (a K-quant super-block: all its groups) its parameters are fixed from its current, error-updated columns;
+    the block's columns are then rounded one by one, each error pushed on the block's later columns (``columns``:
+    the same float32 steps compiled on the CPU, as torch operations on an accelerator); last, the block's errors
+    are pushed on every column right of it in one matmul. It works on W^T, so that a column of W is a contiguous
+    row in memory."""
+    m, n = W.shape
+    Wt, order, group_of, importance, fitted = _sweep_setup(W, metric, spec, scale_rule, width)
+    static = bool(fitted)  # every group's parameters fixed up front
+    U = metric.U.to(W.device)
+    steps = columns(spec, Wt, U, group_of, n // width)
+    if static:
+        steps.set_group_params(0, *effective_scale_offset(spec, fitted[0]))
+    for i1 in range(0, n, blocksize):
+        i2 = min(i1 + blocksize, n)
+        steps.begin_block(i1, i2)
+        run = i2 - i1 if static else fit_width  # columns between two group entries
+        for start in range(0, i2 - i1, run):
+            if not static:  # entering a group: fix its parameters from its current columns
+                params = fit_params(steps.block_columns(start, fit_width), spec, scale_rule,
+                                    importance[i1 + start : i1 + start + fit_width])
+                fitted.append(params)
+                steps.set_group_params(group_of[i1 + start], *effective_scale_offset(spec, params))
+            steps.sweep(start, start + run)
+        Wt[i2:] -= U[i1:i2, i2:].T @ steps.block_errors()
+    return _assembled(steps.codes(), order, fitted, spec)
 
 
 def _sweep_setup(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, scale_rule: str, width: int):
-    """What both sweeps start from: the working W^T in sweep order, the sweep order's group of each column, and
+    """What the sweep starts from: the working W^T in sweep order, the sweep order's group of each column, and
     the group parameters fixed up front (static groups) or None (fixed as the sweep enters each group)."""
     m, n = W.shape
     importance = metric.importance.to(W.device)
@@ -193,46 +222,71 @@ def _keeps_runs(perm: torch.Tensor, run: int) -> bool:
     return bool((runs[:, 0] % run == 0).all() and (runs - runs[:, :1] == torch.arange(run)).all())
 
 
-def _sweep_rows_numpy(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
-                      scale_rule: str, width: int, fit_width: int) -> QuantizedWeight:
-    """The sweep on the CPU: the per-column steps as a compiled loop over NumPy views of the same float32 buffers
-    (sweep_kernel.py; a grid type's runs as NumPy steps), the lazy block update still a torch matmul. The same IEEE
-    float32 operations in the same order as the torch sweep, so the same codes."""
-    m, n = W.shape
-    Wt, order, group_of, importance, fitted = _sweep_setup(W, metric, spec, scale_rule, width)
-    static = bool(fitted)
-    n_groups = n // width
-    sT = np.zeros((n_groups, m), dtype=np.float32)  # scale (and offset) of each group, one row per group
-    oT = np.zeros((n_groups if spec.affine else 0, m), dtype=np.float32)  # no rows: no offsets
-    if static:
-        s_all, o_all = effective_scale_offset(spec, fitted[0])
-        sT[:] = s_all.T.numpy()
-        if spec.affine:
-            oT[:] = o_all.T.numpy()
-    U = metric.U.to("cpu")
-    U_np, Wt_np = U.numpy(), Wt.numpy()
-    codes_t = np.zeros((n, m), dtype=np.int8)
-    groups = np.asarray(group_of, dtype=np.int64)
-    steps = _grid_steps(spec) if sweep_run(spec) > 1 else _compiled_steps(spec)
-    for i1 in range(0, n, blocksize):
-        i2 = min(i1 + blocksize, n)
-        W_block = Wt_np[i1:i2].copy()
-        Err_block = np.zeros_like(W_block)
-        U_block = np.ascontiguousarray(U_np[i1:i2, i1:i2])
-        run = i2 - i1 if static else fit_width  # columns between two group entries
-        for start in range(0, i2 - i1, run):
-            if not static:  # entering a group: fix its parameters from its current columns
-                params = fit_params(torch.from_numpy(W_block[start : start + fit_width]).T, spec, scale_rule,
-                                    importance[i1 + start : i1 + start + fit_width])
-                fitted.append(params)
-                s_new, o_new = effective_scale_offset(spec, params)
-                group = group_of[i1 + start]
-                sT[group : group + s_new.shape[1]] = s_new.T.numpy()
-                if spec.affine:
-                    oT[group : group + s_new.shape[1]] = o_new.T.numpy()
-            steps(W_block, Err_block, U_block, codes_t[i1:i2], sT, oT, groups[i1:i2], start, start + run)
-        Wt[i2:] -= U[i1:i2, i2:].T @ torch.from_numpy(Err_block)
-    return _assembled(torch.from_numpy(codes_t).to(CODE_DTYPE), order, fitted, spec)
+class ColumnSteps(Protocol):
+    """The per-column steps of one block of the sweep, over the working W^T [n, m] and the factor U [n, n]: each
+    group's scale and offset kept per row (``set_group_params``), the block's working copy (``begin_block``), and
+    ``sweep``: for each column i of start..stop-1, its codes q = round((w - o) / s), err = (w - q s - o) / U[i, i],
+    and W[k] -= U[i, k] err for the block's columns k >= i. A grid type's codes are chosen a run at a time."""
+
+    def __init__(self, spec: LatticeSpec, Wt: torch.Tensor, U: torch.Tensor, group_of: list[int],
+                 n_groups: int) -> None: ...
+
+    def set_group_params(self, group: int, s: torch.Tensor, o: torch.Tensor | None) -> None:
+        """Groups group.. group + s.shape[1] - 1 take scales s [m, k] and offsets o [m, k] (None: none)."""
+
+    def begin_block(self, i1: int, i2: int) -> None: ...
+
+    def block_columns(self, start: int, width: int) -> torch.Tensor:
+        """The block's current columns start.. start + width - 1, as W [m, width] (what a group is fitted to)."""
+
+    def sweep(self, start: int, stop: int) -> None: ...
+
+    def block_errors(self) -> torch.Tensor:
+        """The block's normalised errors [b, m], as torch: what the matmul pushes on the columns right of it."""
+
+    def codes(self) -> torch.Tensor:
+        """The codes [n, m] (one row per column, in sweep order)."""
+
+
+class CompiledColumns:
+    """The steps on the CPU: a compiled loop over NumPy views of the same float32 buffers (sweep_kernel.py; a grid
+    type's runs as NumPy steps). The same IEEE float32 operations in the same order as TorchColumns, so the same
+    codes (tests/test_solvers.py)."""
+
+    def __init__(self, spec: LatticeSpec, Wt: torch.Tensor, U: torch.Tensor, group_of: list[int],
+                 n_groups: int) -> None:
+        m = Wt.shape[1]
+        self.spec, self.Wt, self.U = spec, Wt.numpy(), U.numpy()
+        self.sT = np.zeros((n_groups, m), dtype=np.float32)  # scale (and offset) of each group, one row per group
+        self.oT = np.zeros((n_groups if spec.affine else 0, m), dtype=np.float32)  # no rows: no offsets
+        self.codes_t = np.zeros((Wt.shape[0], m), dtype=np.int8)
+        self.groups = np.asarray(group_of, dtype=np.int64)
+        self.steps = _grid_steps(spec) if sweep_run(spec) > 1 else _compiled_steps(spec)
+
+    def set_group_params(self, group: int, s: torch.Tensor, o: torch.Tensor | None) -> None:
+        self.sT[group : group + s.shape[1]] = s.T.numpy()
+        if self.spec.affine:
+            self.oT[group : group + s.shape[1]] = o.T.numpy()
+
+    def begin_block(self, i1: int, i2: int) -> None:
+        self.i1, self.i2 = i1, i2
+        self.W_block = self.Wt[i1:i2].copy()
+        self.Err_block = np.zeros_like(self.W_block)
+        self.U_block = np.ascontiguousarray(self.U[i1:i2, i1:i2])
+
+    def block_columns(self, start: int, width: int) -> torch.Tensor:
+        return torch.from_numpy(self.W_block[start : start + width]).T
+
+    def sweep(self, start: int, stop: int) -> None:
+        i1, i2 = self.i1, self.i2
+        self.steps(self.W_block, self.Err_block, self.U_block, self.codes_t[i1:i2], self.sT, self.oT,
+                   self.groups[i1:i2], start, stop)
+
+    def block_errors(self) -> torch.Tensor:
+        return torch.from_numpy(self.Err_block)
+
+    def codes(self) -> torch.Tensor:
+        return torch.from_numpy(self.codes_t).to(CODE_DTYPE)
 
 
 def _compiled_steps(spec: LatticeSpec):
@@ -278,57 +332,61 @@ def _grid_steps(spec: LatticeSpec):
     return steps
 
 
-def _grid_run(W_run: torch.Tensor, s: torch.Tensor, U_run: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
-    """float32 codes [u, m] of a grid type's run of u columns (rows W_run [u, m] of the working W^T): the grid points
-    nearest under the weights 1 / U_jj^2 that the sweep gives each column's error (grid.py). The codes are fixed
-    for the run; its columns are then swept one by one, each error pushed on the columns after it as usual."""
-    weights = 1.0 / torch.diagonal(U_run).float().square()
-    return nearest_points(W_run.T.float(), s.float(), weights, spec.grid).T.float()
+class TorchColumns:
+    """The steps on an accelerator: every one a torch operation on the device."""
 
+    def __init__(self, spec: LatticeSpec, Wt: torch.Tensor, U: torch.Tensor, group_of: list[int],
+                 n_groups: int) -> None:
+        m = Wt.shape[1]
+        self.spec, self.Wt, self.U, self.group_of = spec, Wt, U, group_of
+        self.sT = torch.zeros((n_groups, m), device=Wt.device)  # scale (and offset) of each group, one row per group
+        self.oT = torch.zeros_like(self.sT) if spec.affine else None
+        self.codes_t = torch.zeros((Wt.shape[0], m), dtype=CODE_DTYPE, device=Wt.device)
+        self.unit = sweep_run(spec)
 
-def _sweep_rows_torch(W: torch.Tensor, metric: PreparedMetric, spec: LatticeSpec, blocksize: int,
-                      scale_rule: str, width: int, fit_width: int) -> QuantizedWeight:
-    """The sweep on an accelerator: every step a torch operation on the device."""
-    m, n = W.shape
-    Wt, order, group_of, importance, fitted = _sweep_setup(W, metric, spec, scale_rule, width)
-    static = bool(fitted)
-    if static:
-        s_all, o_all = effective_scale_offset(spec, fitted[0])
-    else:
-        s_all = torch.zeros((m, n // width), device=W.device)
-        o_all = torch.zeros_like(s_all) if spec.affine else None
-    U = metric.U.to(W.device)
-    codes_t = torch.zeros((n, m), dtype=CODE_DTYPE, device=W.device)
-    unit = sweep_run(spec)
+    def set_group_params(self, group: int, s: torch.Tensor, o: torch.Tensor | None) -> None:
+        self.sT[group : group + s.shape[1]] = s.T
+        if self.oT is not None:
+            self.oT[group : group + s.shape[1]] = o.T
 
-    for i1 in range(0, n, blocksize):
-        i2 = min(i1 + blocksize, n)
-        W_block = Wt[i1:i2].clone()
-        Err_block = torch.zeros_like(W_block)
-        U_block = U[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            col = i1 + i
-            group = group_of[col]
-            if not static and col % fit_width == 0:  # entering a group: fix its parameters from its current columns
-                params = fit_params(W_block[i : i + fit_width].T, spec, scale_rule, importance[col : col + fit_width])
-                fitted.append(params)
-                s_new, o_new = effective_scale_offset(spec, params)
-                s_all[:, group : group + s_new.shape[1]] = s_new
-                if o_all is not None:
-                    o_all[:, group : group + s_new.shape[1]] = o_new
-            s = s_all[:, group]
-            o = None if o_all is None else o_all[:, group]
+    def begin_block(self, i1: int, i2: int) -> None:
+        self.i1 = i1
+        self.W_block = self.Wt[i1:i2].clone()
+        self.Err_block = torch.zeros_like(self.W_block)
+        self.U_block = self.U[i1:i2, i1:i2]
+
+    def block_columns(self, start: int, width: int) -> torch.Tensor:
+        return self.W_block[start : start + width].T
+
+    def sweep(self, start: int, stop: int) -> None:
+        W_block, U_block, unit = self.W_block, self.U_block, self.unit
+        for i in range(start, stop):
+            group = self.group_of[self.i1 + i]
+            s = self.sT[group]
+            o = None if self.oT is None else self.oT[group]
             w = W_block[i]
-            if unit > 1 and col % unit == 0:  # entering a run of a grid type: its codes are chosen together
-                run_codes = _grid_run(W_block[i : i + unit], s, U_block[i : i + unit, i : i + unit], spec)
-            q = run_codes[col % unit] if unit > 1 else round_codes(w, s, o, spec)
-            codes_t[col] = q.to(CODE_DTYPE)
+            if unit > 1 and i % unit == 0:  # entering a run of a grid type: its codes are chosen together
+                run_codes = _grid_run(W_block[i : i + unit], s, U_block[i : i + unit, i : i + unit], self.spec)
+            q = run_codes[i % unit] if unit > 1 else round_codes(w, s, o, self.spec)
+            self.codes_t[self.i1 + i] = q.to(CODE_DTYPE)
             value = q * s if o is None else q * s + o
             err = (w - value) / U_block[i, i]
             W_block[i:] -= U_block[i, i:].unsqueeze(1) * err.unsqueeze(0)
-            Err_block[i] = err
-        Wt[i2:] -= U[i1:i2, i2:].T @ Err_block
-    return _assembled(codes_t, order, fitted, spec)
+            self.Err_block[i] = err
+
+    def block_errors(self) -> torch.Tensor:
+        return self.Err_block
+
+    def codes(self) -> torch.Tensor:
+        return self.codes_t
+
+
+def _grid_run(W_run: torch.Tensor, s: torch.Tensor, U_run: torch.Tensor, spec: LatticeSpec) -> torch.Tensor:
+    """float32 codes [u, m] of a grid type's run of u columns (rows W_run [u, m] of the working W^T): the grid points
+    nearest under the weights 1 / U_jj^2 that the sweep gives each column's error (grid.py). The codes are fixed
+    for the run; its columns are then swept one by one as any other, each error pushed on the columns after it."""
+    weights = 1.0 / torch.diagonal(U_run).float().square()
+    return nearest_points(W_run.T.float(), s.float(), weights, spec.grid).T.float()
 
 
 def _assembled(codes_t: torch.Tensor, order: torch.Tensor, fitted: list[dict], spec: LatticeSpec) -> QuantizedWeight:

@@ -1,9 +1,9 @@
 """The GPTQ column sweep's steps inside one block as a compiled loop (numba; compiled on first use, cached on disk).
 
-The CPU sweep (gptq._sweep_rows_numpy) spent most of its time in the per-column steps: a column is a few vector
+The CPU sweep (gptq.CompiledColumns) spent most of its time in the per-column steps: a column is a few vector
 operations on m values, and at base's widths NumPy's call overhead cost more than the arithmetic (~70,000 column
 steps for Whisper base: ~4.6 s of GPTQ's 49 s base/128 process under py-spy). This loop does the very same IEEE
-float32 operations in the same order as the torch sweep (gptq._sweep_rows_torch) and the NumPy steps it replaced,
+float32 operations in the same order as the torch sweep (gptq.TorchColumns) and the NumPy steps it replaced,
 one column after another:
 
     x = w - o (affine lattices),  q = clamp(rint(x / s)) or the codebook entry nearest x / s (code 0's value for a zero

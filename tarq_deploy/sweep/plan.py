@@ -360,8 +360,9 @@ def _quantize_schema() -> dict:
 
 def _check_cells(sweep: "Sweep") -> None:
     """Every cell's quantize options built and validated by the schema itself (QuantizeOptions.build), each model
-    resolved once: a contradiction ([quantize] bits against a type, a device this machine lacks, ...) fails here,
-    naming the cell, not in every cell's calibration."""
+    resolved once: a contradiction ([quantize] bits against a type, an option the method or the model cannot take,
+    ...) fails here, naming the cell, not in every cell's calibration. The --device is not asked of this machine:
+    a cell runs on the node that declares what it needs (a GPU calibration on a GPU node)."""
     from ..calibration.options import QuantizeArguments, QuantizeOptions, parse_option_value
 
     schema = _quantize_schema()
