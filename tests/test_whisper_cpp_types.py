@@ -86,7 +86,7 @@ def calib_manifest(tmp_path_factory) -> Path:
 def test_tarq_calibrates_onto_a_type_and_whisper_cpp_runs_it(capsys, tmp_path, jfk_wav, calib_manifest):
     ckpt, out = tmp_path / "ck", tmp_path / "q5_1.bin"
     assert run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "tarq", "--type", "q5_1", "--calib",
-                   calib_manifest, "--n-calib", 3, "--out", ckpt) == (0, "")
+                   calib_manifest, "--n-calib", 3, "--out", ckpt).status == 0
     check_tarq_export(capsys, ckpt, out, "q5_1")
     assert jiwer.wer(words(JFK_TEXT), words(transcribe_whisper_cpp(out, jfk_wav))) <= 0.25
 
