@@ -13,10 +13,10 @@ from ..fileio import write_text_atomic
 from ..hashing import file_sha256, sha1_hex
 from ..model_source import CHECKPOINT_MANIFEST, SourceKind, resolve_source
 from ..runtimes.base import DecodeOptions, ModelSpec
-from ..runtimes.whisper_cpp import WHISPER_CPP_PARAMS
+from ..runtimes.decoding import profile_named
 from .dataset import Dataset
 
-__all__ = ["FigureCache", "HypothesisCache", "MarginCache", "audio_digest", "source_fingerprint"]
+__all__ = ["FigureCache", "HypothesisCache", "MarginCache", "audio_digest", "decode_identity", "source_fingerprint"]
 
 
 def source_fingerprint(source: str) -> str:
@@ -70,16 +70,26 @@ class IdentityJsonl:
         self.valid = True
 
 
+def decode_identity(profile_name: str) -> dict:
+    """The decode profile as a cache key holds it: its name and every backend's settings, so a change of any
+    setting starts the hypotheses over."""
+    profile = profile_named(profile_name)
+    return {"profile": profile.name, "whisper_cpp": profile.whisper_cpp, "beam_search": profile.beam_search,
+            "torch": {k: list(v) if isinstance(v, tuple) else v for k, v in profile.torch.items()},
+            "crispasr_whisper": profile.crispasr_whisper, "transcribe_cpp": profile.transcribe_cpp}
+
+
 class HypothesisCache(IdentityJsonl):
-    """JSONL of {id, audio, text, seconds} per (model, dataset), valid while the model and decode settings match."""
+    """JSONL of {id, audio, text, seconds} per (model, dataset, decode profile), valid while the model and decode
+    settings match."""
 
     def __init__(self, directory: Path, spec: ModelSpec, dataset: Dataset, options: DecodeOptions) -> None:
-        stem = file_stem(f"{spec.label}__{spec.backend}__{dataset.name}")
+        stem = file_stem(f"{spec.label}__{spec.backend}__{dataset.name}__{options.profile}")
         super().__init__(directory / f"{stem}.jsonl",
                          {"model": source_fingerprint(spec.source), "backend": spec.backend,
                           "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
                           "threads": options.threads, "max_new_tokens": options.max_new_tokens,
-                          "whisper_cpp": WHISPER_CPP_PARAMS if spec.backend == "whisper.cpp" else None})
+                          "decode": decode_identity(options.profile)})
         self.entries = {(r["id"], r["audio"]): r for r in self.read()}
 
     def get(self, utterance_id: str, digest: str) -> dict | None:

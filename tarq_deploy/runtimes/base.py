@@ -34,6 +34,9 @@ class DecodeOptions:
     max_new_tokens: int = 224  # whisper.cpp stops a segment at n_text_ctx / 2 = 224 tokens as well
     device: str = "cpu"
     timeout_s: float = 600.0  # per utterance: a looping 4-bit model on a busy machine is slow, never this slow
+    # runtimes/decoding.py's profile name. "greedy" here, so library callers keep the research protocol they were
+    # written against; the commands' --decode defaults to what users run ("cli").
+    profile: str = "greedy"
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ whisper.cpp by default; ``--backend crispasr`` runs it here.
 Decoding: language "en" (CrispASR prefills the assistant turn with "language English<asr_text>", as Qwen3-ASR's own
 inference code does), greedy (temperature 0, no frequency penalty, one beam), at most ``max_new_tokens`` tokens,
 fixed threads. CrispASR post-processes the text (special tokens and tags dropped, long runs of one token shortened).
-Whisper: language "en", greedy with no temperature fallback (temperature_inc 0, the other fallback thresholds at
-whisper.cpp's defaults) and non-speech tokens suppressed, as the whisper.cpp adapter decodes. Files are parsed by our
+Whisper: language "en" and the decode profile (runtimes/decoding.py) as the whisper.cpp adapter decodes: ``greedy``,
+no temperature fallback (temperature_inc 0, the other fallback thresholds at whisper.cpp's defaults) and non-speech
+tokens suppressed; ``cli``, whisper-cli's beam search (5 beams, best_of 5), fallback +0.2 and no suppression. Files are parsed by our
 strict readers first (GGUF, or the whisper.cpp .bin).
 
 Evaluation: a worker subprocess loads the model once and answers one JSON line per utterance, so a runtime crash is
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 from ..model_source import ModelSource, resolve_source
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
+from .decoding import GREEDY, profile_named
 from .sources import checked_gguf, checked_whisper_cpp, is_gguf_of_arch, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
@@ -93,16 +95,23 @@ def backend_of(model_file: str) -> str | None:
 
 def open_session(model_file: str, threads: int, max_new_tokens: int, temperature: float = 0.0,
                  frequency_penalty: float = 0.0, whisper_temperature_inc: float = 0.0,
-                 whisper_suppress_nst: bool = True):
+                 whisper_suppress_nst: bool = True, whisper_profile: str = GREEDY):
     """A CrispASR session (the model loaded); greedy and reproducible with the default settings. The whisper_*
-    settings apply to a whisper.cpp .bin (the whisper backend), the others to a GGUF."""
+    settings apply to a whisper.cpp .bin (the whisper backend), the others to a GGUF; ``whisper_profile`` "cli"
+    sets whisper-cli's beams and fallback there (its settings override the two whisper_* above)."""
     import crispasr
 
     backend = backend_of(model_file)
     session = crispasr.Session(model_file, n_threads=threads, backend=backend)
     if backend == WHISPER_BACKEND:
+        settings = profile_named(whisper_profile).crispasr_whisper
+        if whisper_profile != GREEDY:
+            whisper_temperature_inc, whisper_suppress_nst = settings["temperature_inc"], settings["suppress_nst"]
         session.set_fallback_thresholds(**WHISPER_THRESHOLDS, temperature_inc=whisper_temperature_inc)
         session.set_whisper_decode_extras(suppress_nst=whisper_suppress_nst)
+        if settings["beam_size"] is not None:
+            session.set_beam_size(settings["beam_size"])
+            session.set_best_of(settings["best_of"])
         return session
     session.set_max_new_tokens(max_new_tokens)
     session.set_temperature(temperature)
@@ -132,14 +141,15 @@ class CrispASRTranscriber(WorkerTranscriber):
     def __init__(self, model_file: Path, options: DecodeOptions) -> None:
         super().__init__(model_file, options, "CrispASR",
                          ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads),
-                          str(options.max_new_tokens)])
+                          str(options.max_new_tokens), options.profile])
 
     def describe(self) -> dict:
         runtime = "crispasr " + importlib.metadata.version("crispasr")
         if backend_of(str(self.model_file)) == WHISPER_BACKEND:
+            profile = profile_named(self.options.profile)
             return {"loaded_as": "whisper.cpp model file (CrispASR whisper backend)", "runtime": runtime,
                     "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0, **WHISPER_THRESHOLDS,
-                    **WHISPER_DECODE}
+                    "decode": profile.name, **profile.crispasr_whisper}
         kind = "Voxtral" if is_gguf_of_arch(str(self.model_file), VOXTRAL_ARCH) else "Qwen3-ASR"
         return {"loaded_as": f"CrispASR {kind} GGUF", "runtime": runtime,
                 "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0,
@@ -159,9 +169,9 @@ def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscribe
     return CrispASRTranscriber(checked_gguf(spec, ARCH, "CrispASR", "crispasr"), options).start()
 
 
-def _worker_main(model_file: str, threads: int, max_new_tokens: int) -> int:
+def _worker_main(model_file: str, threads: int, max_new_tokens: int, profile_name: str) -> int:
     """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
-    session = open_session(model_file, threads, max_new_tokens)
+    session = open_session(model_file, threads, max_new_tokens, whisper_profile=profile_name)
     return serve_worker(lambda audio: session_text(session, audio)[0])
 
 
@@ -190,5 +200,5 @@ ADAPTER = RuntimeAdapter(
     BenchRuntime(NAME, describe_crispasr_file, f"{MODULE}:measure_crispasr", CRISPASR_DECODE,
                  "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr; or a whisper.cpp .bin)"))
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
-    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]))

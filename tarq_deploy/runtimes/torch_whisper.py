@@ -3,9 +3,13 @@ directory, a hub id), a lattice checkpoint directory (every lattice weight dequa
 embedding / output projection honoured), or a whisper.cpp model file dequantized tensor by tensor (so ggml's own Q4_0
 rounding can be run in PyTorch too; its tokenizer and configs come from a companion model, ``--tokenizer``).
 
-Greedy: ``<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>`` as the decoder prompt (the multilingual
-models need the language and task tokens or they loop), no sampling, one beam, no temperature fallback. It claims every
-source no other runtime claims.
+Decode profiles (runtimes/decoding.py). ``greedy``: ``<|startoftranscript|> [<|en|> <|transcribe|>]
+<|notimestamps|>`` as the decoder prompt (the multilingual models need the language and task tokens or they loop), no
+sampling, one beam, no temperature fallback. ``cli``: transformers' own Whisper generation with whisper-cli's settings
+(5 beams, temperature fallback, thresholds, timestamps, the previous window's text as context); a sampled fallback is
+seeded per utterance, so the same audio gives the same text. A recording longer than 30 s is decoded whole by
+transformers' sequential long-form generation (under ``greedy`` too, with timestamps, which long-form needs, and no
+fallback). It claims every source no other runtime claims.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..errors import UserError
 from ..model_source import ModelSource, SourceKind, resolve_source
 from .base import SAMPLE_RATE, DecodeOptions, ModelSpec, RuntimeAdapter, torch_stack_info
+from .decoding import GREEDY, profile_named
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,11 +26,14 @@ if TYPE_CHECKING:
 __all__ = ["NAME", "load_torch_bundle"]
 
 NAME = "torch"
+WINDOW_SAMPLES = 30 * SAMPLE_RATE  # Whisper's window; longer input is long-form generation
+FALLBACK_SEED = 0  # torch's generator before each utterance: sampled fallbacks repeat exactly
 
 
 class TorchTranscriber:
-    """Greedy transcription with a transformers Whisper model, one utterance at a time (batching did not pay off
-    on CPU: the 30 s encoder pass dominates, and single items keep results independent of batch composition)."""
+    """Transcription with a transformers Whisper model under a decode profile, one utterance at a time (batching
+    did not pay off on CPU: the 30 s encoder pass dominates, and single items keep results independent of batch
+    composition)."""
 
     def __init__(self, bundle, options: DecodeOptions, origin: dict) -> None:
         import torch
@@ -36,17 +44,52 @@ class TorchTranscriber:
         torch.set_num_threads(options.threads)
         self.backbone = WhisperBackbone(model, processor, generation_config, options.device)
         self.generation_config = _greedy_config(generation_config, options.max_new_tokens)
+        self.profile = profile_named(options.profile)
         self.prompt = torch.tensor([self.backbone.prompt_ids()], device=self.backbone.device)
         self.origin = {**origin, "threads": options.threads, "device": options.device,
-                       "max_new_tokens": options.max_new_tokens}
+                       "max_new_tokens": options.max_new_tokens, "decode": self.profile.name,
+                       "generate": {k: list(v) if isinstance(v, tuple) else v for k, v in self.profile.torch.items()}}
 
     def transcribe(self, audio: "np.ndarray", utterance_id: str) -> str:
         import torch
 
+        long_form = len(audio) > WINDOW_SAMPLES
         with torch.inference_mode():
-            ids = self.backbone.model.generate(self._features(audio), decoder_input_ids=self.prompt,
-                                               generation_config=self.generation_config)
+            if self.profile.name == GREEDY and not long_form:  # the research path, byte for byte as before
+                ids = self.backbone.model.generate(self._features(audio), decoder_input_ids=self.prompt,
+                                                   generation_config=self.generation_config)
+            else:
+                torch.manual_seed(FALLBACK_SEED)
+                ids = self._generate_profile(audio, long_form)
         return self.backbone.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
+
+    def _generate_profile(self, audio: "np.ndarray", long_form: bool):
+        """transformers' Whisper generation with the profile's options; long audio as one long-form input (its
+        attention mask tells generate where the audio ends)."""
+        options = dict(self.profile.torch)
+        if long_form:
+            options["return_timestamps"] = True  # long-form generation seeks by the predicted timestamps
+        extra = {}
+        if long_form:
+            processor = self.backbone.processor
+            inputs = processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt",
+                                                 truncation=False, padding="longest", return_attention_mask=True)
+            features = inputs.input_features.to(self.backbone.device)
+            extra["attention_mask"] = inputs.attention_mask.to(self.backbone.device)
+        else:
+            features = self._features(audio)
+        gc = self.backbone.generation_config
+        if getattr(gc, "is_multilingual", False):
+            extra.update(language="en", task="transcribe")
+        config = self.generation_config.__class__.from_dict(self.generation_config.to_dict())
+        config.num_beams = options.pop("num_beams")
+        config.do_sample = options.pop("do_sample")
+        if options.get("condition_on_prev_tokens"):
+            # transformers keeps up to half the text context (224) of previous text plus the start token: one less
+            # new token keeps prompt + output within the decoder's 448 positions
+            config.max_new_tokens = min(config.max_new_tokens,
+                                        self.backbone.model.config.max_target_positions // 2 - 1)
+        return self.backbone.model.generate(features, generation_config=config, **options, **extra)
 
     def continuation_margin(self, audio: "np.ndarray", other_text: str) -> float | None:
         """How close a disagreement is to a tie for this model: at the first token where its own greedy transcript

@@ -3,8 +3,10 @@ through ctypes) on Whisper GGUF files of architecture "whisper" (written by tarq
 and on Qwen3-ASR / Voxtral GGUF files of architecture "qwen3_asr" / "voxtral" (formats/transcribe_llm.py; a Voxtral
 file of CrispASR's flavour, same architecture name, is CrispASR's); each weight matrix in its own type.
 
-Decoding Whisper, as the whisper.cpp adapter decodes so results compare: language "en", transcribe, greedy with no
-temperature fallback (temperature 0, temperature_inc 0), no timestamps, fixed threads. Qwen3-ASR and Voxtral: the
+Decoding Whisper under a decode profile (runtimes/decoding.py). ``greedy``: as the whisper.cpp adapter decodes so
+results compare -- language "en", transcribe, greedy with no temperature fallback (temperature 0, temperature_inc 0),
+no timestamps, fixed threads. ``cli``: whisper-cli's fallback (+0.2), thresholds, context and segment timestamps, as
+far as WhisperRunOptions reaches (the binding has no beam search). Qwen3-ASR and Voxtral: the
 runtime's own greedy decoding with the language left to the model (``LLM_DECODE``: forcing "en" makes Qwen3-ASR's
 prompt need the ``<asr_text>`` token, which only the published vocabulary has). A run that the runtime stops
 for repetition or length (OutputTruncated) gives its partial transcript: a looping 4-bit model is a result to count,
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..model_source import ModelSource, resolve_source
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
+from .decoding import GREEDY, profile_named
 from .sources import checked_gguf, is_gguf_of_arch
 from .worker import WorkerTranscriber, serve_worker
 
@@ -100,6 +103,18 @@ def load_model(model_file: str) -> Any:
     return transcribe_cpp.Model(model_file)
 
 
+def profile_settings(profile_name: str) -> dict:
+    """TRANSCRIBE_CPP_DECODE under a decode profile (runtimes/decoding.py): greedy is it unchanged; cli adds
+    whisper-cli's fallback, thresholds and context as WhisperRunOptions (the binding has no beams) and segment
+    timestamps."""
+    if profile_name == GREEDY:
+        return TRANSCRIBE_CPP_DECODE
+    chosen = profile_named(profile_name).transcribe_cpp
+    options = dict(chosen["options"])
+    return {**TRANSCRIBE_CPP_DECODE, "timestamps": chosen["timestamps"], "temperature": options.pop("temperature"),
+            "temperature_inc": options.pop("temperature_inc"), "whisper_options": options}
+
+
 def decode_settings(arch: str, settings: dict = TRANSCRIBE_CPP_DECODE) -> dict:
     """What a model of ``arch`` is decoded with: ``settings`` (Whisper's, or the bench's --decode) for Whisper, the
     runtime's own greedy decoding for the LLM families."""
@@ -116,8 +131,9 @@ def run_text(session: Any, audio: "np.ndarray", settings: dict = TRANSCRIBE_CPP_
     settings = decode_settings(arch, settings)
     options = None
     if arch == ARCH:  # the Whisper family extension; other families refuse it
+        extra = settings.get("whisper_options", {})
         options = transcribe_cpp.WhisperRunOptions(temperature=float(settings["temperature"]),
-                                                   temperature_inc=float(settings["temperature_inc"]))
+                                                   temperature_inc=float(settings["temperature_inc"]), **extra)
     try:
         return session.run(np.ascontiguousarray(audio, dtype=np.float32), language=settings["language"],
                            task=settings["task"], timestamps=settings["timestamps"], family=options)
@@ -137,13 +153,14 @@ class TranscribeCppTranscriber(WorkerTranscriber):
 
     def __init__(self, model_file: Path, options: DecodeOptions) -> None:
         super().__init__(model_file, options, "transcribe.cpp",
-                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads)])
+                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads), options.profile])
 
     def describe(self) -> dict:
         family = llm_family(str(self.model_file))
-        kind, settings = (family.name, LLM_DECODE) if family is not None else ("Whisper", TRANSCRIBE_CPP_DECODE)
+        kind, settings = (family.name, LLM_DECODE) if family is not None else \
+            ("Whisper", profile_settings(self.options.profile))
         return {"loaded_as": f"transcribe.cpp {kind} GGUF", "runtime": transcribe_cpp_info(),
-                "threads": self.options.threads, **settings}
+                "threads": self.options.threads, "decode": self.options.profile, **settings}
 
 
 def open_transcribe_cpp(spec: ModelSpec, options: DecodeOptions) -> TranscribeCppTranscriber:
@@ -152,11 +169,12 @@ def open_transcribe_cpp(spec: ModelSpec, options: DecodeOptions) -> TranscribeCp
     return TranscribeCppTranscriber(checked_gguf(spec, arch, "transcribe.cpp", "transcribe.cpp"), options).start()
 
 
-def _worker_main(model_file: str, threads: int) -> int:
+def _worker_main(model_file: str, threads: int, profile_name: str) -> int:
     """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
     model = load_model(model_file)
     session = model.session(n_threads=threads)
-    return serve_worker(lambda audio: run_text(session, audio, arch=model.arch).text.strip())
+    settings = profile_settings(profile_name)
+    return serve_worker(lambda audio: run_text(session, audio, settings, arch=model.arch).text.strip())
 
 
 # -------------------------------------------------------------------------------------------------- CPU bench
@@ -183,5 +201,5 @@ ADAPTER = RuntimeAdapter(
     BenchRuntime(NAME, describe_transcribe_cpp_file, f"{MODULE}:measure_transcribe_cpp", TRANSCRIBE_CPP_DECODE,
                  "transcribe-cpp wheel, in process (model file: Whisper, Qwen3-ASR or Voxtral GGUF)"))
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
-    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3])))
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4]))

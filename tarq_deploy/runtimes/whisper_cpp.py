@@ -1,10 +1,12 @@
 """whisper.cpp through pywhispercpp, on a legacy ggml whisper.cpp model file.
 
-Evaluation: a worker subprocess (:class:`WhisperCppTranscriber`) decodes with language "en", temperature 0 with no
-fallback (temperature_inc 0), no timestamps, no context carried between utterances, fixed threads, and non-speech
-tokens suppressed (``suppress_nst``: the symbols OpenAI's ``suppress_tokens="-1"`` list names, which transformers'
-generation config suppresses too; without it whisper.cpp emits quote marks where the PyTorch decoder cannot, and the
-two greedy paths part). The file is parsed by our strict reader first: pywhispercpp does not raise on a file it cannot
+Evaluation: a worker subprocess (:class:`WhisperCppTranscriber`) decodes with a decode profile
+(runtimes/decoding.py): ``greedy`` -- language "en", temperature 0 with no fallback (temperature_inc 0), no
+timestamps, no context carried between utterances, fixed threads, and non-speech tokens suppressed (``suppress_nst``:
+the symbols OpenAI's ``suppress_tokens="-1"`` list names, which transformers' generation config suppresses too;
+without it whisper.cpp emits quote marks where the PyTorch decoder cannot, and the two greedy paths part) -- or
+``cli``, whisper-cli's own defaults (beam search, fallback, timestamps). A long recording is handed to
+whisper_full whole: whisper.cpp's own window-by-window loop decodes it. The file is parsed by our strict reader first: pywhispercpp does not raise on a file it cannot
 load (the first transcribe() segfaults), and it takes a path that does not exist as a model *name* and downloads it.
 
 CPU bench: :func:`measure_whisper_cpp` runs in the bench's child with :data:`WHISPER_CPP_DECODE`.
@@ -21,17 +23,18 @@ import numpy as np
 
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter, dist_version
 from .child import measure_transcription
+from .decoding import WHISPER_GREEDY_PARAMS, profile_named
 from .sources import checked_whisper_cpp, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
-__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "teacher_forced_logits", "whisper_backbone"]
+__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "teacher_forced_logits", "whisper_backbone",
+           "whisper_cpp_model_arguments"]
 
 NAME = "whisper.cpp"
 MODULE = "tarq_deploy.runtimes.whisper_cpp"  # what worker and bench child import (there __name__ is __main__)
 WORKER_FLAG = "--whisper-cpp-worker"
-# Decoding settings of every evaluation run (pywhispercpp names); they are part of a cached hypothesis's identity.
-WHISPER_CPP_PARAMS = {"language": "en", "translate": False, "temperature": 0.0, "temperature_inc": 0.0,
-                      "no_timestamps": True, "no_context": True, "suppress_nst": True}
+# The greedy profile's settings (pywhispercpp names), the research protocol of every earlier evaluation run
+WHISPER_CPP_PARAMS = WHISPER_GREEDY_PARAMS
 # The CPU bench's reproducible greedy English decoding: no language detection, no temperature fallback (a fallback
 # re-decodes the window and would make latency depend on the weights' confidence, not only their speed). Everything
 # else stays at whisper.cpp's defaults (timestamps on, flash attention per its context defaults), as whisper-cli runs.
@@ -69,26 +72,35 @@ class WhisperCppTranscriber(WorkerTranscriber):
 
     def __init__(self, model_file: Path, options: DecodeOptions) -> None:
         super().__init__(model_file, options, "whisper.cpp",
-                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads)])
+                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads), options.profile])
 
     def describe(self) -> dict:
         import importlib.metadata
 
+        profile = profile_named(self.options.profile)
         return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
-                + importlib.metadata.version("pywhispercpp"),
-                "threads": self.options.threads, **WHISPER_CPP_PARAMS}
+                + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads,
+                "decode": profile.name, "beam_search": profile.beam_search, **profile.whisper_cpp}
 
 
 def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
     return WhisperCppTranscriber(checked_whisper_cpp(spec), options).start()
 
 
-def _worker_main(model_file: str, threads: int) -> int:
-    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
+def whisper_cpp_model_arguments(profile_name: str, threads: int) -> dict:
+    """pywhispercpp ``Model`` keyword arguments of a decode profile (printing off: it changes no decoding)."""
+    profile = profile_named(profile_name)
+    return {"params_sampling_strategy": 1 if profile.beam_search else 0, "redirect_whispercpp_logs_to": None,
+            "n_threads": threads, "print_progress": False, "print_realtime": False, "print_timestamps": False,
+            **profile.whisper_cpp}
+
+
+def _worker_main(model_file: str, threads: int, profile_name: str) -> int:
+    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker). Each utterance is one
+    whisper_full call, so a recording longer than 30 s runs through whisper.cpp's own long-form loop."""
     from pywhispercpp.model import Model
 
-    model = Model(model_file, redirect_whispercpp_logs_to=None, n_threads=threads, print_progress=False,
-                  print_realtime=False, print_timestamps=False, **WHISPER_CPP_PARAMS)
+    model = Model(model_file, **whisper_cpp_model_arguments(profile_name, threads))
     return serve_worker(lambda audio: " ".join(s.text.strip() for s in model.transcribe(audio)).strip())
 
 
@@ -200,5 +212,5 @@ ADAPTER = RuntimeAdapter(
     BenchRuntime(NAME, describe_whisper_cpp_file, f"{MODULE}:measure_whisper_cpp", WHISPER_CPP_DECODE,
                  "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)"))
 
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == WORKER_FLAG:
-    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3])))
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
