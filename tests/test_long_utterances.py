@@ -1,5 +1,5 @@
 """An utterance longer than Whisper's 30 s window is refused by name, never silently cut: the feature extractor would
-keep its first 30 s and the whole transcript would be taught (calibration) or scored (PyTorch eval) against audio
+keep its first 30 s and the whole transcript would be taught (calibration) or scored (teacher-forced) against audio
 that no longer holds its last words."""
 from __future__ import annotations
 
@@ -58,11 +58,13 @@ def test_quantize_refuses_a_40_second_utterance_before_calibrating(long_manifest
     assert not out.exists() and not list(tmp_path.glob("ckpt*"))  # nothing written, no work folder left either
 
 
-def test_pytorch_eval_refuses_it_before_any_model_runs(long_manifest, tmp_path, capsys):
+def test_teacher_forced_eval_refuses_it_before_any_model_runs(long_manifest, tmp_path, capsys):
+    """Decoding takes a long recording whole (tests/test_long_form_decode.py); the teacher-forced figures read one
+    window and refuse it by name."""
     out = tmp_path / "eval"
-    status = cli.main(["eval", "--data", str(long_manifest), "--model", "packaged:tiny.en", "--backend", "torch",
-                       "-o", str(out), "--quiet"])
+    status = cli.main(["eval", "--data", str(long_manifest), "--model", "f16=packaged:tiny.en", "--backend", "torch",
+                       "--reference", "f16", "--teacher-forced-only", "-o", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert status == 2, err
-    assert "'forty-seconds'" in err and "PyTorch Whisper" in err and len(err.splitlines()) == 1, err
+    assert "'forty-seconds'" in err and "--teacher-forced" in err and len(err.splitlines()) == 1, err
     assert not out.exists()

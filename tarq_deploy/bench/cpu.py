@@ -173,6 +173,7 @@ class BenchConfig:
     omp_wait_policy: str | None = DEFAULT_OMP_WAIT_POLICY  # None: leave the inherited environment alone
     order: str = "interleaved"
     decode: dict = field(default_factory=dict)  # overrides of the runtime's decode settings
+    profile: str | None = None  # decode profile (runtimes/decoding.py); None: the runtime's own bench settings
 
 
 @dataclass
@@ -337,7 +338,16 @@ def _child_error(returncode: int, timed_out: bool, timeout_s: float, stderr_path
 
 def _run_spec(runtime: BenchRuntime, config: BenchConfig, model: str | None, audio: str, threads: int) -> dict:
     return {"worker": runtime.worker, "model": model, "audio": audio, "threads": threads,
-            "settings": {**runtime.settings, **config.decode}}
+            "settings": run_settings(runtime, config)}
+
+
+def run_settings(runtime: BenchRuntime, config: BenchConfig) -> dict:
+    """The decode settings of every run: the profile's for this runtime (or its own bench settings), then the
+    --decode KEY=VALUE overrides."""
+    base = runtime.settings
+    if config.profile is not None and runtime.profile_settings is not None:
+        base = runtime.profile_settings(config.profile)
+    return {**base, **config.decode}
 
 
 def measure_baseline(runtime: BenchRuntime, config: BenchConfig, audio: AudioInfo,
@@ -466,7 +476,7 @@ def run_cpu_bench(config: BenchConfig, log: Callable[[str], None] = print) -> Cp
     return CpuBenchResult(
         kind="cpu", config=asdict(config),
         runtime={"name": runtime.name, "description": runtime.description,
-                 "settings": {**runtime.settings, **config.decode}, "info": runtime_info},
+                 "settings": run_settings(runtime, config), "decode": config.profile, "info": runtime_info},
         machine=machine_description(), versions=package_versions(runtime_info), environment=environment_knobs(env),
         harness=harness, baselines=[b for b, _ in baselines.values()], cells=cells, loadavg=loadavg,
         notes=bench_notes(config, cells, loadavg["other_processes_cpu_share"]), started=started,

@@ -59,8 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--order", choices=ORDERS, default="interleaved",
                         help="interleaved: run i of every cell before run i+1 of any (spreads load drift); grouped: "
                              "all runs of one cell in a row")
-    parser.add_argument("--decode", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a runtime decode setting (value parsed as JSON, e.g. no_timestamps=true)")
+    parser.add_argument("--decode", action="append", default=[], metavar="PROFILE|KEY=VALUE",
+                        help="decode profile (cli: whisper-cli's defaults, the default; greedy: temperature 0 "
+                             "without fallback), or override one runtime decode setting (value parsed as JSON, e.g. "
+                             "no_timestamps=true); repeatable")
     add_out(parser, f"output directory (default {DEFAULT_OUT})", default=DEFAULT_OUT)
     parser.add_argument("--name", help="output file stem (default bench-cpu / bench-gpu)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -76,9 +78,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument("--max-new-tokens", type=int, default=128, help="decoder token limit for the GPU runs")
 
 
+def decode_profile(values: list[str]) -> str:
+    """The one profile name among the --decode values (default cli); two different ones are refused."""
+    from ..runtimes.decoding import DECODE_PROFILES, DEFAULT_DECODE_PROFILE
+
+    named = {v for v in values if v in DECODE_PROFILES}
+    if len(named) > 1:
+        raise BenchConfigError(f"--decode: one profile, got {', '.join(sorted(named))}")
+    return named.pop() if named else DEFAULT_DECODE_PROFILE
+
+
 def decode_overrides(pairs: list[str]) -> dict[str, Any]:
+    from ..runtimes.decoding import DECODE_PROFILES
+
     overrides = {}
     for pair in pairs:
+        if pair in DECODE_PROFILES:
+            continue
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise BenchConfigError(f"--decode expects KEY=VALUE, got {pair!r}")
@@ -145,7 +161,8 @@ def _cpu_config(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(models=args.model, audios=_audio_paths(args.audio), threads=args.threads,
                        runtime=args.runtime, warmup=args.warmup, runs=args.runs, timeout_s=args.timeout,
                        omp_wait_policy=None if args.omp_wait_policy == INHERIT else args.omp_wait_policy,
-                       order=args.order, decode=decode_overrides(args.decode))
+                       order=args.order, decode=decode_overrides(args.decode),
+                       profile=decode_profile(args.decode))
 
 
 def _run_gpu(args: argparse.Namespace) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..values import thread_list
-from .options import add_out
+from .options import add_decode, add_out
 
 __all__ = ["final_table"]
 
@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-eval", type=int, default=24, help="synthetic evaluation utterances")
     parser.add_argument("--n-calib", type=int, default=32, help="synthetic calibration utterances")
     parser.add_argument("--threads", type=thread_list, default=[1, 2], metavar="N,N,...", help="bench thread ladder")
+    add_decode(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     steps.cli("eval", "--data", f"synth={synth / 'eval.jsonl'}", "--data", f"real={real / 'eval.jsonl'}",
               *[a for m in models for a in ("--model", m)], "--tokenizer", MODEL, "--focus", "tarq",
               "--reference", "f16", "--teacher-forced", "--compare", "tarq:gptq", "--compare", "tarq:imatrix",
-              "--out", str(out / "eval"), "--quiet")
+              "--decode", args.decode, "--out", str(out / "eval"), "--quiet")
     steps.cli("bench", "--model", str(files["f16"]), "--model", str(files["tarq"]), "--audio", _jfk(),
-              "--threads", ",".join(map(str, args.threads)), "--warmup", "1", "--runs", "3", "--out", str(out / "bench"), "--name", "bench")
+              "--threads", ",".join(map(str, args.threads)), "--warmup", "1", "--runs", "3", "--decode", args.decode, "--out", str(out / "bench"), "--name", "bench")
     steps.cli("publish", str(out / "publish"), "--repo-id", "your-name/whisper-tiny.en-tarq-q4_0",
               "--checkpoint", str(out / "ckpt-tarq"), "--file", str(files["tarq"]),
               "--eval", str(out / "eval" / "report.json"), "--eval-model", "tarq",

@@ -27,6 +27,7 @@ from ..data.corpus import load_audio, load_corpus, refuse_longer_than
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
 from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
+from ..runtimes.decoding import profile_named
 from ..runtimes.registry import BY_NAME, infer_runtime
 from ..evaluate.dataset import Dataset
 from ..evaluate.near_ties import near_tie_margins
@@ -40,7 +41,7 @@ from ..fileio import write_text_atomic
 from ..machine import machine_record
 from ..model_source import ModelSource, SourceKind, resolve_source
 from ..values import thread_count
-from .options import add_out
+from .options import add_decode, add_out
 
 __all__ = ["default_label"]
 
@@ -66,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="models transcribed at the same time (e.g. 2 on two cores: a whisper.cpp worker beside a "
                         "PyTorch model); texts do not depend on it, decode times do")
     p.add_argument("--device", default="cpu", help="torch backend device")
+    add_decode(p)
     p.add_argument("--limit", type=int, help="only the first N utterances of each dataset")
     p.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD, help="rare: Zipf below k")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
@@ -200,13 +202,12 @@ def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
 
 
 def refuse_long_audio_for_pytorch(specs: list[ModelSpec], datasets: list[Dataset], teacher_forced: bool) -> None:
-    """PyTorch Whisper reads one 30 s window (its feature extractor drops the rest); whisper.cpp and CrispASR
-    decode long audio window after window. So a longer utterance is refused by name before any model runs, when a
-    PyTorch Whisper column or the teacher-forced figures would score it against words it never heard."""
+    """The teacher-forced figures read one 30 s window (the feature extractor drops the rest), so a longer
+    utterance is refused by name before any model runs rather than scored against words it never heard. Decoding
+    takes it whole: whisper.cpp and CrispASR window after window, PyTorch by transformers' long-form generation."""
     from ..models.common import WINDOW_SECONDS
-    from ..runtimes.torch_whisper import NAME as TORCH_WHISPER
 
-    users = [s.key for s in specs if s.backend == TORCH_WHISPER] + (["--teacher-forced"] if teacher_forced else [])
+    users = ["--teacher-forced"] if teacher_forced else []
     if users:
         for dataset in datasets:
             refuse_longer_than(dataset.utterances, dataset.audio, WINDOW_SECONDS,
@@ -264,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     specs = model_specs(args)
     pairs = comparisons(args.compare)
     out = Path(args.out)
-    options = DecodeOptions(threads=args.threads, device=args.device)
+    options = DecodeOptions(threads=args.threads, device=args.device, profile=args.decode)
     args.teacher_forced = args.teacher_forced or args.teacher_forced_only
     if args.teacher_forced and not args.reference:
         raise UserError("--teacher-forced needs --reference LABEL (the full-precision model)")
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
                                         {key: by_dataset[d.name] for key, by_dataset in margins.items()},
                                         figures.get(d.name, {})))
     settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
-                "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": "greedy",
+                "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": profile_named(args.decode).record(),
                 "near_tie_margin": args.near_tie_margin, "machine": machine_record(),
                 "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,

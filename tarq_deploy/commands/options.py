@@ -5,6 +5,8 @@
   (export, inspect) or as ``--against`` (verify) still do; :func:`merge_spellings` folds the positional form into
   ``args.checkpoint`` (and publish's positional staging folder into ``args.out``) before a command runs.
 - ``--threads N``: CPU threads of a command that computes (a ladder ``N,N,...`` where a command measures over one).
+- ``--decode greedy|cli``: the decode profile of every Whisper decoding a command runs (runtimes/decoding.py); the
+  default is whisper-cli's (``cli``), what users run.
 - Exit statuses, the same for every command (tarq_deploy/cli.py returns them).
 """
 
@@ -14,8 +16,8 @@ import argparse
 
 from ..errors import UserError
 
-__all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "add_checkpoint", "add_out", "add_positional_out",
-           "merge_spellings", "require"]
+__all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "add_checkpoint", "add_decode", "add_out",
+           "add_positional_out", "merge_spellings", "require"]
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # the command ran and a check it exists for failed: verify mismatch, a failed bench row or cell
@@ -25,6 +27,16 @@ EXIT_INTERRUPTED = 130
 
 # Positional spellings kept beside the option: (dest of the positional, dest of the option, option's flag).
 _POSITIONAL_SPELLINGS = (("checkpoint_arg", "checkpoint", "--checkpoint"), ("out_arg", "out", "-o/--out"))
+
+
+def add_decode(parser: argparse.ArgumentParser) -> None:
+    """--decode PROFILE, the same choices and default in every command that decodes."""
+    from ..runtimes.decoding import DECODE_PROFILES, DEFAULT_DECODE_PROFILE
+
+    parser.add_argument("--decode", choices=DECODE_PROFILES, default=DEFAULT_DECODE_PROFILE,
+                        help="decode profile: cli = whisper-cli's defaults (beam search 5, temperature fallback, "
+                             "timestamps; what users run), greedy = temperature 0 without fallback, no timestamps "
+                             f"(the research protocol); default {DEFAULT_DECODE_PROFILE}")
 
 
 def add_out(parser: argparse.ArgumentParser, help: str, *, required: bool = False, default: str | None = None,

@@ -1,11 +1,14 @@
 """Near-ties between backends: when a runtime's text differs from the PyTorch run of the same label, how close the
 PyTorch model itself finds the two continuations (its ``continuation_margin`` of the other run's text at the first
-differing token, in nats). The report counts a disagreement within ``--near-tie-margin`` as a near-tie."""
+differing token, in nats). The report counts a disagreement within ``--near-tie-margin`` as a near-tie. A margin is a
+greedy decoder's notion (one token chosen at a time, from one 30 s window): under another decode profile, or for a
+longer recording, there are none."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtimes.base import DecodeOptions, ModelSpec
+from ..runtimes.base import SAMPLE_RATE, DecodeOptions, ModelSpec
+from ..runtimes.decoding import GREEDY
 from ..runtimes.registry import open_transcriber
 from .cache import MarginCache
 from .dataset import Dataset
@@ -13,12 +16,16 @@ from .wer import normalized_words
 
 __all__ = ["near_tie_margins"]
 
+WINDOW_SECONDS = 30
+
 
 def near_tie_margins(specs: list[ModelSpec], datasets: list[Dataset], hypotheses: dict, options: DecodeOptions,
                      cache_dir: Path) -> dict[str, dict[str, dict[str, float | None]]]:
     """{run key: {dataset: {utterance id: margin}}} for every non-PyTorch run of a label that also has a PyTorch run,
     over the utterances whose normalised texts differ; the PyTorch model is loaded only when a margin is missing
     from the cache (keyed by the PyTorch model, the audio and the other run's text)."""
+    if options.profile != GREEDY:
+        return {}
     torch_runs = {s.label: s for s in specs if s.backend == "torch"}
     margins: dict[str, dict[str, dict[str, float | None]]] = {}
     for spec in specs:
@@ -30,6 +37,8 @@ def near_tie_margins(specs: list[ModelSpec], datasets: list[Dataset], hypotheses
         margins[spec.key] = {d.name: {} for d in datasets}
         for d in datasets:
             for i, u in enumerate(d.utterances):
+                if len(d.audio[i]) > WINDOW_SECONDS * SAMPLE_RATE:
+                    continue
                 other = hypotheses[spec.key][d.name][i]
                 if normalized_words(hypotheses[reference.key][d.name][i]["text"]) == normalized_words(other["text"]):
                     continue

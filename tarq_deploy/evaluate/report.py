@@ -17,7 +17,7 @@ from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK
                   bootstrap_indices, bootstrap_interval, check_same_references, metric_counts, paired_difference,
                   totals)
 
-__all__ = ["DEFAULT_CONTEXT_WORDS", "DEFAULT_EXAMPLES", "DEFAULT_NEAR_TIE_MARGIN", "DatasetRuns", "ModelRun",
+__all__ = ["DEFAULT_CONTEXT_WORDS", "DEFAULT_EXAMPLES", "DEFAULT_NEAR_TIE_MARGIN", "DatasetRuns", "decoding_line", "ModelRun",
            "ReportOptions", "build_report", "render_dataset", "render_markdown", "render_teacher_forced",
            "retention_section", "teacher_forced_section"]
 
@@ -285,10 +285,18 @@ def _signed(cell: dict) -> str:
     return f"{pp(cell['value'])} [{pp(cell['low'])}, {pp(cell['high'])}]{star}"
 
 
+def decoding_line(settings: dict) -> str:
+    """The decode profile a report's figures were measured with (reports before profiles: greedy)."""
+    decoding = settings.get("decoding")
+    if isinstance(decoding, dict):
+        return f"`{decoding['profile']}` ({decoding['description']})"
+    return "`greedy` (temperature 0 without fallback, no timestamps)"
+
+
 def render_markdown(report: dict) -> str:
     settings = report["settings"]
     lines = ["# Evaluation", "",
-             f"Greedy decoding, Whisper English normaliser ({settings.get('normalizer', 'see report.json')}); a word "
+             f"Decoding: {decoding_line(settings)}. Whisper English normaliser ({settings.get('normalizer', 'see report.json')}); a word "
              f"is rare when its wordfreq Zipf is below {settings.get('zipf_threshold', 3.0)}. Rates in %, with "
              f"{int(100 * settings['confidence_level'])}% bootstrap intervals over utterances "
              f"({settings['bootstrap_resamples']} resamples, seed {settings['bootstrap_seed']}). Insertions are "

@@ -80,6 +80,8 @@ class BenchRuntime:
     worker: str  # "module:function", called in the child with the run spec (dict); returns measurements (dict)
     settings: dict  # decode settings passed to the runtime, recorded in the output
     description: str = ""
+    # the settings of a decode profile (runtimes/decoding.py) for this runtime; None: it has one decoding only
+    profile_settings: Callable[[str], dict] | None = None
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,12 @@ def open_session(model_file: str, threads: int, max_new_tokens: int, temperature
     return session
 
 
+def bench_settings(profile_name: str) -> dict:
+    """The bench's settings under a decode profile; the profile reaches the whisper backend only (a GGUF of the LLM
+    families has one decoding)."""
+    return CRISPASR_DECODE if profile_name == GREEDY else {**CRISPASR_DECODE, "whisper_profile": profile_name}
+
+
 def crispasr_info() -> dict:
     import crispasr
 
@@ -186,7 +192,8 @@ def measure_crispasr(spec: dict) -> dict:
         return open_session(model_file, spec["threads"], int(settings["max_new_tokens"]),
                             float(settings["temperature"]), float(settings["frequency_penalty"]),
                             float(settings.get("whisper_temperature_inc", 0.0)),
-                            bool(settings.get("whisper_suppress_nst", True)))
+                            bool(settings.get("whisper_suppress_nst", True)),
+                            str(settings.get("whisper_profile", GREEDY)))
 
     return measure_transcription(
         spec, started, crispasr_info, load,
@@ -198,7 +205,8 @@ ADAPTER = RuntimeAdapter(
     NAME, "Qwen3-ASR GGUF (arch qwen3asr), Voxtral GGUF (arch voxtral), or a whisper.cpp .bin (its whisper backend), through the crispasr wheel "
           "(worker subprocess)", is_crispasr_file, open_crispasr, crispasr_info,
     BenchRuntime(NAME, describe_crispasr_file, f"{MODULE}:measure_crispasr", CRISPASR_DECODE,
-                 "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr; or a whisper.cpp .bin)"))
+                 "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr; or a whisper.cpp .bin)",
+                 bench_settings))
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == WORKER_FLAG:
     sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DECODE_PROFILES", "DEFAULT_DECODE_PROFILE", "DecodeProfile", "PROFILES", "WHISPER_CLI_PARAMS",
+__all__ = ["CLI", "DECODE_PROFILES", "DEFAULT_DECODE_PROFILE", "DecodeProfile", "GREEDY", "PROFILES", "WHISPER_CLI_PARAMS",
            "WHISPER_GREEDY_PARAMS", "check_profile", "profile_named"]
 
 GREEDY = "greedy"

@@ -199,7 +199,8 @@ ADAPTER = RuntimeAdapter(
           "transcribe-cpp wheel (worker subprocess)",
     is_transcribe_cpp_file, open_transcribe_cpp, transcribe_cpp_info,
     BenchRuntime(NAME, describe_transcribe_cpp_file, f"{MODULE}:measure_transcribe_cpp", TRANSCRIBE_CPP_DECODE,
-                 "transcribe-cpp wheel, in process (model file: Whisper, Qwen3-ASR or Voxtral GGUF)"))
+                 "transcribe-cpp wheel, in process (model file: Whisper, Qwen3-ASR or Voxtral GGUF)",
+                 profile_settings))
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
     sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4]))

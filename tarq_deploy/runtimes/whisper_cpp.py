@@ -87,6 +87,16 @@ def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTrans
     return WhisperCppTranscriber(checked_whisper_cpp(spec), options).start()
 
 
+def bench_settings(profile_name: str) -> dict:
+    """The bench child's Model arguments under a decode profile: ``greedy`` is the bench's reproducible greedy
+    (:data:`WHISPER_CPP_DECODE`, kept as every earlier bench result ran), ``cli`` whisper-cli's defaults."""
+    if profile_name == "greedy":
+        return WHISPER_CPP_DECODE
+    arguments = whisper_cpp_model_arguments(profile_name, threads=1)
+    del arguments["n_threads"], arguments["redirect_whispercpp_logs_to"]  # the child sets them per run
+    return arguments
+
+
 def whisper_cpp_model_arguments(profile_name: str, threads: int) -> dict:
     """pywhispercpp ``Model`` keyword arguments of a decode profile (printing off: it changes no decoding)."""
     profile = profile_named(profile_name)
@@ -210,7 +220,7 @@ ADAPTER = RuntimeAdapter(
     NAME, "whisper.cpp model file through pywhispercpp (worker subprocess)", is_whisper_cpp_file, open_whisper_cpp,
     whisper_cpp_runtime_info,
     BenchRuntime(NAME, describe_whisper_cpp_file, f"{MODULE}:measure_whisper_cpp", WHISPER_CPP_DECODE,
-                 "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)"))
+                 "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)", bench_settings))
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
     sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4]))

@@ -120,8 +120,9 @@ TARGETS: dict[str, tuple[str, str]] = {target: (target, TARGET_FILE_SUFFIX[targe
                                        for target in ("whisper.cpp", "crispasr", "transcribe.cpp")}
 MIX_TARGETS = tuple(t for t in GGUF_TARGETS if t in TARGETS)  # the sweep targets whose files hold a type per tensor
 MIX_KEYS = ("type", "tensor_type")
-EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list}
-BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int}
+EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list,
+                "decode": str}
+BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int, "decode": str}
 
 
 @dataclass(frozen=True)
@@ -264,14 +265,15 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
     for name, manifest in [*((c.name, c.manifest) for c in corpora), *evaluation.items()]:
         if not _exists(manifest, f"corpus {name!r}", source):
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
-    eval_options = _options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source)
+    eval_options = _decode_profile(_options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source), "eval", source)
     _check_backends(eval_options.get("backends"), TARGETS[target][0], source)
     if "score" in steps and not evaluation:
         raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")
     sweep = Sweep(source, target, models, corpora, evaluation, methods, types, steps, baselines, reference,
                   _quantize_options(_table(doc, "quantize", source), source),
                   eval_options,
-                  _options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source),
+                  _decode_profile(_options(_table(doc, "bench", source), BENCH_OPTIONS, "bench", source), "bench",
+                                  source),
                   _type_methods(head.get("type_methods", {}), types, methods, source))
     _check_cells(sweep)
     return sweep
@@ -545,6 +547,17 @@ def _options(table: dict, allowed: dict[str, type], name: str, source: Path) -> 
         if not isinstance(value, allowed[key]) or isinstance(value, bool):
             raise UserError(f"{source}: [{name}] {key} must be {allowed[key].__name__}")
     return dict(table)
+
+
+def _decode_profile(options: dict[str, Any], name: str, source: Path) -> dict[str, Any]:
+    """The table's options with its decode profile checked and always present (the default written out), so the
+    profile is part of every eval and bench step's identity: a changed default never reuses another's results."""
+    from ..runtimes.decoding import DEFAULT_DECODE_PROFILE, check_profile
+
+    try:
+        return {**options, "decode": check_profile(options.get("decode", DEFAULT_DECODE_PROFILE))}
+    except ValueError as error:
+        raise UserError(f"{source}: [{name}] decode: {error}") from None
 
 
 # ------------------------------------------------------------------------------------------------------ hashing

@@ -39,6 +39,12 @@ def build_sweep_report(sweep: Sweep, run: SweepRun) -> dict[str, Any]:
             "models": [_model_section(sweep, run, model) for model in sweep.models]}
 
 
+def _decoding(sweep: Sweep) -> dict:
+    from ..runtimes.decoding import DEFAULT_DECODE_PROFILE, profile_named
+
+    return profile_named(sweep.eval_options.get("decode", DEFAULT_DECODE_PROFILE)).record()
+
+
 def _file_mib(cell: Cell, run: SweepRun) -> float | None:
     result = run.results.get(cell.steps.get("export", ""))
     return round(int(result.outputs["bytes"]) / MIB, 2) if result and result.ok else None
@@ -56,7 +62,8 @@ def _model_section(sweep: Sweep, run: SweepRun, model: str) -> dict[str, Any]:
                                                   for c in cells for backend in sweep.backends],
                                 teacher_forced=_figures(cells, run, name))
                     for name, path in sweep.evaluation.items()]
-        evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf}))
+        evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf,
+                                                                       "decoding": _decoding(sweep)}))
     bench = run.results.get(next((c.steps["bench"] for c in run.cells if c.model == model and "bench" in c.steps), ""))
     return {"model": model, "source": sweep.models[model], "evaluation": evaluation,
             "bench": json.loads(Path(bench.outputs["bench"]).read_text()) if bench and bench.ok else None}
@@ -123,7 +130,8 @@ def render_sweep_markdown(report: dict) -> str:
     lines = ["# Sweep report", "",
              f"`{head['file']}`: target {head['target']}; methods {', '.join(head['methods'])}; types "
              f"{', '.join(head['types'])}; steps {', '.join(head['steps'])}; paired differences against "
-             f"{head['baseline'] or 'no baseline'} (same corpus and type), retention against each model's F16.", "",
+             f"{head['baseline'] or 'no baseline'} (same corpus and type), retention against each model's F16. "
+             f"Decoding: `{head['eval_options'].get('decode', 'greedy')}` (runtimes/decoding.py).", "",
              "| cell | " + " | ".join(head["steps"]) + " | file MiB |", "|---|" + "---|" * (len(head["steps"]) + 1)]
     for cell in report["cells"]:
         statuses = [cell["steps"].get(step, "—") for step in head["steps"]]

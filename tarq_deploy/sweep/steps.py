@@ -247,7 +247,7 @@ def _bench(step: Step, folder: Path, needed: Sequence[StepResult], cpus: int) ->
     files = [arg for r in needed for arg in ("--model", r.outputs["file"])]
     audio = [arg for a in p.get("audio", ["jfk"]) for arg in ("--audio", a)]
     threads = ["--threads", ",".join(str(t) for t in p.get("threads", [1]))]
-    counts = [arg for name in ("runs", "warmup") if name in p for arg in (f"--{name}", str(p[name]))]
+    counts = [arg for name in ("runs", "warmup", "decode") if name in p for arg in (f"--{name}", str(p[name]))]
     # exit 1: some rows are errors (a file whisper.cpp rejects); the others are measured and the errors reported
     _tarq_deploy(["bench", *files, *audio, *threads, *counts, "--out", str(folder), "--name", "bench", "--no-plot"],
                  folder, cpus, ok_codes=(0, 1))
