@@ -30,6 +30,7 @@ from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
 from ..runtimes.decoding import profile_named
 from ..runtimes.registry import BY_NAME, infer_runtime
 from ..evaluate.dataset import Dataset
+from ..evaluate.failure_runs import NonspeechSet, failure_section, nonspeech_section
 from ..evaluate.near_ties import near_tie_margins
 from ..evaluate.report import (DEFAULT_CONTEXT_WORDS, DEFAULT_EXAMPLES, DEFAULT_NEAR_TIE_MARGIN, DatasetRuns,
                                ModelRun, ReportOptions, build_report, render_markdown)
@@ -69,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="torch backend device")
     add_decode(p)
     p.add_argument("--limit", type=int, help="only the first N utterances of each dataset")
+    p.add_argument("--nonspeech", metavar="MANIFEST",
+                   help="non-speech clips (tarq-deploy corpus nonspeech): words each model invents per minute of "
+                        "silence, noise, babble and music, against its baseline's")
     p.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD, help="rare: Zipf below k")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -197,8 +201,42 @@ def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
         name = dataset_name(source, given)
         if any(d.name == name for d in datasets):
             raise UserError(f"two datasets are named {name!r}; name them NAME=MANIFEST")
-        datasets.append(Dataset(name, source, utterances, [load_audio(u) for u in utterances]))
+        datasets.append(Dataset(name, source, utterances, [load_audio(u) for u in utterances],
+                                _long_spans(source, {u.id for u in utterances})))
     return datasets
+
+
+def _long_spans(source: str, ids: set[str]) -> dict:
+    """The spans of a long-recording manifest (tarq-deploy corpus long: entries carry "spans"), else {}."""
+    from ..data.long_form import load_long_spans
+
+    path = Path(source)
+    if not (path.is_file() and path.suffix == ".jsonl"):
+        return {}
+    first = path.read_text(encoding="utf-8").lstrip().split("\n", 1)[0]
+    if '"spans"' not in first:
+        return {}
+    return {uid: tuple(spans) for uid, spans in load_long_spans(path).items() if uid in ids}
+
+
+NONSPEECH_DATASET = "nonspeech"
+
+
+def load_nonspeech(manifest: str | None) -> tuple[Dataset, NonspeechSet] | None:
+    """The non-speech clips as a dataset to decode (no words to score) and what their figures need."""
+    if manifest is None:
+        return None
+    from ..data.corpus import Utterance
+    from ..data.nonspeech import load_nonspeech_manifest
+
+    entries = load_nonspeech_manifest(manifest)
+    if not entries:
+        raise UserError(f"--nonspeech {manifest}: no clips")
+    utterances = [Utterance(e.id, e.audio, "", NONSPEECH_DATASET) for e in entries]
+    audio = [load_audio(u) for u in utterances]
+    clips = NonspeechSet(manifest, {e.id: len(a) / 16_000 for e, a in zip(entries, audio)},
+                         {e.id: e.kind for e in entries})
+    return Dataset(NONSPEECH_DATASET, manifest, utterances, audio), clips
 
 
 def refuse_long_audio_for_pytorch(specs: list[ModelSpec], datasets: list[Dataset], teacher_forced: bool) -> None:
@@ -238,6 +276,32 @@ def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datas
     return 0
 
 
+def failure_baselines(specs: list[ModelSpec], reference: str | None) -> dict[str, str]:
+    """Run key -> the run it is compared with in the failure figures: the reference label's run of the same
+    backend (else the backend's first model); a baseline is not compared with itself."""
+    baselines = {}
+    for spec in specs:
+        same = [s for s in specs if s.backend == spec.backend]
+        base = next((s for s in same if s.label == reference), same[0])
+        if base.key != spec.key:
+            baselines[spec.key] = base.key
+    return baselines
+
+
+def add_failure_figures(report: dict, specs: list[ModelSpec], datasets: list[Dataset], hypotheses: dict,
+                        nonspeech: tuple[Dataset, NonspeechSet] | None, args: argparse.Namespace) -> None:
+    """Each dataset's failure section, and the non-speech section, into the report."""
+    baselines = failure_baselines(specs, args.reference)
+    for entry, d in zip(report["datasets"], datasets):
+        texts = {s.key: [row["text"] for row in hypotheses[s.key][d.name]] for s in specs}
+        entry["failures"] = failure_section([(u.id, u.text) for u in d.utterances], texts, d.spans, baselines,
+                                            args.resamples, args.seed)
+    if nonspeech:
+        clips = nonspeech[1]
+        report["nonspeech"] = nonspeech_section(
+            clips, {s.key: [row["text"] for row in hypotheses[s.key][NONSPEECH_DATASET]] for s in specs}, baselines)
+
+
 def figure_lines(figures: dict[str, dict[str, list]]) -> str:
     """The per-utterance teacher-forced figures, one JSON line each ({dataset, label, id, sums, counts}): what a
     merged report (the sweep's) re-scores with its own pairs and resamples, as utterances.jsonl is for the words."""
@@ -273,11 +337,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {args.reference}: no model has that label")
     check_outputs_apart(eval_outputs(out), eval_inputs(args, specs))
     datasets = load_datasets(args.data, args.limit)
+    nonspeech = load_nonspeech(args.nonspeech)
+    if nonspeech and any(d.name == NONSPEECH_DATASET for d in datasets):
+        raise UserError(f"--data: the name {NONSPEECH_DATASET!r} is --nonspeech's; name the dataset otherwise")
     refuse_long_audio_for_pytorch(specs, datasets, args.teacher_forced)
     if args.teacher_forced_only:
         return _teacher_forced_only(args, specs, datasets, pairs, out)
     try:
-        hypotheses = transcribe_models(specs, datasets, options, out / "hypotheses", args.jobs, not args.quiet)
+        decoded = datasets + ([nonspeech[0]] if nonspeech else [])
+        hypotheses = transcribe_models(specs, decoded, options, out / "hypotheses", args.jobs, not args.quiet)
         margins = near_tie_margins(specs, datasets, hypotheses, options, out / "hypotheses")
     except BackendError as error:  # a runtime crash or timeout: the message names the model file and utterance
         raise UserError(str(error)) from None
@@ -305,6 +373,7 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
                                                       args.context, near_tie_margin=args.near_tie_margin,
                                                       reference=args.reference), settings)
+    add_failure_figures(report, specs, datasets, hypotheses, nonspeech, args)
     markdown = render_markdown(report)
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     write_text_atomic(out / "report.md", markdown)

@@ -1,7 +1,7 @@
 """One evaluation corpus as the scorers see it: its utterances and their audio, decoded once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,6 +16,7 @@ class Dataset:
     manifest: str
     utterances: list[Utterance]
     audio: list[np.ndarray]  # float32 16 kHz, one per utterance
+    spans: dict = field(default_factory=dict)  # id -> data.long_form spans, for a long-recording manifest
 
     @property
     def audio_seconds(self) -> float:

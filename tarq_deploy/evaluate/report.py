@@ -12,6 +12,7 @@ import numpy as np
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .failure_runs import render_failures, render_nonspeech
 from .teacher_forced import TF_METRICS, UtteranceFigures, figure_counts, retention_counts
 from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK, UtteranceScore,
                   bootstrap_indices, bootstrap_interval, check_same_references, metric_counts, paired_difference,
@@ -307,6 +308,7 @@ def render_markdown(report: dict) -> str:
         lines += [machine_line(settings["machine"], settings.get("threads")), ""]
     for dataset in report["datasets"]:
         lines += render_dataset(dataset)
+    lines += render_nonspeech(report["nonspeech"]) + [""] if "nonspeech" in report else []
     return "\n".join(lines) + "\n"
 
 
@@ -347,6 +349,7 @@ def render_dataset(d: dict) -> list[str]:
                 line += (f"; {row['near_ties']} of {row['utterances'] - row['identical']} differences start at a "
                          f"near-tie; {_pct(row['share_near_ties_aside'])}% identical near-ties aside")
             lines.append(line)
+    lines += render_failures(d["failures"]) if "failures" in d else []
     lines += render_teacher_forced(d["teacher_forced"]) if "teacher_forced" in d else []
     lines += render_retention(d["retention"]) if "retention" in d else []
     return lines + [""] + render_recovery(d["recovery"]) + [""]
