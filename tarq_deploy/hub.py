@@ -154,6 +154,10 @@ class EvalDataset:
     ci_level: float
     rows: list[EvalRow]
     published: str  # label of the row that is this repo's model
+    decoding: str = "greedy"  # decode profile of every figure (reports before decode profiles: greedy)
+    reference: str | None = None  # label of the full-precision row the failure figures are held against
+    failures: dict = field(default_factory=dict)  # label -> failure figures (evaluate/failure_runs.py)
+    nonspeech: dict = field(default_factory=dict)  # label -> words per minute of non-speech
 
 
 @dataclass(frozen=True)
@@ -375,12 +379,35 @@ def card_shape_of_eval_report(report: dict) -> dict:
             datasets.append(d)  # left for the reader to reject with its message
             continue
         counts = Counter(m.get("label") for m in d["models"] if isinstance(m, dict))
-        rows = [{**m, "label": m.get("key") if counts[m.get("label")] > 1 else m.get("label"),
-                 "model": m.get("source"), "n_words": d.get("words"), "n_rare_words": d.get("rare_words")}
-                for m in d["models"] if isinstance(m, dict)]
+        names = {m.get("key"): m.get("key") if counts[m.get("label")] > 1 else m.get("label")
+                 for m in d["models"] if isinstance(m, dict)}
+        rows = [{**m, "label": names[m.get("key")], "model": m.get("source"), "n_words": d.get("words"),
+                 "n_rare_words": d.get("rare_words")} for m in d["models"] if isinstance(m, dict)]
+        failures = (d.get("failures") or {}).get("models") or {}
+        nonspeech = (report.get("nonspeech") or {}).get("models") or {}
         datasets.append({"name": d.get("name"), "n_utterances": d.get("utterances"),
-                         "zipf_threshold": settings.get("zipf_threshold"), "models": rows})
+                         "zipf_threshold": settings.get("zipf_threshold"), "models": rows,
+                         "decoding": (settings.get("decoding") or {}).get("profile", "greedy")
+                         if isinstance(settings.get("decoding"), dict) else "greedy",
+                         "reference": _reference_row(settings.get("reference"), names),
+                         "failures": {names[k]: _failure_summary(v) for k, v in failures.items() if k in names},
+                         "nonspeech": {names[k]: v.get("words_per_minute") for k, v in nonspeech.items()
+                                       if k in names}})
     return {"kind": "eval", "ci_level": settings.get("confidence_level"), "datasets": datasets}
+
+
+FAILURE_FIELDS = ("empty_output_rate", "loop_rate", "dropped_rate", "invented_per_nonspeech_minute")
+
+
+def _failure_summary(figures: dict) -> dict:
+    return {k: figures.get(k) for k in FAILURE_FIELDS}
+
+
+def _reference_row(label: str | None, names: dict) -> str | None:
+    """The card row of the eval's --reference label (its first backend's, where it ran in several)."""
+    if label is None:
+        return None
+    return next((name for key, name in names.items() if name == label or str(key).startswith(f"{label} [")), None)
 
 
 def _eval_dataset(d: Any, where: str, ci_level: float, published_names: set[str],
@@ -396,10 +423,28 @@ def _eval_dataset(d: Any, where: str, ci_level: float, published_names: set[str]
     if len(set(labels)) != len(labels):
         raise UserError(f"{where}: model labels repeat: {labels}")
     k = d.get("zipf_threshold")
+    decoding = d.get("decoding", "greedy")
+    if not isinstance(decoding, str):
+        raise UserError(f"{where}: 'decoding' must be a decode profile name, got {decoding!r}")
     return EvalDataset(name=name, dataset_id=str(d.get("id") or name), config=d.get("config"), split=d.get("split"),
                        n_utterances=_required(d, "n_utterances", int, where),
                        zipf_threshold=None if k is None else float(k), ci_level=ci_level, rows=rows,
-                       published=_published_label(rows, where, published_names, eval_model))
+                       published=_published_label(rows, where, published_names, eval_model), decoding=decoding,
+                       reference=d.get("reference") if d.get("reference") in labels else None,
+                       failures=_checked_figures(d.get("failures"), where, "failures"),
+                       nonspeech=_checked_figures(d.get("nonspeech"), where, "nonspeech"))
+
+
+def _checked_figures(value: Any, where: str, key: str) -> dict:
+    """{label: figures} of the optional failure / non-speech figures: numbers or None only."""
+    if value is None:
+        return {}
+    ok = isinstance(value, dict) and all(
+        isinstance(v, dict) and all(x is None or _is_number(x) for x in v.values()) if key == "failures"
+        else (v is None or _is_number(v)) for v in value.values())
+    if not ok:
+        raise UserError(f"{where}: '{key}' must map model labels to figures (numbers), got {value!r}")
+    return value
 
 
 def _eval_row(r: Any, where: str) -> EvalRow:
@@ -578,9 +623,12 @@ def _intro(inputs: CardInputs) -> str:
 
 
 def _files_section(files: list[RuntimeFile]) -> str:
-    lines = ["## Files\n", "| Path | Runtime | Format | Size |", "|---|---|---|---:|"]
+    from .hashing import file_sha256
+
+    lines = ["## Files\n", "| Path | Runtime | Format | Size | sha256 |", "|---|---|---|---:|---|"]
     lines += [f"| `{f.name}{'/' if f.source.is_dir() else ''}` | {_runtime_name(f)} | {_format_of(f)} | "
-              f"{_size(f.size_bytes)} |" for f in files]
+              f"{_size(f.size_bytes)} | {'(a folder)' if f.source.is_dir() else f'`{file_sha256(f.source)}`'} |"
+              for f in files]
     return "\n".join(lines) + "\n"
 
 
@@ -620,7 +668,61 @@ def _eval_table(d: EvalDataset) -> str:
         cells = [label, _metric_cell(r.wer), _metric_cell(r.rare_wer), _metric_cell(r.common_wer),
                  _count(r.n_words), _count(r.n_rare_words)]
         lines.append("| " + " | ".join(cells) + " |")
+    lines.insert(1, f"Decoding: `{d.decoding}` ({_decoding_words(d.decoding)}).\n")
+    return "\n".join(lines) + "\n" + _failure_table(d)
+
+
+def _decoding_words(profile: str) -> str:
+    from .runtimes.decoding import PROFILES
+
+    return PROFILES[profile].description if profile in PROFILES else "a decode profile this version does not know"
+
+
+def _failure_table(d: EvalDataset) -> str:
+    if not d.failures:
+        return ""
+    lines = ["", "Failure figures (%; invented words per minute of silence and noise inside long recordings; "
+                 "non-speech: words per minute written into clips with no speech):", "",
+             "| Model | empty outputs | loops | dropped spans | invented / min | non-speech words / min |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in d.rows:
+        f = d.failures.get(r.label, {})
+        label = f"**{r.label}**" if r.label == d.published else r.label
+        lines.append(f"| {label} | {_pct_cell(f.get('empty_output_rate'))} | {_pct_cell(f.get('loop_rate'))} | "
+                     f"{_pct_cell(f.get('dropped_rate'))} | {_rate_cell(f.get('invented_per_nonspeech_minute'))} | "
+                     f"{_rate_cell(d.nonspeech.get(r.label))} |")
     return "\n".join(lines) + "\n"
+
+
+def _pct_cell(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}"
+
+
+def _rate_cell(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+# How far a published file's failure figures may exceed its full-precision model's on the same audio before publish
+# refuses it (unless --allow-regressions): loops and dropped spans in points of the items, invented words in words
+# per minute of silence, noise or non-speech clips.
+REGRESSION_MARGINS = {"loop_rate": 0.02, "dropped_rate": 0.05, "empty_output_rate": 0.02,
+                      "invented_per_nonspeech_minute": 1.0, "nonspeech_words_per_minute": 1.0}
+
+
+def failure_regressions(evals: list[EvalDataset]) -> list[str]:
+    """One line per figure where the published row exceeds its reference row by more than its margin."""
+    found = []
+    for d in evals:
+        if d.reference is None or d.reference == d.published:
+            continue
+        ours, theirs = d.failures.get(d.published, {}), d.failures.get(d.reference, {})
+        figures = {**{k: (ours.get(k), theirs.get(k)) for k in FAILURE_FIELDS},
+                   "nonspeech_words_per_minute": (d.nonspeech.get(d.published), d.nonspeech.get(d.reference))}
+        for name, (a, b) in figures.items():
+            if a is not None and b is not None and a - b > REGRESSION_MARGINS[name]:
+                found.append(f"{d.name}: {name} of {d.published} is {a:.3g} against {d.reference}'s {b:.3g} "
+                             f"(margin {REGRESSION_MARGINS[name]:g})")
+    return found
 
 
 def _metric_cell(m: Metric | None) -> str:
@@ -693,16 +795,24 @@ def _calibration_summary(c: dict) -> str:
 
 
 def _usage_section(inputs: CardInputs) -> str:
-    snippets = [_usage(f, inputs.repo_id) for f in inputs.files]
+    profile = next((d.decoding for d in inputs.evals), None)
+    snippets = [_usage(f, inputs.repo_id, profile) for f in inputs.files]
     return "\n".join(["## Usage\n", *snippets])
 
 
-def _usage(f: RuntimeFile, repo: str) -> str:
+def _usage(f: RuntimeFile, repo: str, profile: str | None = None) -> str:
     if f.kind == WHISPER_CPP:
-        return (f"### `{f.name}` with whisper.cpp\n\n```bash\nhf download {repo} {f.name} --local-dir .\n"
-                f"whisper-cli -m {f.name} -f audio.wav\n```\n\nFrom Python with pywhispercpp:\n\n```python\n"
+        from .runtimes.decoding import CLI, PYWHISPERCPP_ARGUMENTS, WHISPER_CLI_FLAGS
+
+        chosen = profile if profile in WHISPER_CLI_FLAGS else CLI
+        flags = f" {WHISPER_CLI_FLAGS[chosen]}" if WHISPER_CLI_FLAGS[chosen] else ""
+        arguments = "".join(f", {k}={v!r}" for k, v in PYWHISPERCPP_ARGUMENTS[chosen].items())
+        measured = f"decoded as the figures above were (`{chosen}`)" if profile else f"decoded as whisper-cli does"
+        return (f"### `{f.name}` with whisper.cpp\n\nBoth lines are {measured}.\n\n```bash\n"
+                f"hf download {repo} {f.name} --local-dir .\n"
+                f"whisper-cli -m {f.name} -f audio.wav{flags}\n```\n\nFrom Python with pywhispercpp:\n\n```python\n"
                 f"from huggingface_hub import hf_hub_download\nfrom pywhispercpp.model import Model\n\n"
-                f"model = Model(hf_hub_download(\"{repo}\", \"{f.name}\"))\n"
+                f"model = Model(hf_hub_download(\"{repo}\", \"{f.name}\"){arguments})\n"
                 f"print(\" \".join(segment.text for segment in model.transcribe(\"audio.wav\")))\n```\n")
     if f.kind == GGUF and f.backbone in CRISPASR_ARCHITECTURES:
         return (f"### `{f.name}` with CrispASR\n\n```python\nimport crispasr\n"

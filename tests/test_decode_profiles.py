@@ -179,3 +179,14 @@ def test_profiles_are_named_in_the_cache_key_and_refused_when_unknown(tmp_path: 
     assert keys["greedy"].identity["decode"] != keys["cli"].identity["decode"]
     with pytest.raises(ValueError, match="unknown decode profile 'beam'"):
         check_profile("beam")
+
+
+def test_the_model_cards_pywhispercpp_line_builds_the_profiles_struct(tiny_f16: Path):
+    """A card's usage line (hub.py) decodes as the figures were measured: the same whisper_full_params."""
+    from pywhispercpp.model import Model
+
+    from tarq_deploy.runtimes.decoding import PYWHISPERCPP_ARGUMENTS
+
+    for profile, arguments in PYWHISPERCPP_ARGUMENTS.items():
+        card_line = Model(str(tiny_f16), redirect_whispercpp_logs_to=None, **arguments)._params
+        assert _decoding_fields(card_line) == _decoding_fields(_worker_struct(tiny_f16, profile)), profile

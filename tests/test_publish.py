@@ -554,3 +554,64 @@ def test_the_eval_commands_own_report_feeds_the_card(inputs, tmp_path):
     tarq = dataset.rows[2]
     assert tarq.wer.value == pytest.approx(report["datasets"][0]["models"][2]["wer"]["value"]) and tarq.wer.value > 0
     assert tarq.n_words == report["datasets"][0]["words"]
+
+
+# ----------------------------------------------------------------------------------- failure figures and decoding
+def _report_with_failures(tmp_path: Path, published_loops: bool) -> Path:
+    """An eval report made by the real report code: F16 and the published file on one long recording and two
+    utterances; the published file loops on every utterance when ``published_loops``."""
+    from tarq_deploy.data.long_form import Span
+    from tarq_deploy.evaluate.failure_runs import failure_section
+    from tarq_deploy.evaluate.report import DatasetRuns, ModelRun, ReportOptions, build_report
+    from tarq_deploy.evaluate.wer import score_utterance
+    from tarq_deploy.runtimes.decoding import profile_named
+
+    refs = [("u0", "the abbot of dunfermline spoke to the assembled monks"),
+            ("u1", "seventeen hogsheads of claret came from bordeaux by sea")]
+    loop = " the monks" * 8
+    hyps = {"F16 [whisper.cpp]": [r for _, r in refs],
+            "TARQ [whisper.cpp]": [r + (loop if published_loops else "") for _, r in refs]}
+    runs = [ModelRun(key, key.split(" ")[0], "whisper.cpp", source,
+                     [score_utterance(uid, ref, hyp) for (uid, ref), hyp in zip(refs, hyps[key])], 1.0, 6.0)
+            for key, source in (("F16 [whisper.cpp]", "out/tiny.en-f16.bin"),
+                                ("TARQ [whisper.cpp]", "out/model-q4_0.bin"))]
+    settings = {"zipf_threshold": 3.0, "decoding": profile_named("cli").record(), "reference": "F16"}
+    report = build_report([DatasetRuns("synth", "eval.jsonl", runs)], ReportOptions(n_resamples=50), settings)
+    report["datasets"][0]["failures"] = failure_section(refs, hyps, {"u0": (Span("speech", 0.0, 3.0, "u0", 0, 9),)},
+                                                        {"TARQ [whisper.cpp]": "F16 [whisper.cpp]"}, 50, 0)
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_publish_refuses_a_file_that_loops_more_than_its_f16_unless_allowed(inputs, tmp_path, capsys):
+    report = _report_with_failures(tmp_path, published_loops=True)
+    argv = ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]),
+            "--eval", str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license",
+            "mit", "--dry-run"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert "loop_rate of TARQ is 1 against F16's 0" in err and "--allow-regressions" in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()  # refused before staging anything
+    assert cli.main(argv + ["--allow-regressions"]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Decoding: `cli` (whisper-cli's defaults" in card
+    assert "| **TARQ** | 0.0 | 100.0 | 0.0 |" in card  # empty outputs, loops, dropped spans of the published row
+    from tarq_deploy.hashing import file_sha256
+
+    assert f"`{file_sha256(inputs['bin'])}`" in card  # each file's sha256
+    assert f"whisper-cli -m {inputs['bin'].name} -f audio.wav\n" in card  # decoded as the figures were: cli's own
+    assert "params_sampling_strategy=1" in card
+
+
+def test_a_file_that_fails_no_more_than_its_f16_publishes_and_greedy_usage_says_so(inputs, tmp_path, capsys):
+    report = _report_with_failures(tmp_path, published_loops=False)
+    doc = json.loads(report.read_text())
+    doc["settings"]["decoding"] = {"profile": "greedy", "description": "greedy"}
+    report.write_text(json.dumps(doc))
+    argv = ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]),
+            "--eval", str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license",
+            "mit", "--dry-run"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Decoding: `greedy`" in card and "-bs 1 -nf -nt -sns" in card and "temperature_inc=0.0" in card

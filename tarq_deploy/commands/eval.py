@@ -368,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
                                         figures.get(d.name, {})))
     settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
                 "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": profile_named(args.decode).record(),
-                "near_tie_margin": args.near_tie_margin, "machine": machine_record(),
+                "near_tie_margin": args.near_tie_margin, "reference": args.reference, "machine": machine_record(),
                 "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
                                                       args.context, near_tie_margin=args.near_tie_margin,

@@ -16,7 +16,7 @@ import argparse
 
 from ..errors import UserError
 
-__all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "add_checkpoint", "add_decode", "add_out",
+__all__ = ["EXIT_BUG", "EXIT_CHECK_FAILED", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "add_checkpoint", "add_decode", "add_out",
            "add_positional_out", "merge_spellings", "require"]
 
 EXIT_OK = 0

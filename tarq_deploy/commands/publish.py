@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import hub
 from ..checks import Output, check_outputs_apart
 from ..errors import UserError
-from .options import add_out, add_positional_out, require
+from .options import EXIT_CHECK_FAILED, add_out, add_positional_out, require
 
 HELP = "stage runtime files and a model card with the measured numbers, and upload them to the Hugging Face Hub"
 EXIT_OK, EXIT_UPLOAD_FAILED = 0, 1
@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", help="branch to commit to (created from main when missing; default main)")
     parser.add_argument("--message", default=DEFAULT_MESSAGE, help=f"commit message (default {DEFAULT_MESSAGE!r})")
     parser.add_argument("--dry-run", action="store_true", help="stage and validate only; upload nothing")
+    parser.add_argument("--allow-regressions", action="store_true",
+                        help="publish even when the file's loops, dropped spans or invented words exceed its "
+                             "full-precision model's by more than the stated margins (the card shows them anyway)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=Path(args.checkpoint) if args.checkpoint else None, include_lattice=not args.no_lattice,
         eval_jsons=[Path(p) for p in args.eval], bench_jsons=[Path(p) for p in args.bench],
         eval_model=args.eval_model, base_model=args.base_model, license=args.license, languages=args.language))
+    regressions = hub.failure_regressions(inputs.evals)
+    if regressions and not args.allow_regressions:
+        print(f"tarq-deploy publish: refused: {regressions[0]}" + (f" (and {len(regressions) - 1} more)"
+                                                                     if len(regressions) > 1 else "")
+              + "; --allow-regressions publishes it anyway", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     card = hub.build_card(inputs)
     check = hub.check_card(card)
     staged = hub.stage(Path(out_dir), card, inputs.files)

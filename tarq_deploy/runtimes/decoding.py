@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["CLI", "DECODE_PROFILES", "DEFAULT_DECODE_PROFILE", "DecodeProfile", "GREEDY", "PROFILES", "WHISPER_CLI_PARAMS",
-           "WHISPER_GREEDY_PARAMS", "check_profile", "profile_named"]
+           "WHISPER_GREEDY_PARAMS", "WHISPER_CLI_FLAGS", "PYWHISPERCPP_ARGUMENTS", "check_profile", "profile_named"]
 
 GREEDY = "greedy"
 CLI = "cli"
@@ -121,6 +121,16 @@ PROFILES: dict[str, DecodeProfile] = {
              "no-speech 0.6), timestamps, context carried across a file's windows",
         WHISPER_CLI_PARAMS, WHISPER_CLI_BEAM_SEARCH, TORCH_CLI,
         CRISPASR_CLI, TRANSCRIBE_CPP_CLI),
+}
+
+
+# How a model card's usage lines reproduce a profile. whisper-cli's own flags (cli.cpp v1.8.5: -bs beam size, -nf no
+# fallback, -nt no timestamps, -sns suppress non-speech tokens, -l language); pywhispercpp's Model arguments (its
+# defaults are whisper_full_default_params of the strategy it is given, which are not whisper-cli's).
+WHISPER_CLI_FLAGS = {GREEDY: "-l en -bs 1 -nf -nt -sns", CLI: ""}
+PYWHISPERCPP_ARGUMENTS = {
+    GREEDY: {"language": "en", "temperature_inc": 0.0, "no_timestamps": True, "suppress_nst": True},
+    CLI: {"params_sampling_strategy": 1, "greedy": {"best_of": 5}, "beam_search": {"beam_size": 5, "patience": -1.0}},
 }
 
 
