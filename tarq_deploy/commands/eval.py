@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..checks import Output, check_outputs_apart
 from ..data.corpus import load_audio, load_corpus, refuse_longer_than
+from ..data.long_form import manifest_spans
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
 from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
@@ -202,21 +203,8 @@ def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
         if any(d.name == name for d in datasets):
             raise UserError(f"two datasets are named {name!r}; name them NAME=MANIFEST")
         datasets.append(Dataset(name, source, utterances, [load_audio(u) for u in utterances],
-                                _long_spans(source, {u.id for u in utterances})))
+                                manifest_spans(Path(source), {u.id for u in utterances})))
     return datasets
-
-
-def _long_spans(source: str, ids: set[str]) -> dict:
-    """The spans of a long-recording manifest (tarq-deploy corpus long: entries carry "spans"), else {}."""
-    from ..data.long_form import load_long_spans
-
-    path = Path(source)
-    if not (path.is_file() and path.suffix == ".jsonl"):
-        return {}
-    first = path.read_text(encoding="utf-8").lstrip().split("\n", 1)[0]
-    if '"spans"' not in first:
-        return {}
-    return {uid: tuple(spans) for uid, spans in load_long_spans(path).items() if uid in ids}
 
 
 NONSPEECH_DATASET = "nonspeech"
@@ -288,13 +276,25 @@ def failure_baselines(specs: list[ModelSpec], reference: str | None) -> dict[str
     return baselines
 
 
+def compared_keys(specs: list[ModelSpec], compare: list[str]) -> list[tuple[str, str]]:
+    """--compare A:B as run-key pairs, within each backend that ran both labels."""
+    pairs = []
+    for a, b in comparisons(compare):
+        for spec in specs:
+            other = next((s for s in specs if s.label == b and s.backend == spec.backend), None)
+            if spec.label == a and other is not None:
+                pairs.append((spec.key, other.key))
+    return pairs
+
+
 def add_failure_figures(report: dict, specs: list[ModelSpec], datasets: list[Dataset], hypotheses: dict,
                         nonspeech: tuple[Dataset, NonspeechSet] | None, args: argparse.Namespace) -> None:
     """Each dataset's failure section, and the non-speech section, into the report."""
     baselines = failure_baselines(specs, args.reference)
     for entry, d in zip(report["datasets"], datasets):
         texts = {s.key: [row["text"] for row in hypotheses[s.key][d.name]] for s in specs}
-        entry["failures"] = failure_section([(u.id, u.text) for u in d.utterances], texts, d.spans, baselines,
+        entry["failures"] = failure_section([(u.id, u.text) for u in d.utterances], texts, d.spans,
+                                            [*baselines.items(), *compared_keys(specs, args.compare)],
                                             args.resamples, args.seed)
     if nonspeech:
         clips = nonspeech[1]

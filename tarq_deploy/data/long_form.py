@@ -48,7 +48,7 @@ from .synth import encode_wav_pcm16
 
 __all__ = ["GAP_KINDS", "LONG_MANIFEST", "LongFormError", "LongPlan", "LongRecording", "NOISE", "PAUSE",
            "PAUSE_SECONDS", "Piece", "SILENCE", "SPAN_KINDS", "SPEECH", "Span", "build_long_recordings",
-           "load_long_spans", "plan_long_recordings", "render_long_recording", "render_long_recordings",
+           "load_long_spans", "manifest_spans", "plan_long_recordings", "render_long_recording", "render_long_recordings",
            "write_long_corpus"]
 
 SPEECH, PAUSE, SILENCE, NOISE = "speech", "pause", "silence", "noise"
@@ -431,3 +431,15 @@ def _check_tiling(fields: FieldReader, spans: list[Span], seconds: float, words:
         time, word = span.end_s, word + span.n_words
     if time != seconds or word != words:
         raise fields.fail(f"the spans cover {time} s and {word} words; the recording has {seconds} s and {words} words")
+
+
+def manifest_spans(path: Path, ids: set[str]) -> dict[str, tuple[Span, ...]]:
+    """The spans of a long-recording manifest's entries among ``ids`` (``corpus long`` writes them), or {} for any
+    other manifest (a folder, a JSONL without spans)."""
+    if not (path.is_file() and path.suffix == ".jsonl"):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    if '"spans"' not in first:
+        return {}
+    return {uid: tuple(spans) for uid, spans in load_long_spans(path).items() if uid in ids}

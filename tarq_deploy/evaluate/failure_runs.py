@@ -43,17 +43,17 @@ def _indicators(per_item: Sequence[dict]) -> dict[str, np.ndarray]:
 
 
 def failure_section(references: Sequence[tuple[str, str]], hypotheses: Mapping[str, Sequence[str]],
-                    spans: Mapping[str, Sequence[Span]], baselines: Mapping[str, str], resamples: int,
+                    spans: Mapping[str, Sequence[Span]], pairs: Sequence[tuple[str, str]], resamples: int,
                     seed: int) -> dict:
     """{"models": {key: figures}, "differences": [...]} of one dataset. ``references``: (id, text) per utterance;
-    ``hypotheses``: run key -> texts in that order; ``baselines``: run key -> the key it is compared with."""
+    ``hypotheses``: run key -> texts in that order; ``pairs``: (run key, the key it is compared with)."""
     figures = {key: failure_figures([FailureInput(uid, text, hyp, tuple(spans.get(uid, ())))
                                      for (uid, text), hyp in zip(references, texts)]).as_dict()
                for key, texts in hypotheses.items()}
     indices = bootstrap_indices(len(references), resamples, seed)
     counts = {key: _indicators(f["per_item"]) for key, f in figures.items()}
     differences = []
-    for key, base in baselines.items():
+    for key, base in dict.fromkeys(pairs):
         for rate, _ in [*FAILURE_RATES.items(), ("invented_per_nonspeech_minute", "invented/min")]:
             if counts[base][rate][1].sum() > 0:
                 d = paired_difference(counts[key][rate], counts[base][rate], indices)

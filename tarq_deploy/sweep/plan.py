@@ -121,7 +121,7 @@ TARGETS: dict[str, tuple[str, str]] = {target: (target, TARGET_FILE_SUFFIX[targe
 MIX_TARGETS = tuple(t for t in GGUF_TARGETS if t in TARGETS)  # the sweep targets whose files hold a type per tensor
 MIX_KEYS = ("type", "tensor_type")
 EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list,
-                "decode": str}
+                "decode": str, "nonspeech": str}
 BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int, "decode": str}
 
 
@@ -266,6 +266,11 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
         if not _exists(manifest, f"corpus {name!r}", source):
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
     eval_options = _decode_profile(_options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source), "eval", source)
+    if "nonspeech" in eval_options:  # a manifest path, relative to the sweep file like every other
+        nonspeech = _path(eval_options["nonspeech"], base)
+        if not nonspeech.is_file():
+            raise UserError(f"{source}: [eval] nonspeech: {nonspeech}: no such file")
+        eval_options["nonspeech"] = str(nonspeech)
     _check_backends(eval_options.get("backends"), TARGETS[target][0], source)
     if "score" in steps and not evaluation:
         raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")

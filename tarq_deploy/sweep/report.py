@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..bench.bench_report import cpu_markdown
+from ..evaluate.failure_runs import failure_section
 from ..evaluate.report import DatasetRuns, ModelRun, ReportOptions, build_report, render_dataset
 from ..evaluate.teacher_forced import UtteranceFigures
 from ..evaluate.wer import score_utterance
@@ -37,6 +38,27 @@ def build_sweep_report(sweep: Sweep, run: SweepRun) -> dict[str, Any]:
                       **({"bodies": bodies} if (bodies := {t.name: t.body for t in sweep.types if t.body}) else {})},
             "cells": [{**status(c), "file_mib": _file_mib(c, run)} for c in run.cells],
             "models": [_model_section(sweep, run, model) for model in sweep.models]}
+
+
+def _add_failures(evaluation: dict, datasets: Sequence[DatasetRuns], sweep: Sweep, reference: str | None,
+                  options: ReportOptions) -> None:
+    """Each dataset's failure figures (evaluate/failure_runs.py) from the cells' hypotheses, every cell against the
+    F16 cell of its backend; a long-recording manifest's spans are read from it."""
+    from ..data.long_form import manifest_spans
+
+    for entry, d in zip(evaluation["datasets"], datasets):
+        runs = {r.key: r for r in d.runs}
+        references = [(s.id, s.reference) for s in d.runs[0].scores]
+        texts = {key: [s.hypothesis for s in r.scores] for key, r in runs.items()}
+        against_f16 = [(key, next(k for k, b in runs.items() if b.label == reference and b.backend == r.backend))
+                       for key, r in runs.items() if reference is not None and r.label != reference]
+        by_label = {(r.label, r.backend): key for key, r in runs.items()}
+        against_baselines = [(by_label[(a, r.backend)], by_label[(b, r.backend)]) for a, b in options.comparisons
+                             for r in runs.values() if (a, r.backend) in by_label and (b, r.backend) in by_label
+                             and r.label == a]
+        spans = manifest_spans(Path(d.manifest), {uid for uid, _ in references})
+        entry["failures"] = failure_section(references, texts, spans, [*against_f16, *against_baselines],
+                                            options.n_resamples, options.seed)
 
 
 def _decoding(sweep: Sweep) -> dict:
@@ -64,6 +86,7 @@ def _model_section(sweep: Sweep, run: SweepRun, model: str) -> dict[str, Any]:
                     for name, path in sweep.evaluation.items()]
         evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf,
                                                                        "decoding": _decoding(sweep)}))
+        _add_failures(evaluation, datasets, sweep, reference, options)
     bench = run.results.get(next((c.steps["bench"] for c in run.cells if c.model == model and "bench" in c.steps), ""))
     return {"model": model, "source": sweep.models[model], "evaluation": evaluation,
             "bench": json.loads(Path(bench.outputs["bench"]).read_text()) if bench and bench.ok else None}
