@@ -5,7 +5,7 @@ within a measured bound of the per-utterance WER of the same utterances; the fai
 planted loop and a planted invented phrase are caught.
 
 The bound: results/long_form/bound.json (results/long_form/measure_bound.py, tiny.en, three recordings of 3.4-3.5 min
-from 40 synthetic utterances, seeds 0-2, on a 2-core AMD EPYC): under the cli profile the whole-recording WER minus
+from 40 synthetic utterances, seeds 0-2, on a 2-core Intel Xeon): under the cli profile the whole-recording WER minus
 the per-utterance WER was -0.4, -1.5 and +2.1 points in whisper.cpp and -0.4, -0.6 and +4.0 in PyTorch. BOUND is
 twice the largest of them, so it holds across recordings, threads and processors, while a broken long-form path fails
 it (greedy with no timestamps, in whisper.cpp: +38 to +45 points).
