@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .. import __version__
 from ..checkpoint import LatticeCheckpoint
+from ..data.corpus import TARGET_SAMPLE_RATE as SAMPLE_RATE
 from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longer_than, select_pool
 from ..errors import require_finite
 from ..hashing import chunks_sha256
@@ -79,10 +80,40 @@ def select_calibration(utterances: list[Utterance], options: QuantizeOptions) ->
                        options.zipf_threshold)
 
 
-def decode_utterances(utterances: list[Utterance]) -> list[TextAudio]:
+def decode_utterances(utterances: list[Utterance], segmenter: Callable | None = None,
+                      log: Callable[[str], None] = print) -> list[TextAudio]:
+    """The utterances' audio and text. An entry a manifest cuts from its file (offset/duration) is that stretch; an
+    entry longer than one window is cut into pieces at the full-precision model's own timestamps aligned to its
+    transcript (``segmenter``: the backbone's ``timestamped_segments``; data/segment.py), each said in the log, and
+    refused by name when no segmenter is given or its transcript cannot be aligned."""
     audios = [load_audio(u) for u in tqdm(utterances, desc="decoding audio", unit="utt")]
-    refuse_longer_than(utterances, audios, WINDOW_SECONDS, "a calibration window")
-    return [TextAudio(u.id, audio, u.text) for u, audio in zip(utterances, audios)]
+    cut = sum(u.offset > 0 or u.duration is not None for u in utterances)
+    if cut:
+        log(f"calibration: {cut} entries cut from their files by the manifest's offset/duration")
+    pieces: list[TextAudio] = []
+    for utterance, audio in zip(utterances, audios):
+        if len(audio) <= WINDOW_SECONDS * SAMPLE_RATE:
+            pieces.append(TextAudio(utterance.id, audio, utterance.text))
+            continue
+        found = _aligned_pieces(utterance, audio, segmenter)
+        if found is None:
+            refuse_longer_than([utterance], [audio], WINDOW_SECONDS, "a calibration window (its transcript could not "
+                                                                      "be aligned to the model's timestamps)"
+                               if segmenter else "a calibration window")
+        log(f"calibration: {utterance.id!r} ({len(audio) / SAMPLE_RATE:.1f} s) segmented into {len(found)} pieces "
+            f"at the full-precision model's timestamps aligned to its transcript "
+            f"({', '.join(f'{p.start_s:.1f}-{p.end_s:.1f} s' for p in found)})")
+        pieces += [TextAudio(f"{utterance.id}#{i}", audio[round(p.start_s * SAMPLE_RATE):round(p.end_s * SAMPLE_RATE)],
+                             p.text) for i, p in enumerate(found)]
+    return pieces
+
+
+def _aligned_pieces(utterance: Utterance, audio, segmenter: Callable | None) -> list | None:
+    from ..data.segment import align_segments
+
+    if segmenter is None:
+        return None
+    return align_segments(utterance.text, segmenter(audio), len(audio) / SAMPLE_RATE, WINDOW_SECONDS)
 
 
 def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions,
@@ -162,7 +193,9 @@ class _Windows:
         chosen = select_calibration(utterances, options)
         stats = corpus_statistics(chosen, options.zipf_threshold)
         with float32_compute(backbone.model):
-            windows = backbone.build_windows(decode_utterances(chosen), options.zipf_threshold, options.pack,
+            windows = backbone.build_windows(decode_utterances(chosen, getattr(backbone, "timestamped_segments",
+                                                                               None)),
+                                             options.zipf_threshold, options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
                                              compute_dtype=options.compute_dtype)
         start.peak_rss["windows"] = peak_rss_mb()

@@ -1,8 +1,10 @@
 """Calibration and evaluation corpora: loading, audio decoding, validation, selection and rare-biased pools.
 
 Sources: a JSONL manifest (``{"id", "audio", "text"}`` per line, audio relative to the manifest's folder
-allowed), a LibriSpeech-layout folder (``speaker/chapter/*.flac`` + ``*.trans.txt``), or a Hugging Face
-``datasets`` folder written by ``save_to_disk`` (``datasets`` is imported only then).
+allowed; NeMo's spelling ``{"audio_filepath", "text", "offset", "duration"}`` too: an entry is then the stretch of its
+file from ``offset`` for ``duration`` seconds, and its id, when absent, is the file's path and offset), a
+LibriSpeech-layout folder (``speaker/chapter/*.flac`` + ``*.trans.txt``), or a Hugging Face ``datasets`` folder
+written by ``save_to_disk`` (``datasets`` is imported only then).
 
 Audio: WAV (PCM 8/16/24/32-bit, float 32/64, any rate and channel count, WAVE_FORMAT_EXTENSIBLE), FLAC and
 OGG through ``soundfile``, MP3 through ``soundfile`` (libsndfile >= 1.1) or ``ffmpeg``, and headerless
@@ -66,6 +68,8 @@ class Utterance:
     dataset: str = ""
     audio_bytes: bytes | None = field(default=None, repr=False, compare=False)
     origin: str = field(default="", compare=False)  # where it was read ("calib.jsonl:3"), for error messages
+    offset: float = 0.0  # seconds into the file where the entry starts (a NeMo manifest's "offset")
+    duration: float | None = None  # seconds of the file from offset; None: to its end
 
 
 def _entry_error(utterance_id: str, audio: str, problem: str, origin: str = "") -> CorpusError:
@@ -346,7 +350,19 @@ def load_audio(
         samples, rate = decode_audio(data, utterance.audio, raw_sample_rate, raw_channels)
     except AudioDecodeError as error:
         raise _utterance_error(utterance, f"unreadable audio: {error}") from error
-    return to_mono_16k(samples, rate)
+    return _stretch(utterance, to_mono_16k(samples, rate))
+
+
+def _stretch(utterance: Utterance, audio: np.ndarray) -> np.ndarray:
+    """The entry's part of its file (offset, duration); an entry reaching past the file's end is refused by name."""
+    if utterance.offset == 0.0 and utterance.duration is None:
+        return audio
+    start = round(utterance.offset * TARGET_SAMPLE_RATE)
+    end = len(audio) if utterance.duration is None else start + round(utterance.duration * TARGET_SAMPLE_RATE)
+    if end > len(audio) + TARGET_SAMPLE_RATE // 100:  # 10 ms of rounding in a manifest's times is not an error
+        raise _utterance_error(utterance, f"offset {utterance.offset:g} s + duration {utterance.duration:g} s "
+                                          f"reaches past the file's end at {len(audio) / TARGET_SAMPLE_RATE:.2f} s")
+    return audio[start:min(end, len(audio))]
 
 
 def _read_audio_file(utterance: Utterance) -> bytes:
@@ -419,16 +435,36 @@ def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, deco
     for line_number, line in enumerate(_utf8_lines(manifest), start=1):
         if not line.strip():
             continue
+        where = f"{manifest}:{line_number}"
         try:
             record = json.loads(line)
-            utterance_id, audio, text = str(record["id"]), str(record["audio"]), str(record["text"] or "")
+            audio = str(record["audio"] if "audio" in record else record["audio_filepath"])
+            offset, duration = _stretch_times(record, where)
+            utterance_id = str(record["id"]) if "id" in record else f"{audio}@{offset:g}"
+            text = str(record["text"] or "")
         except (*JSON_ERRORS, KeyError, TypeError) as error:
             raise CorpusError(
-                f'{manifest}:{line_number}: not an {{"id", "audio", "text"}} record ({type(error).__name__}: {error})'
-            ) from None
+                f'{where}: not an {{"id", "audio", "text"}} record (nor NeMo\'s {{"audio_filepath", "text", '
+                f'"offset", "duration"}}) ({type(error).__name__}: {error})') from None
         audio_path = audio if os.path.isabs(audio) else str(base / audio)
-        utterances.append(Utterance(utterance_id, audio_path, text, name, origin=f"{manifest}:{line_number}"))
+        utterances.append(Utterance(utterance_id, audio_path, text, name, origin=where, offset=offset,
+                                    duration=duration))
     return validate_corpus(utterances, decode)
+
+
+def _stretch_times(record: dict, where: str) -> tuple[float, float | None]:
+    """(offset, duration) of a manifest record: NeMo's keys, in seconds; absent = the whole file."""
+    offset, duration = record.get("offset", 0.0), record.get("duration")
+    for key, value in (("offset", offset), ("duration", duration)):
+        if value is None and key == "duration":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise CorpusError(f"{where}: {key!r} must be a finite number of seconds >= 0, got {value!r}")
+    if duration is not None and duration <= 0:
+        raise CorpusError(f"{where}: 'duration' must be positive, got {duration!r}")
+    if "offset" in record and duration is None:
+        raise CorpusError(f"{where}: an 'offset' needs its 'duration' (NeMo manifests give both)")
+    return float(offset), None if duration is None else float(duration)
 
 
 def _utf8_lines(path: Path) -> list[str]:

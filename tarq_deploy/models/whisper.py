@@ -70,6 +70,28 @@ class WhisperBackbone:
         # quantized stream's decoder looks its tokens up in; None: the model's own table in every stream
         self.quantized_lookup: torch.Tensor | None = None
 
+    # -- segmenting a long recording ---------------------------------------------------------------------------------
+    def timestamped_segments(self, audio) -> list:
+        """The full-precision model's own segments of a recording longer than one window (data.segment.TimedText):
+        transformers' long-form generation, greedy with timestamps, no fallback and no carried text, so the times
+        are the model's and repeat exactly."""
+        from ..data.segment import TimedText
+
+        inputs = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt",
+                                                  truncation=False, padding="longest", return_attention_mask=True)
+        language = {"language": "en", "task": "transcribe"} if getattr(self.generation_config, "is_multilingual",
+                                                                        False) else {}
+        config = self.generation_config.__class__.from_dict(self.generation_config.to_dict())
+        config.num_beams, config.do_sample = 1, False
+        with torch.inference_mode():
+            out = self.model.generate(inputs.input_features.to(self.device),
+                                      attention_mask=inputs.attention_mask.to(self.device), generation_config=config,
+                                      return_timestamps=True, return_segments=True, **language)
+        tokenizer = self.processor.tokenizer
+        return [TimedText(float(seg["start"]), float(seg["end"]),
+                          tokenizer.decode(seg["tokens"], skip_special_tokens=True).strip())
+                for seg in out["segments"][0]]
+
     # -- prompt and windows ------------------------------------------------------------------------------------------
     def prompt_ids(self) -> list[int]:
         """<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>: greedy English transcription."""
