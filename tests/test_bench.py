@@ -131,7 +131,10 @@ def test_outputs_describe_machine_versions_and_environment(bench_run):
     assert machine["cpu_model"] and machine["logical_cores"] >= 1 and machine["memory_total_mb"] > 0
     assert versions["whisper.cpp"] and versions["ggml"] and versions["torch"] and versions["pywhispercpp"]
     assert doc["environment"]["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert doc["runtime"]["settings"]["temperature_inc"] == 0.0 and doc["runtime"]["settings"]["language"] == "en"
+    # the default decode profile is whisper-cli's: beam search, fallback by 0.2, English
+    settings = doc["runtime"]["settings"]
+    assert doc["runtime"]["decode"] == "cli" and settings["params_sampling_strategy"] == 1
+    assert settings["temperature_inc"] == 0.2 and settings["language"] == "en"
     assert len(doc["loadavg"]["start"]) == 3 and doc["harness"]["rss_mb"] > 0
     table = (out / "bench-cpu.md").read_text()
     assert "| F16 latency (s) | Q4_0 latency (s) | Q4_0 speed-up vs F16 |" in table

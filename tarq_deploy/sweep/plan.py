@@ -267,10 +267,7 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
     eval_options = _decode_profile(_options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source), "eval", source)
     if "nonspeech" in eval_options:  # a manifest path, relative to the sweep file like every other
-        nonspeech = _path(eval_options["nonspeech"], base)
-        if not nonspeech.is_file():
-            raise UserError(f"{source}: [eval] nonspeech: {nonspeech}: no such file")
-        eval_options["nonspeech"] = str(nonspeech)
+        eval_options["nonspeech"] = str(_path(eval_options["nonspeech"], base))  # read (and checked) by eval
     _check_backends(eval_options.get("backends"), TARGETS[target][0], source)
     if "score" in steps and not evaluation:
         raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")
