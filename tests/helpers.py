@@ -456,3 +456,8 @@ def mutated(draw: st.DrawFn, seed: Seed) -> bytes:
         else:
             data[at:at] = draw(st.binary(min_size=1, max_size=16))
     return bytes(data)
+
+
+# Any JSON value a hostile manifest line may hold in a field, for the manifest readers' fuzz tests.
+JSON_VALUES = st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats() | st.text(max_size=12) | \
+    st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)

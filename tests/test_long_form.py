@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Seed, fresh_path, hang_guard, mutated, run_cli, write_wav
+from helpers import JSON_VALUES, Seed, fresh_path, hang_guard, mutated, run_cli, write_wav
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -180,10 +180,6 @@ def fuzz_dir(tmp_path_factory, recordings) -> Path:
     folder = tmp_path_factory.mktemp("long-fuzz")
     write_long_corpus(folder, recordings[:2])
     return folder
-
-
-JSON_VALUES = st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats() | st.text(max_size=12) | \
-    st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
 
 
 @st.composite

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Seed, fresh_path, hang_guard, mutated, run_cli, write_wav
+from helpers import JSON_VALUES, Seed, fresh_path, hang_guard, mutated, run_cli, write_wav
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -174,10 +174,6 @@ def fuzz_dir(tmp_path_factory, clips) -> Path:
     folder = tmp_path_factory.mktemp("nonspeech-fuzz")
     write_nonspeech_corpus(folder, clips[:4])
     return folder
-
-
-JSON_VALUES = st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats() | st.text(max_size=12) | \
-    st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
 
 
 @st.composite
