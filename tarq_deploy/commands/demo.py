@@ -112,13 +112,36 @@ def final_table(out: Path, files: dict[str, Path], seconds: float) -> str:
             loops = "-" if row is None else str(row["loops"])
             cells.append(f"{_pct(row, 'wer'):>10} {_pct(row, 'rare_wer'):>9} {_pct(row, 'capped_wer'):>7} {loops:>5}")
         lines.append(f"{label:<10} {path.stat().st_size / 2**20:>8.1f}  " + "  ".join(cells))
-    lines += ["", "capped: each utterance's errors capped at its reference length, so one repetition loop cannot "
-                  "dominate; loops: hypotheses that repeat an n-gram 4+ times"]
+    decoding = report["settings"].get("decoding")
+    profile = decoding["profile"] if isinstance(decoding, dict) else "greedy"
+    lines += ["", f"decoded with the `{profile}` profile (--decode); capped: each utterance's errors capped at its "
+                  "reference length, so one repetition loop cannot dominate; loops: hypotheses that repeat an n-gram "
+                  "4+ times"]
+    lines += _failure_lines(report)
     lines += _teacher_forced_lines(report)
     lines += ["", "artifacts:", f"  checkpoints      {out}/ckpt-{{{','.join(METHODS)}}}",
               f"  whisper.cpp      {out}/tiny.en-*.bin", f"  eval report      {out}/eval/report.md",
               f"  bench report     {out}/bench/bench.md", f"  publish staging  {out}/publish/README.md", "=" * 100]
     return "\n".join(lines)
+
+
+def _failure_lines(report: dict) -> list[str]:
+    """Per dataset with failure figures: empty outputs and dropped spans (8+ reference words in a row), per model."""
+    lines = []
+    for dataset in report["datasets"]:
+        models = dataset.get("failures", {}).get("models", {})
+        if not models:
+            continue
+        lines += ["", f"{dataset['name']}: failure figures (% of utterances)",
+                  f"{'model':<22} {'empty':>6} {'loops':>6} {'dropped':>8}"]
+        for key, f in models.items():
+            lines.append(f"{key:<22} {_share(f['empty_output_rate']):>6} {_share(f['loop_rate']):>6} "
+                         f"{_share(f['dropped_rate']):>8}")
+    return lines
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
 
 
 def _teacher_forced_lines(report: dict) -> list[str]:
