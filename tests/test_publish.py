@@ -578,7 +578,7 @@ def _report_with_failures(tmp_path: Path, published_loops: bool) -> Path:
     settings = {"zipf_threshold": 3.0, "decoding": profile_named("cli").record(), "reference": "F16"}
     report = build_report([DatasetRuns("synth", "eval.jsonl", runs)], ReportOptions(n_resamples=50), settings)
     report["datasets"][0]["failures"] = failure_section(refs, hyps, {"u0": (Span("speech", 0.0, 3.0, "u0", 0, 9),)},
-                                                        {"TARQ [whisper.cpp]": "F16 [whisper.cpp]"}, 50, 0)
+                                                        [("TARQ [whisper.cpp]", "F16 [whisper.cpp]")], 50, 0)
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
     return path

@@ -115,8 +115,8 @@ def render_failures(section: dict) -> list[str]:
 def render_nonspeech(section: dict) -> list[str]:
     kinds = sorted({k for m in section["models"].values() for k in m.get("by_kind", {})})
     lines = ["", "## Non-speech", "",
-             f"`{section['manifest']}`: {section['clips']} clips, {section['minutes']:.1f} min with no words; every word "
-             "a model writes there is invented. Words per minute, in total and per kind; excess = this model's rate "
+             f"`{section['manifest']}`: {section['clips']} clips, {section['minutes']:.1f} min with no words; every "
+             "word a model writes there is invented. Words per minute, in total and per kind; excess = this model's rate "
              "minus its baseline's.", "",
              "| model | words / min | excess | " + " | ".join(kinds) + " |", "|---|---|---|" + "---|" * len(kinds)]
     for key, m in section["models"].items():

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 from ..data.long_form import GAP_KINDS, NOISE, PAUSE, SILENCE, Span
 from ..data.normalize import Normalizer, normalized_words, spoken_words
 from ..data.rarity import written_words
-from .wer import is_repetition_loop, longest_repetition
+from .wer import DEFAULT_LOOP_MAX_NGRAM, DEFAULT_LOOP_REPEATS, is_repetition_loop, longest_repetition
 
 __all__ = ["DEFAULT_DROP_MIN_WORDS", "FailureFigures", "FailureInput", "ItemFailures", "LOOP_MAX_NGRAM",
            "LOOP_MIN_REPEATS", "LoopRun", "dropped_spans", "failure_figures", "invented_words", "loop_runs",
@@ -35,8 +35,8 @@ __all__ = ["DEFAULT_DROP_MIN_WORDS", "FailureFigures", "FailureInput", "ItemFail
 
 DEFAULT_DROP_MIN_WORDS = 8
 # wer.is_repetition_loop's own defaults: one definition of a loop for the WER report and these figures
-LOOP_MIN_REPEATS = 4
-LOOP_MAX_NGRAM = 8
+LOOP_MIN_REPEATS = DEFAULT_LOOP_REPEATS
+LOOP_MAX_NGRAM = DEFAULT_LOOP_MAX_NGRAM
 NONSPEECH_GAP_KINDS = (SILENCE, NOISE)
 
 

@@ -18,11 +18,12 @@ from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK
                   bootstrap_indices, bootstrap_interval, check_same_references, metric_counts, paired_difference,
                   totals)
 
-__all__ = ["DEFAULT_CONTEXT_WORDS", "DEFAULT_EXAMPLES", "DEFAULT_NEAR_TIE_MARGIN", "DatasetRuns", "decoding_line", "ModelRun",
+__all__ = ["DEFAULT_CONTEXT_WORDS", "DEFAULT_EXAMPLES", "DEFAULT_NEAR_TIE_MARGIN", "DatasetRuns", "decoding_line",
+           "ModelRun",
            "ReportOptions", "build_report", "render_dataset", "render_markdown", "render_teacher_forced",
            "retention_section", "teacher_forced_section"]
 
-DIFFERENCE_METRICS = ("wer", "rare_wer", "capped_wer")
+DIFFERENCE_METRICS = ("wer", "rare_wer", "capped_wer", "capped_rare_wer")
 DEFAULT_EXAMPLES = 8
 DEFAULT_NEAR_TIE_MARGIN = 0.5  # nats: the PyTorch model prefers its own token by a factor below e^0.5 = 1.65
 DEFAULT_CONTEXT_WORDS = 5
@@ -278,6 +279,10 @@ def _interval(cell: dict) -> str:
     return f"{_pct(cell['value'])} [{_pct(cell['low'])}, {_pct(cell['high'])}]"
 
 
+def _cell_or_dash(cell: dict | None) -> str:
+    return "—" if cell is None else _signed(cell)  # a report from before capped rare-WER had its difference
+
+
 def _signed(cell: dict) -> str:
     def pp(x: float) -> str:
         return "n/a" if not math.isfinite(x) else f"{100 * x:+.1f}"
@@ -302,7 +307,7 @@ def render_markdown(report: dict) -> str:
              f"{int(100 * settings['confidence_level'])}% bootstrap intervals over utterances "
              f"({settings['bootstrap_resamples']} resamples, seed {settings['bootstrap_seed']}). Insertions are "
              "charged to an adjacent rare reference word when there is one. Capped: each utterance's errors capped at "
-             "its reference length. Loops: hypotheses with an n-gram repeated 4+ times back to back. Near-tie margin: "
+             "its reference length. Loops: hypotheses with an n-gram (up to 32 words) repeated 4+ times back to back. Near-tie margin: "
              f"{settings.get('near_tie_margin', DEFAULT_NEAR_TIE_MARGIN)} nats.", ""]
     if settings.get("machine"):
         lines += [machine_line(settings["machine"], settings.get("threads")), ""]
@@ -334,10 +339,11 @@ def render_dataset(d: dict) -> list[str]:
                      f"{m['loops']} | {m['substitutions']} / {m['deletions']} / {m['insertions']} |")
     if d["differences"]:
         lines += ["", "Paired differences (percentage points, same utterances; * = interval excludes 0):", "",
-                  "| model | versus | Δ WER | Δ rare-WER | Δ capped WER |", "|---|---|---|---|---|"]
+                  "| model | versus | Δ WER | Δ rare-WER | Δ capped WER | Δ capped rare-WER |",
+                  "|---|---|---|---|---|---|"]
         for row in d["differences"]:
             lines.append(f"| {row['model']} | {row['versus']} | {_signed(row['wer'])} | {_signed(row['rare_wer'])} | "
-                         f"{_signed(row['capped_wer'])} |")
+                         f"{_signed(row['capped_wer'])} | {_cell_or_dash(row.get('capped_rare_wer'))} |")
     if d["backend_agreement"]:
         lines += ["", "Same model, different backends: utterances with identical normalised text (near-tie: the "
                       "PyTorch model scores the two runtimes' first differing tokens within the near-tie margin):",

@@ -37,14 +37,17 @@ from ..data.normalize import (Normalizer, english_spelling_mapping, normalized_w
                               normalizer_description, whisper_english_normalizer)
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word, written_words
 
-__all__ = ["CONFIDENCE_LEVEL", "DEFAULT_RESAMPLES", "DEFAULT_SEED", "DELETED", "METRICS", "OK", "SUBSTITUTED",
-           "UtteranceScore", "align_words", "bootstrap_indices", "bootstrap_interval", "check_same_references",
+__all__ = ["CONFIDENCE_LEVEL", "DEFAULT_LOOP_MAX_NGRAM", "DEFAULT_LOOP_REPEATS", "DEFAULT_RESAMPLES", "DEFAULT_SEED",
+           "DELETED", "METRICS", "OK", "SUBSTITUTED", "UtteranceScore", "align_words", "bootstrap_indices",
+           "bootstrap_interval", "check_same_references",
            "is_repetition_loop", "longest_repetition", "metric_counts", "normalized_words", "normalizer_description",
            "paired_difference", "ratio", "score_utterance", "totals"]
 
 OK, SUBSTITUTED, DELETED = "ok", "sub", "del"
 DEFAULT_LOOP_REPEATS = 4
-DEFAULT_LOOP_MAX_NGRAM = 8
+# n-grams up to 32 words: a long recording's loop repeats whole sentences (a 15-word cycle repeated 30 times in
+# results/decoding), which an 8-word limit missed
+DEFAULT_LOOP_MAX_NGRAM = 32
 DEFAULT_RESAMPLES = 1000
 DEFAULT_SEED = 0
 CONFIDENCE_LEVEL = 0.95
