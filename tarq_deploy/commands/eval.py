@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from ..checks import Output, check_outputs_apart
-from ..data.corpus import load_audio, load_corpus, refuse_longer_than
+from ..data.corpus import TARGET_SAMPLE_RATE, load_audio, load_corpus, refuse_longer_than
 from ..data.long_form import manifest_spans
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
 from ..errors import UserError
@@ -222,22 +222,20 @@ def load_nonspeech(manifest: str | None) -> tuple[Dataset, NonspeechSet] | None:
         raise UserError(f"--nonspeech {manifest}: no clips")
     utterances = [Utterance(e.id, e.audio, "", NONSPEECH_DATASET) for e in entries]
     audio = [load_audio(u) for u in utterances]
-    clips = NonspeechSet(manifest, {e.id: len(a) / 16_000 for e, a in zip(entries, audio)},
+    clips = NonspeechSet(manifest, {e.id: len(a) / TARGET_SAMPLE_RATE for e, a in zip(entries, audio)},
                          {e.id: e.kind for e in entries})
     return Dataset(NONSPEECH_DATASET, manifest, utterances, audio), clips
 
 
-def refuse_long_audio_for_pytorch(specs: list[ModelSpec], datasets: list[Dataset], teacher_forced: bool) -> None:
+def refuse_long_audio_for_teacher_forcing(datasets: list[Dataset], teacher_forced: bool) -> None:
     """The teacher-forced figures read one 30 s window (the feature extractor drops the rest), so a longer
     utterance is refused by name before any model runs rather than scored against words it never heard. Decoding
     takes it whole: whisper.cpp and CrispASR window after window, PyTorch by transformers' long-form generation."""
     from ..models.common import WINDOW_SECONDS
 
-    users = ["--teacher-forced"] if teacher_forced else []
-    if users:
+    if teacher_forced:
         for dataset in datasets:
-            refuse_longer_than(dataset.utterances, dataset.audio, WINDOW_SECONDS,
-                               f"PyTorch Whisper ({', '.join(users)})")
+            refuse_longer_than(dataset.utterances, dataset.audio, WINDOW_SECONDS, "PyTorch Whisper (--teacher-forced)")
 
 
 def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
@@ -340,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     nonspeech = load_nonspeech(args.nonspeech)
     if nonspeech and any(d.name == NONSPEECH_DATASET for d in datasets):
         raise UserError(f"--data: the name {NONSPEECH_DATASET!r} is --nonspeech's; name the dataset otherwise")
-    refuse_long_audio_for_pytorch(specs, datasets, args.teacher_forced)
+    refuse_long_audio_for_teacher_forcing(datasets, args.teacher_forced)
     if args.teacher_forced_only:
         return _teacher_forced_only(args, specs, datasets, pairs, out)
     try:
@@ -367,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
                                         {key: by_dataset[d.name] for key, by_dataset in margins.items()},
                                         figures.get(d.name, {})))
     settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
-                "threads": args.threads, "max_new_tokens": options.max_new_tokens, "decoding": profile_named(args.decode).record(),
+                "threads": args.threads, "max_new_tokens": options.max_new_tokens,
+                "decoding": profile_named(args.decode).record(),
                 "near_tie_margin": args.near_tie_margin, "reference": args.reference, "machine": machine_record(),
                 "models": [{"key": s.key, "label": s.label, "source": s.source, "backend": s.backend} for s in specs]}
     report = build_report(dataset_runs, ReportOptions(args.resamples, args.seed, pairs, args.focus, args.examples,
