@@ -19,11 +19,12 @@ Every refusal is a UserError naming the option (the CLI prints it in one line an
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..data.corpus import POOLS
-from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TAIL_MODES
 from ..errors import UserError, nonfinite_problem
 from ..model_source import ModelSource
 from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE,
@@ -35,6 +36,9 @@ from ..quant.presets import PRESETS, find_preset
 from ..values import memory_size, thread_count
 
 if TYPE_CHECKING:  # torch-backed: imported where used, so that building the CLI's parser imports no torch
+    from ..data.corpus import Utterance
+    from ..data.rarity import TailRule
+    from ..data.terms import TermList
     from ..quant.lattice import LatticeSpec
     from ..quant.recipe import TypeRecipe
     from ..quant.tarq import TarqConfig
@@ -106,6 +110,18 @@ class QuantizeArguments:
         "lattice exactly; symmetric lattices only", default="float16", choices=SCALE_DTYPES)
     zipf_threshold: float = _option("--zipf-threshold", "a word is rare if its Zipf score is below k",
                                     default=DEFAULT_ZIPF_THRESHOLD, parse=float)
+    terms: str | None = _option(
+        "--terms", "a term list (one term per line, multi-word terms allowed, an optional tab and weight): every "
+        "token of every occurrence of a term in the calibration transcripts, and its aligned encoder frames, is "
+        "tail; terms the calibration utterances never hold are named before any work starts", metavar="FILE")
+    tail: str | None = _option(
+        "--tail", "which positions are the tail that rareBAL re-weights: zipf (rare words: Zipf < k), terms (the "
+        "--terms' words), both; default zipf, both with --terms (the terms' words and every other rare word: "
+        "unseen terms are rare words too)", choices=TAIL_MODES)
+    language: str | None = _option(
+        "--language", "the calibration transcripts' language: its wordfreq table decides which words are rare, and "
+        "a multilingual Whisper's decoder prompt names it (default: the manifest's language when its entries give "
+        "one, else en)", metavar="LANG")
     cost_ratio: float = _option("--cost-ratio", "c in lam = c tr(H_common) / tr(H_tail)", default=1.0, parse=float)
     reweight_source: str = _option("--reweight-source", "positions re-weighted as the tail", default="rare",
                                    choices=SOURCES)
@@ -188,7 +204,7 @@ class QuantizeArguments:
     def inputs(self) -> list[tuple[str, str | None]]:
         """What quantize reads, by option: no output may lie over them."""
         return [("--model", self.model), ("--calib", self.calib), ("--recipe-from", self.recipe_from),
-                ("--imatrix", self.imatrix)]
+                ("--imatrix", self.imatrix), ("--terms", self.terms)]
 
 
 def quantize_options() -> Iterator[tuple[str, Option, Any]]:
@@ -260,10 +276,10 @@ class Importance:
 
 
 # The fields of QuantizeOptions that are no knob of the result: where the work runs, and what it was built from.
-NOT_RESULT_KNOBS = ("device", "max_memory", "model", "arguments")
+NOT_RESULT_KNOBS = ("device", "max_memory", "model", "arguments", "terms")
 # Knobs a run without them never recorded: left out of the record (and so of the resume key) at these values.
 UNRECORDED_AT = {"preset": None, "rotate": "none", "compute_dtype": "float32", "refit_scales": False,
-                 "lookup_pass": False}
+                 "lookup_pass": False, "tail": "zipf", "language": DEFAULT_LANGUAGE, "terms_sha256": None}
 
 
 @dataclass(frozen=True)
@@ -279,6 +295,12 @@ class QuantizeOptions:
     tensor_types: tuple[tuple[str, str], ...] = ()  # (pattern, ggml type) overrides, first match wins (recipe.py)
     preset: str | None = None  # transcribe.cpp's mix (quant/presets.py) that tensor_types was resolved from
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
+    # The tail (data/rarity.py TailRule): rare words ("zipf"), the term list's words ("terms") or both, in the
+    # transcripts' language. The terms are a knob by their file's digest (terms_sha256).
+    tail: str = "zipf"
+    language: str = DEFAULT_LANGUAGE
+    terms: TermList | None = field(default=None, compare=False, repr=False)
+    terms_sha256: str | None = None
     cost_ratio: float = 1.0
     source: str = "rare"  # the positions re-weighted as the tail (--reweight-source)
     n_calib: int = 128
@@ -319,6 +341,29 @@ class QuantizeOptions:
                           scale_rule=self.scale_rule, act_order=self.act_order, alpha_rule=self.alpha_rule,
                           refit_scales=self.refit_scales)
 
+    def tail_rule(self) -> TailRule:
+        """Which reference words are the tail (calibration tags, the rare-biased pools, the summary's counts)."""
+        from ..data.rarity import TailRule
+
+        return TailRule(k=self.zipf_threshold, language=self.language, mode=self.tail, terms=self.terms)
+
+    def calibration_utterances(self, utterances: list[Utterance]) -> list[Utterance]:
+        """The utterances calibration reads: --n-calib of them by --pool and --seed, ranked by the tail."""
+        from ..data.corpus import select_pool
+
+        return select_pool(utterances, self.pool, min(self.n_calib, len(utterances)), self.seed, self.tail_rule())
+
+    def for_corpus(self, utterances: list[Utterance], log: Callable[[str], None] = print) -> "QuantizeOptions":
+        """The options settled by the calibration corpus, before any model work: the language (the manifest's own
+        unless --language says), and the term list checked against the utterances calibration will read -- the
+        terms they never hold named, and a tail of terms alone refused when none occurs."""
+        options = self if self.arguments is None or self.arguments.language else \
+            replace(self, language=_corpus_language(utterances))
+        options._check_language()
+        if options.terms is not None:
+            _report_term_coverage(options, options.calibration_utterances(utterances), log)
+        return options
+
     def frame_tagging(self) -> str:
         """How encoder frames are tagged. The alignment pass (a full-precision run of the whole model per window) only
         splits H into H_common and H_tail; a method whose metric is their sum (gptq, residual, imatrix) would add
@@ -339,7 +384,7 @@ class QuantizeOptions:
 
     def result_knobs(self) -> dict:
         """The options that shape the result (not where it runs, nor what they were built from)."""
-        knobs = asdict(replace(self, model=None, arguments=None))
+        knobs = asdict(replace(self, model=None, arguments=None, terms=None))
         for name in NOT_RESULT_KNOBS:
             knobs.pop(name)
         for knob, unset in UNRECORDED_AT.items():
@@ -372,7 +417,8 @@ class QuantizeOptions:
         options = replace(
             options, method=a.method, bits=bits, group_size=group, scheme=scheme, scale_grid=a.scale_dtype,
             tensor_types=() if preset else options._tensor_type_choice(log),  # a preset's: by shape, once loaded
-            preset=preset, zipf_threshold=a.zipf_threshold, cost_ratio=a.cost_ratio, source=a.reweight_source,
+            preset=preset, zipf_threshold=a.zipf_threshold, **_tail_choice(a), cost_ratio=a.cost_ratio,
+            source=a.reweight_source,
             n_calib=a.n_calib, pool=a.pool, seed=a.seed, encoder_tagging=a.encoder_tagging, pack=not a.no_pack,
             head_identity_weight=_head_identity_choice(a, type_name), scale_rule=a.scale_rule,
             act_order=a.act_order, alpha_rule=a.alpha_rule, refit_scales=a.refit_scales, device=a.device,
@@ -495,7 +541,29 @@ class QuantizeOptions:
             self._check_lookup_pass()
         if self.head_identity_weight < 0:
             raise UserError(f"--head-identity-weight {self.head_identity_weight}: must not be negative")
+        self._check_tail()
         return self
+
+    def _check_tail(self) -> None:
+        """--tail and --terms: a tail of terms needs the list, and only a method that re-weights the tail reads it."""
+        if self.tail != "zipf" and self.terms is None:
+            raise UserError(f"--tail {self.tail}: needs --terms FILE (the term list whose words are the tail)")
+        if self.terms is not None and not self.solver().uses_rarebal:
+            raise UserError(f"--terms {self.terms.path}: method {self.method!r} does not re-weight the tail, so the "
+                            f"term list would change nothing (use --method tarq or rarebal)")
+        if self.arguments is not None and self.arguments.language:
+            self._check_language()
+
+    def _check_language(self) -> None:
+        """The language names a wordfreq table this machine can read, where the tail reads Zipf scores."""
+        from ..data.rarity import language_problem
+
+        if not _LANGUAGE_CODE.fullmatch(self.language):
+            raise UserError(f"--language {self.language}: not a language code (e.g. en, de, zh)")
+        problem = language_problem(self.language) if self.tail != "terms" else None
+        if problem is not None:
+            raise UserError(f"--language {self.language}: {problem}; rare words cannot be told (use --tail terms "
+                            f"with --terms FILE)")
 
     def check_machine(self) -> "QuantizeOptions":
         """This machine can run them: the --device is here (UserError naming it)."""
@@ -627,6 +695,49 @@ def _check_importance(importance: Importance, name: str, columns: int) -> None:
                         f"has {columns} input columns; it was made for another model")
     if not bool(values.isfinite().all()) or bool((values < 0).any()):
         raise UserError(f"--imatrix {file}: tensor {name}'s importance values are not all finite and non-negative")
+
+
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
+
+
+def _tail_choice(a: QuantizeArguments) -> dict:
+    """--tail, --terms and --language as options: the term list read (TermsError -> a UserError naming it)."""
+    from ..data.terms import TermsError, read_terms
+
+    terms = None
+    if a.terms:
+        try:
+            terms = read_terms(a.terms)
+        except TermsError as e:
+            raise UserError(f"--terms {e}") from None
+    tail = a.tail or ("both" if terms is not None else "zipf")
+    return {"tail": tail, "terms": terms, "terms_sha256": terms.sha256 if terms else None,
+            "language": (a.language or DEFAULT_LANGUAGE).lower()}
+
+
+def _corpus_language(utterances: list[Utterance]) -> str:
+    """The language the corpus's entries name (DEFAULT_LANGUAGE when none does); several: refused, naming them."""
+    named = sorted({u.language for u in utterances if getattr(u, "language", "")})
+    if len(named) > 1:
+        raise UserError(f"--calib: its entries are in {len(named)} languages ({', '.join(named)}); calibrate one "
+                        f"language at a time or say which rarity table to read with --language")
+    return named[0] if named else DEFAULT_LANGUAGE
+
+
+def _report_term_coverage(options: QuantizeOptions, chosen: list[Utterance], log: Callable[[str], None]) -> None:
+    """Name the terms no calibration utterance holds; refuse a tail of terms alone when none occurs at all."""
+    from ..data.rarity import term_match_words
+    from ..data.terms import find_terms
+
+    forms = options.terms.word_forms(term_match_words)
+    found = {o.term for u in chosen for o in find_terms(term_match_words(u.text), forms)}
+    missing = [t.text for i, t in enumerate(options.terms.terms) if i not in found]
+    if not found and options.tail == "terms":
+        raise UserError(f"--terms {options.terms.path}: none of its {len(forms)} terms occurs in the {len(chosen)} "
+                        f"calibration utterances, so the tail would be empty (use --tail both, or a corpus that "
+                        f"holds them: tarq-deploy corpus synth --terms)")
+    log(f"terms: {len(found)} of {len(forms)} occur in the {len(chosen)} calibration utterances"
+        + (f"; never: {', '.join(missing)}" if missing else ""))
 
 
 def _head_identity_choice(a: QuantizeArguments, type_name: str | None) -> float:

@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 from .. import __version__
 from ..checkpoint import LatticeCheckpoint
 from ..data.corpus import TARGET_SAMPLE_RATE as SAMPLE_RATE
-from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longer_than, select_pool
+from ..data.rarity import DEFAULT_LANGUAGE
+from ..data.corpus import Utterance, corpus_statistics, load_audio, refuse_longer_than
 from ..errors import require_finite
 from ..hashing import chunks_sha256
 from ..machine import machine_record, peak_rss_mb, physical_memory_bytes, resident_bytes
@@ -76,8 +77,7 @@ def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes]:
 
 
 def select_calibration(utterances: list[Utterance], options: QuantizeOptions) -> list[Utterance]:
-    return select_pool(utterances, options.pool, min(options.n_calib, len(utterances)), options.seed,
-                       options.zipf_threshold)
+    return options.calibration_utterances(utterances)
 
 
 def decode_utterances(utterances: list[Utterance], segmenter: Callable | None = None,
@@ -191,11 +191,11 @@ class _Windows:
            start: _Start) -> "_Windows":
         began = time.perf_counter()
         chosen = select_calibration(utterances, options)
-        stats = corpus_statistics(chosen, options.zipf_threshold)
+        stats = corpus_statistics(chosen, options.tail_rule())
         with float32_compute(backbone.model):
             windows = backbone.build_windows(decode_utterances(chosen, getattr(backbone, "timestamped_segments",
                                                                                None)),
-                                             options.zipf_threshold, options.pack,
+                                             options.tail_rule(), options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
                                              compute_dtype=options.compute_dtype)
         start.peak_rss["windows"] = peak_rss_mb()
@@ -367,6 +367,8 @@ def _calibration_summary(chosen: list[Utterance], stats, windows, options: Quant
         "tail_share": {"decoder_tokens": rare_tokens / max(tokens, 1),
                        "encoder_frames": rare_frames / max(total_frames, 1)},
         "padding_frame_share": 1 - frames / max(total_frames, 1),
+        **({"tail": {"mode": options.tail, "terms": options.terms.record()}} if options.terms else {}),
+        **({"language": options.language} if options.language != DEFAULT_LANGUAGE else {}),
     }
 
 

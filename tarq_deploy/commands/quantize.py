@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             if not utterances:
                 raise UserError(f"--calib {arguments.calib}: holds no utterances; method {options.method!r} cannot "
                                 f"calibrate from nothing (use --method rtn for data-free rounding)")
+            options = options.for_corpus(utterances)
         backbone, options = load_checked_backbone(options, importance)
         sink = {} if saved_imatrix else None
         if options.lookup_pass:  # two calibrations, each of a freshly loaded model (the first: this one)

@@ -20,6 +20,14 @@ than one occurrence per million words), as in the paper.  The deliberate choices
   tags every numeral rare instead (numerals are an error-prone class whose written frequency says little about
   how hard the spoken form is); use it only consistently for calibration and evaluation.
 
+**The tail** is what calibration re-weights and evaluation scores apart: by default the rare words above
+(:class:`TailRule` mode ``zipf``); with a user's term list (data/terms.py) the words of every occurrence of a term
+(mode ``terms``), or both. Words of a term carry the term's weight (:attr:`Word.weight`).
+
+**Languages**: Zipf scores come from wordfreq's table of the transcript's language (``TailRule.language``). A
+language written without spaces between words (:data:`UNSPACED_LANGUAGES`: Chinese, Japanese, Thai, ...) is split
+into characters, each a unit of its own, scored by the character's Zipf -- the units its character error rate counts.
+
 Token positions follow teacher forcing: the decoder input at position ``t`` predicts the token at ``t + 1``, so
 ``mask[t]`` is True iff the token at ``t + 1`` belongs to a rare word (the mask is over *input* positions,
 shifted by one against the label tokens).  Works with any Hugging Face *fast* tokenizer (character offsets).
@@ -29,14 +37,23 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
-__all__ = ["DEFAULT_ZIPF_THRESHOLD", "NumeralPolicy", "count_rare_words", "decoder_text", "is_rare_word",
-           "normalize_word", "rare_token_mask", "reference_words", "written_words", "zipf"]
+if TYPE_CHECKING:
+    from .terms import TermList
+
+__all__ = ["DEFAULT_LANGUAGE", "DEFAULT_ZIPF_THRESHOLD", "NumeralPolicy", "TAIL_MODES", "TailRule", "UNSPACED_LANGUAGES",
+           "count_rare_words", "decoder_text", "is_rare_word", "language_problem", "normalize_word", "rare_token_mask",
+           "reference_words", "tail_rule", "term_match_words", "written_words", "zipf"]
 
 DEFAULT_ZIPF_THRESHOLD = 3.0
+DEFAULT_LANGUAGE = "en"
 NumeralPolicy = Literal["zipf", "rare"]
+TailMode = Literal["zipf", "terms", "both"]
+TAIL_MODES = ("zipf", "terms", "both")
+# Written without spaces between words: scored by characters (CER), each character a unit of its own.
+UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my", "yue", "bo"})
 
 # letters/digits ([^\W_]), joined by single internal apostrophes or hyphens, or by . , between two digits
 _WORD = re.compile(r"[^\W_]+(?:(?:['\-]|(?<=\d)[.,](?=\d))[^\W_]+)*")
@@ -71,39 +88,69 @@ def written_words(text: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def zipf(word: str) -> float:
-    """wordfreq English Zipf score of a normalised word (0.0 when unknown)."""
+def zipf(word: str, language: str = DEFAULT_LANGUAGE) -> float:
+    """wordfreq Zipf score of a normalised word in ``language`` (0.0 when unknown)."""
     from wordfreq import zipf_frequency  # imported lazily: wordfreq loads its tables on first use
 
-    return float(zipf_frequency(word, "en"))
+    if language == "zh":
+        _quiet_jieba()
+    return float(zipf_frequency(word, language))
 
 
-def _part_zipf(part: str) -> float:
-    score = zipf(part)
-    clitic = _CLITIC.match(part)
+@functools.lru_cache(maxsize=1)
+def _quiet_jieba() -> None:
+    """wordfreq segments Chinese with jieba, which logs its dictionary's loading at INFO on first use."""
+    import logging
+
+    try:
+        import jieba
+    except ImportError:  # wordfreq names the missing package itself (language_problem)
+        return
+    jieba.setLogLevel(logging.WARNING)
+
+
+@functools.lru_cache(maxsize=64)
+def language_problem(language: str) -> str | None:
+    """Why Zipf rarity cannot be read in ``language`` (None: it can): wordfreq has no table of it, or the table needs
+    a segmenter that is not installed."""
+    from wordfreq import available_languages
+
+    if language not in available_languages():
+        return f"wordfreq has no word frequencies of {language!r} (it has: {', '.join(sorted(available_languages()))})"
+    try:
+        zipf("a", language)
+    except ImportError as error:  # Japanese needs MeCab, Chinese jieba
+        return f"wordfreq needs the package {error.name!r} to segment {language!r} text"
+    return None
+
+
+def _part_zipf(part: str, language: str) -> float:
+    score = zipf(part, language)
+    clitic = _CLITIC.match(part) if language == "en" else None
     if clitic:  # "kitchen's" scores 2.3, "dashwood's" 0.0: the written clitic form says little, the stem decides
-        return max(score, zipf(clitic["stem"]))
+        return max(score, zipf(clitic["stem"], language))
     return score
 
 
-def word_zipf(word: str) -> float:
+def word_zipf(word: str, language: str = DEFAULT_LANGUAGE) -> float:
     """Zipf score used for the rare decision: the minimum over hyphen-separated parts (see module doc)."""
     parts = [p for p in normalize_word(word).split("-") if p]
-    return min((_part_zipf(p) for p in parts), default=0.0)
+    return min((_part_zipf(p, language) for p in parts), default=0.0)
 
 
 def is_numeral(word: str) -> bool:
     return any(ch.isdigit() for ch in word)
 
 
-def is_rare_word(word: str, k: float = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf") -> bool:
+def is_rare_word(word: str, k: float = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf",
+                 language: str = DEFAULT_LANGUAGE) -> bool:
     """True iff the (normalised) word is rare: Zipf < k for some hyphen part, or a numeral under ``"rare"``."""
     normalized = normalize_word(word)
     if not normalized:
         return False
     if numerals == "rare" and is_numeral(normalized):
         return True
-    return word_zipf(normalized) < k
+    return word_zipf(normalized, language) < k
 
 
 @dataclass(frozen=True)
@@ -116,29 +163,89 @@ class Word:
     end: int
     normalized: str
     zipf: float
-    rare: bool
+    rare: bool  # in the tail (see TailRule): a rare word, or a word of a term
     token_positions: tuple[int, ...] = field(default=())
+    weight: float = 1.0  # the tail weight of its positions: a term's weight, 1 for a rare word
+
+
+@dataclass(frozen=True)
+class TailRule:
+    """Which reference words are the tail: ``zipf`` (Zipf < k in ``language``), ``terms`` (the words of every
+    occurrence of a term of ``terms``) or ``both``."""
+
+    k: float = DEFAULT_ZIPF_THRESHOLD
+    numerals: NumeralPolicy = "zipf"
+    language: str = DEFAULT_LANGUAGE
+    mode: TailMode = "zipf"
+    terms: "TermList | None" = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in TAIL_MODES:
+            raise ValueError(f"tail mode must be one of {TAIL_MODES}, got {self.mode!r}")
+        if self.mode != "zipf" and self.terms is None:
+            raise ValueError(f"tail mode {self.mode!r} needs a term list")
+
+    def for_language(self, language: str) -> "TailRule":
+        """The rule for a transcript in ``language`` (an utterance's own; empty: the rule's)."""
+        return self if not language or language == self.language else replace(self, language=language)
+
+    @functools.cached_property
+    def term_forms(self) -> list[tuple[str, ...]]:
+        return self.terms.word_forms(term_match_words) if self.terms is not None else []
+
+    def tag(self, words: list[Word]) -> list[Word]:
+        """``words`` with the rule's tail flags and weights."""
+        from .terms import find_terms
+
+        zipf_tail = [self.mode != "terms" and w.rare for w in words]
+        weights = [1.0] * len(words)
+        in_term = [False] * len(words)
+        if self.mode != "zipf":
+            for found in find_terms([_match_form(w.normalized) for w in words], self.term_forms):
+                for i in range(found.start, found.end):
+                    in_term[i] = True
+                    weights[i] = max(weights[i], self.terms.terms[found.term].weight)
+        return [replace(w, rare=z or t, weight=wt if (z or t) else 1.0)
+                for w, z, t, wt in zip(words, zipf_tail, in_term, weights)]
+
+
+def _match_form(word: str) -> str:
+    """A word as a term is matched: its stem before a clitic ("keaton's" -> "keaton"), which the tagger keeps."""
+    clitic = _CLITIC.match(word)
+    return clitic["stem"] if clitic else word
+
+
+def term_match_words(text: str) -> list[str]:
+    """The words of ``text`` as terms are matched in calibration transcripts (written words, clitics dropped)."""
+    return [_match_form(word) for word in written_words(text)]
+
+
+def tail_rule(rule: "TailRule | float") -> TailRule:
+    """A rule from a rule or a bare Zipf threshold (the callers that know only k)."""
+    return rule if isinstance(rule, TailRule) else TailRule(k=float(rule))
+
+
+def _units(text: str, language: str) -> list[tuple[int, int]]:
+    """Character spans of the scored units of ``text``: words, or each character in an unspaced language."""
+    spans = [(m.start(), m.end()) for m in _WORD.finditer(_canonical_chars(text))]
+    if language not in UNSPACED_LANGUAGES:
+        return spans
+    return [(i, i + 1) for start, end in spans for i in range(start, end)]
 
 
 def reference_words(
-    text: str, k: float = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf"
+    text: str, k: "float | TailRule" = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf"
 ) -> list[Word]:
-    """Split a transcript into words with character spans (into ``text`` itself) and rare flags."""
+    """Split a transcript into words with character spans (into ``text`` itself) and tail flags: Zipf-rare words
+    for a bare threshold ``k``, the rule's tail for a :class:`TailRule` (whose numeral policy then applies)."""
+    rule = tail_rule(k) if isinstance(k, TailRule) else TailRule(k=float(k), numerals=numerals)
     words = []
-    for index, match in enumerate(_WORD.finditer(_canonical_chars(text))):
-        normalized = normalize_word(match.group(0))
-        words.append(
-            Word(
-                index=index,
-                text=text[match.start(): match.end()],
-                start=match.start(),
-                end=match.end(),
-                normalized=normalized,
-                zipf=word_zipf(normalized),
-                rare=is_rare_word(normalized, k, numerals),
-            )
-        )
-    return words
+    for index, (start, end) in enumerate(_units(text, rule.language)):
+        normalized = normalize_word(text[start:end])
+        words.append(Word(index=index, text=text[start:end], start=start, end=end, normalized=normalized,
+                          zipf=word_zipf(normalized, rule.language),
+                          rare=is_rare_word(normalized, rule.k, rule.numerals, rule.language)))
+    return rule.tag(words) if rule.mode != "zipf" else words
 
 
 @dataclass(frozen=True)
@@ -152,7 +259,7 @@ class RarityCounts:
 
 
 def count_rare_words(
-    text: str, k: float = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf"
+    text: str, k: "float | TailRule" = DEFAULT_ZIPF_THRESHOLD, numerals: NumeralPolicy = "zipf"
 ) -> RarityCounts:
     words = reference_words(text, k, numerals)
     return RarityCounts(words=len(words), rare_words=sum(w.rare for w in words))
@@ -209,18 +316,20 @@ def token_word_indices(offsets: Sequence[tuple[int, int]], text: str, words: Seq
 
 
 class RareTokenMask(NamedTuple):
-    """Decoder input ids, the rare-prediction mask over input positions, and the reference words."""
+    """Decoder input ids, the rare-prediction mask over input positions, the reference words, and each input
+    position's tail weight (1 where untagged; a term's weight where its next token is one of the term's)."""
 
     input_ids: list[int]
     mask: list[bool]
     words: list[Word]
+    weights: list[float]
 
 
 def rare_token_mask(
     tokenizer: Any,
     prefix_token_ids: Sequence[int],
     text: str,
-    k: float = DEFAULT_ZIPF_THRESHOLD,
+    k: "float | TailRule" = DEFAULT_ZIPF_THRESHOLD,
     eos_token_id: int | None = None,
     numerals: NumeralPolicy = "zipf",
 ) -> RareTokenMask:
@@ -246,8 +355,11 @@ def rare_token_mask(
     token_is_rare = [False] * offset + [o >= 0 and words[o].rare for o in owners] + [False] * (
         eos_token_id is not None
     )
+    token_weight = [1.0] * offset + [words[o].weight if o >= 0 else 1.0 for o in owners] + [1.0] * (
+        eos_token_id is not None
+    )
     mask = token_is_rare[1:] + [False]  # input position t predicts the token at t + 1
-    return RareTokenMask(input_ids, mask, words)
+    return RareTokenMask(input_ids, mask, words, token_weight[1:] + [1.0])
 
 
 def _with_positions(word: Word, positions: list[int]) -> Word:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
-from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, decoder_text, rare_token_mask
+from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TailRule, decoder_text, rare_token_mask, tail_rule
 from ..quant.backbone import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import compute_in, widened
@@ -79,7 +79,7 @@ class WhisperBackbone:
 
         inputs = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt",
                                                   truncation=False, padding="longest", return_attention_mask=True)
-        language = {"language": "en", "task": "transcribe"} if getattr(self.generation_config, "is_multilingual",
+        language = {"language": self.language, "task": "transcribe"} if getattr(self.generation_config, "is_multilingual",
                                                                         False) else {}
         config = self.generation_config.__class__.from_dict(self.generation_config.to_dict())
         config.num_beams, config.do_sample = 1, False
@@ -93,15 +93,22 @@ class WhisperBackbone:
                 for seg in out["segments"][0]]
 
     # -- prompt and windows ------------------------------------------------------------------------------------------
+    # The calibration transcripts' language (the tail rule's, set by build_windows): a multilingual model's prompt
+    # names it, as a decode of that language would.
+    language: str = DEFAULT_LANGUAGE
+
     def prompt_ids(self) -> list[int]:
-        """<|startoftranscript|> [<|en|> <|transcribe|>] <|notimestamps|>: greedy English transcription."""
+        """<|startoftranscript|> [<|language|> <|transcribe|>] <|notimestamps|>: transcription in ``language``."""
         gc = self.generation_config
         ids = [gc.decoder_start_token_id]
         if getattr(gc, "is_multilingual", False):
-            ids += [gc.lang_to_id["<|en|>"], gc.task_to_id["transcribe"]]
+            token = f"<|{self.language}|>"
+            if token not in gc.lang_to_id:
+                raise ValueError(f"this Whisper model has no language {self.language!r}")
+            ids += [gc.lang_to_id[token], gc.task_to_id["transcribe"]]
         return ids + [gc.no_timestamps_token_id]
 
-    def build_windows(self, utterances: list[TextAudio], k: float = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
+    def build_windows(self, utterances: list[TextAudio], k: float | TailRule = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
                       encoder_tagging: str = "align", keep_fp_bytes: int = 0,
                       compute_dtype: str = "float32") -> list[Window]:
         """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
@@ -111,6 +118,7 @@ class WhisperBackbone:
         calibration does not run the fp blocks a second time."""
         if encoder_tagging not in ("align", "none"):
             raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
+        self.language = tail_rule(k).language
         pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
         if encoder_tagging == "align":
             kept = self.fp_stream_bytes(pending)
@@ -133,21 +141,21 @@ class WhisperBackbone:
             config.max_source_positions
         return 4 * sum(per_window + tokens * p.window.info["tokens"] * config.decoder_layers for p in pending)
 
-    def _window(self, group: list[TextAudio], k: float) -> _PendingWindow:
+    def _window(self, group: list[TextAudio], k: float | TailRule) -> _PendingWindow:
         audio, text = joined(group)
         features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         tagged = rare_token_mask(self.processor.tokenizer, self.prompt_ids(), decoder_text(text), k,
                                  eos_token_id=self.generation_config.eos_token_id)
         ids = torch.tensor(tagged.input_ids[:-1])  # teacher forcing: the last token is only a label
-        token_mask = torch.tensor(tagged.mask[:-1])
+        token_mask = _tail_tags(tagged.mask[:-1], tagged.weights[:-1])
         n_frames = self.model.config.max_source_positions
         speech_frames = min(n_frames, int(np.ceil(len(audio) / SAMPLE_RATE * ENCODER_FRAMES_PER_SECOND)))
         info = {"ids": [u.id for u in group], "seconds": len(audio) / SAMPLE_RATE, "speech_frames": speech_frames,
-                "tokens": int(ids.numel()), "rare_tokens": int(token_mask.sum()), "rare_frames": 0,
+                "tokens": int(ids.numel()), "rare_tokens": int(token_mask.count_nonzero()), "rare_frames": 0,
                 "words": len(tagged.words), "rare_words": sum(w.rare for w in tagged.words)}
         window = Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
                         masks={"tokens": token_mask, "frames": torch.zeros(n_frames, dtype=torch.bool)}, info=info)
-        rare_spans = [w.token_positions for w in tagged.words if w.rare and w.token_positions]
+        rare_spans = [(w.token_positions, w.weight) for w in tagged.words if w.rare and w.token_positions]
         return _PendingWindow(window, rare_spans, speech_frames)
 
     # -- encoder frame tags ------------------------------------------------------------------------------------------
@@ -162,7 +170,7 @@ class WhisperBackbone:
         for (p, _), starts in zip(tagged, token_start_frames(matrices)):
             mask = self._rare_frames(starts, p)
             p.window.masks["frames"] = mask
-            p.window.info["rare_frames"] = int(mask.sum())
+            p.window.info["rare_frames"] = int(mask.count_nonzero())
 
     def _encode(self, pending: list[_PendingWindow], keep: bool) -> list[torch.Tensor]:
         """The full-precision encoder output of each window, by the encoder stage's own code: the values of the
@@ -206,13 +214,15 @@ class WhisperBackbone:
 
     def _rare_frames(self, starts: list[int], p: _PendingWindow) -> torch.Tensor:
         """The frames of ``p``'s rare words, from the frame where the alignment reaches each text token."""
-        mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.bool)
+        weighted = any(weight != 1.0 for _, weight in p.rare_spans)
+        mask = torch.zeros(self.model.config.max_source_positions, dtype=torch.float32 if weighted else torch.bool)
         n_prompt = len(self.prompt_ids())
-        for span in p.rare_spans:
+        for span, weight in p.rare_spans:
             first, last = span[0] - n_prompt, span[-1] - n_prompt  # indices among the text tokens
             begin = starts[first]
             end = starts[last + 1] if last + 1 < len(starts) else p.speech_frames
-            mask[begin : max(end, begin + 1)] = True
+            frames = slice(begin, max(end, begin + 1))
+            mask[frames] = torch.clamp(mask[frames], min=weight) if weighted else True
         return mask
 
     def _alignment_matrix(self, attention: torch.Tensor, speech_frames: int) -> np.ndarray:
@@ -262,13 +272,21 @@ class WhisperBackbone:
         return self.processor.tokenizer.decode(ids[0], skip_special_tokens=True).strip()
 
 
+def _tail_tags(mask: list[bool], weights: list[float]) -> torch.Tensor:
+    """The tail tags of a window's positions: booleans, or the tail weights (0: untagged) where a term is weighted
+    (quant/stats.py counts a tagged position's products that many times)."""
+    if all(w == 1.0 for w, m in zip(weights, mask) if m):
+        return torch.tensor(mask, dtype=torch.bool)
+    return torch.tensor([w if m else 0.0 for m, w in zip(mask, weights)], dtype=torch.float32)
+
+
 @dataclass
 class _PendingWindow:
     """A window whose encoder frames are still to be tagged: the token positions of each rare word, and how many
     encoder frames hold speech."""
 
     window: Window
-    rare_spans: list[tuple[int, ...]]
+    rare_spans: list[tuple[tuple[int, ...], float]]  # (the word's token positions, its tail weight)
     speech_frames: int
 
 

@@ -81,6 +81,23 @@ def _split_rows(x: torch.Tensor, split: RowSplit) -> tuple[torch.Tensor, torch.T
     return x.index_select(0, common), x.index_select(0, tail)
 
 
+def _tail_root_weights(tail_mask: torch.Tensor, split: RowSplit, device: torch.device) -> torch.Tensor | None:
+    """sqrt of the tagged rows' tail weights, as a column, where the tags are weights (a term list's: a weight-2
+    term's positions count twice in H_tail); None for boolean tags or weights all 1 -- the rows then go in as they
+    are, so unweighted runs keep their bytes."""
+    if split is None or not tail_mask.is_floating_point():
+        return None
+    weights = tail_mask.reshape(-1).to(device, PRODUCT_DTYPE).index_select(0, split[1])
+    return None if bool((weights == 1).all()) else weights.sqrt()[:, None]
+
+
+def _weighted(parts: tuple[torch.Tensor, torch.Tensor], root_weights: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(common rows, tail rows scaled by the root weights): each Gram or cross product of two scaled rows carries
+    the row's weight once."""
+    return parts if root_weights is None else (parts[0], parts[1] * root_weights)
+
+
 class _Folded:
     """A moment of LayerStats, stored as ``_<name>``: reading it folds the pending float32 sums first; assigning it
     (a test planting a metric) replaces it after the fold."""
@@ -141,7 +158,8 @@ class LayerStats:
         x_q = x_q.to(self.device, PRODUCT_DTYPE).contiguous()
         mask = mask.to(self.device)
         split = _row_split(mask)
-        parts = _split_rows(x_q, split)
+        root_weights = _tail_root_weights(tail_mask, split, self.device)
+        parts = _weighted(_split_rows(x_q, split), root_weights)
         for key, rows in zip(("gram_common", "gram_tail"), parts):
             if rows.shape[0]:
                 self._accumulate_gram(key, rows)
@@ -154,7 +172,8 @@ class LayerStats:
             delta = x_fp - x_q  # formed first: H_delta is small beside x_fp^T x_q, a difference of those would cancel
             if self.projection is not None:
                 delta = delta @ self.projection.T  # W delta: only W H_delta = sum (W delta)^T x_q is needed
-            for key, delta_rows, rows in zip(("cross_common", "cross_tail"), _split_rows(delta, split), parts):
+            for key, delta_rows, rows in zip(("cross_common", "cross_tail"),
+                                             _weighted(_split_rows(delta, split), root_weights), parts):
                 if rows.shape[0]:
                     self._accumulate_product(key, delta_rows, rows)
             self.n_delta += int(x_q.shape[0])

@@ -278,9 +278,9 @@ def rebalanced_metric(stats: LayerStats, config: TarqConfig, identity_weight: fl
 
 def reweighting_mask(rare_mask: torch.Tensor, source: str, generator: torch.Generator) -> torch.Tensor:
     """The positions re-weighted as 'tail' for a reweighting source, size-matched to the rare positions."""
+    if source == "rare":  # as tagged: booleans, or a term list's tail weights (quant/stats.py)
+        return rare_mask.reshape(-1) if rare_mask.is_floating_point() else rare_mask.reshape(-1).to(torch.bool)
     rare_mask = rare_mask.reshape(-1).to(torch.bool)
-    if source == "rare":
-        return rare_mask
     pool = torch.arange(rare_mask.numel()) if source == "random" else torch.nonzero(~rare_mask.cpu()).reshape(-1)
     k = min(int(rare_mask.sum()), pool.numel())
     chosen = pool[torch.randperm(pool.numel(), generator=generator)[:k]]
