@@ -702,12 +702,13 @@ _LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
 
 def _tail_choice(a: QuantizeArguments) -> dict:
     """--tail, --terms and --language as options: the term list read (TermsError -> a UserError naming it)."""
+    from ..data.rarity import written_words
     from ..data.terms import TermsError, read_terms
 
     terms = None
     if a.terms:
         try:
-            terms = read_terms(a.terms)
+            terms = read_terms(a.terms, written_words)
         except TermsError as e:
             raise UserError(f"--terms {e}") from None
     tail = a.tail or ("both" if terms is not None else "zipf")

@@ -75,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="non-speech clips (tarq-deploy corpus nonspeech): words each model invents per minute of "
                         "silence, noise, babble and music, against its baseline's")
     p.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD, help="rare: Zipf below k")
+    p.add_argument("--terms", metavar="FILE",
+                   help="a term list (one term per line, as quantize --terms reads it): term recall (occurrences kept "
+                        "whole, by alignment), term-WER and the terms each model loses that its baseline keeps, with "
+                        "paired intervals")
+    p.add_argument("--language", metavar="LANG",
+                   help="the datasets' language: the language decoded (whisper.cpp, torch), its wordfreq table for "
+                        "rarity and its normaliser (CER for a language written without spaces); default: the "
+                        "manifests' own language when their entries give one, else en")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--compare", action="append", default=[], metavar="LABEL_A:LABEL_B",
@@ -300,6 +308,51 @@ def add_failure_figures(report: dict, specs: list[ModelSpec], datasets: list[Dat
             clips, {s.key: [row["text"] for row in hypotheses[s.key][NONSPEECH_DATASET]] for s in specs}, baselines)
 
 
+def read_eval_terms(path: str | None, language: str = "en"):
+    """--terms read with the words the evaluation compares (its normaliser): UserError naming the file and line."""
+    from ..data.normalize import normalized_words, normalizer_for
+    from ..data.terms import TermsError, read_terms
+
+    if path is None:
+        return None
+    try:
+        return read_terms(path, lambda text: normalized_words(text, normalizer_for(language)))
+    except TermsError as e:
+        raise UserError(f"--terms {e}") from None
+
+
+def datasets_language(datasets: list[Dataset], given: str | None, specs: list[ModelSpec]) -> str:
+    """The language of the run: --language, else the one the datasets' entries name (en when none does); decoded in
+    whisper.cpp and torch only (the other bindings' prompts are English here)."""
+    from ..data.rarity import language_problem
+
+    named = sorted({u.language for d in datasets for u in d.utterances if getattr(u, "language", "")})
+    if given is None and len(named) > 1:
+        raise UserError(f"--data: the entries are in {len(named)} languages ({', '.join(named)}); evaluate one "
+                        f"language at a time or give --language")
+    language = (given or (named[0] if named else "en")).lower()
+    problem = language_problem(language)
+    if problem is not None:
+        raise UserError(f"--language {language}: {problem}")
+    other = sorted({s.backend for s in specs if s.backend not in ("whisper.cpp", "torch")})
+    if language != "en" and other:
+        raise UserError(f"--language {language}: decoding in a language other than English is wired for whisper.cpp "
+                        f"and torch; --backend {', '.join(other)} decodes English here")
+    return language
+
+
+def add_term_figures(report: dict, specs: list[ModelSpec], datasets: list[Dataset], scores: dict, terms,
+                     args: argparse.Namespace, language: str) -> None:
+    """Each dataset's term section (recall, term-WER, per-term table), its pairs those of the failure figures."""
+    from ..data.normalize import normalizer_for
+    from ..evaluate.terms import term_section
+
+    pairs = [*failure_baselines(specs, args.reference).items(), *compared_keys(specs, args.compare)]
+    for entry, d in zip(report["datasets"], datasets):
+        entry["terms"] = term_section(terms, scores[d.name], pairs, [u.id for u in d.utterances], args.resamples,
+                                      args.seed, normalizer_for(language))
+
+
 def figure_lines(figures: dict[str, dict[str, list]]) -> str:
     """The per-utterance teacher-forced figures, one JSON line each ({dataset, label, id, sums, counts}): what a
     merged report (the sweep's) re-scores with its own pairs and resamples, as utterances.jsonl is for the words."""
@@ -319,7 +372,7 @@ def eval_outputs(out: Path) -> list[Output]:
 
 def eval_inputs(args: argparse.Namespace, specs: list[ModelSpec]) -> list[tuple[str, str | None]]:
     return [*(("--data", _split_named(value)[1]) for value in args.data),
-            *(("--model", spec.source) for spec in specs), ("--tokenizer", args.tokenizer)]
+            *(("--model", spec.source) for spec in specs), ("--tokenizer", args.tokenizer), ("--terms", args.terms)]
 
 
 # ---------------------------------------------------------------------------------------------------------- run
@@ -327,7 +380,6 @@ def run(args: argparse.Namespace) -> int:
     specs = model_specs(args)
     pairs = comparisons(args.compare)
     out = Path(args.out)
-    options = DecodeOptions(threads=args.threads, device=args.device, profile=args.decode)
     args.teacher_forced = args.teacher_forced or args.teacher_forced_only
     if args.teacher_forced and not args.reference:
         raise UserError("--teacher-forced needs --reference LABEL (the full-precision model)")
@@ -335,6 +387,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {args.reference}: no model has that label")
     check_outputs_apart(eval_outputs(out), eval_inputs(args, specs))
     datasets = load_datasets(args.data, args.limit)
+    language = datasets_language(datasets, args.language, specs)
+    options = DecodeOptions(threads=args.threads, device=args.device, profile=args.decode, language=language)
+    terms = read_eval_terms(args.terms, language)  # before any decoding: a bad list costs nothing
     nonspeech = load_nonspeech(args.nonspeech)
     if nonspeech and any(d.name == NONSPEECH_DATASET for d in datasets):
         raise UserError(f"--data: the name {NONSPEECH_DATASET!r} is --nonspeech's; name the dataset otherwise")
@@ -349,13 +404,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(error)) from None
     figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
                                      out / "teacher-forced", not args.quiet) if args.teacher_forced else {}
-    dataset_runs, utterance_lines = [], []
+    dataset_runs, utterance_lines, term_scores = [], [], {}
     for d in datasets:
         runs = []
         for spec in specs:
             rows = hypotheses[spec.key][d.name]
-            scores = [score_utterance(u.id, u.text, row["text"], args.zipf_threshold)
+            scores = [score_utterance(u.id, u.text, row["text"], args.zipf_threshold, language=language)
                       for u, row in zip(d.utterances, rows)]
+            term_scores.setdefault(d.name, {})[spec.key] = scores
             info = next((row.get("info") for row in rows if row.get("info")), {})
             runs.append(ModelRun(spec.key, spec.label, spec.backend, spec.source, scores,
                                  sum(row["seconds"] for row in rows), d.audio_seconds, info))
@@ -364,7 +420,8 @@ def run(args: argparse.Namespace) -> int:
         dataset_runs.append(DatasetRuns(d.name, d.manifest, runs,
                                         {key: by_dataset[d.name] for key, by_dataset in margins.items()},
                                         figures.get(d.name, {})))
-    settings = {"normalizer": normalizer_description(), "zipf_threshold": args.zipf_threshold,
+    settings = {"normalizer": normalizer_description(language), "zipf_threshold": args.zipf_threshold,
+                **({"language": language} if language != "en" else {}),
                 "threads": args.threads, "max_new_tokens": options.max_new_tokens,
                 "decoding": profile_named(args.decode).record(),
                 "near_tie_margin": args.near_tie_margin, "reference": args.reference, "machine": machine_record(),
@@ -373,6 +430,8 @@ def run(args: argparse.Namespace) -> int:
                                                       args.context, near_tie_margin=args.near_tie_margin,
                                                       reference=args.reference), settings)
     add_failure_figures(report, specs, datasets, hypotheses, nonspeech, args)
+    if terms is not None:
+        add_term_figures(report, specs, datasets, term_scores, terms, args, language)
     markdown = render_markdown(report)
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     write_text_atomic(out / "report.md", markdown)

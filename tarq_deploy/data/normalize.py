@@ -6,6 +6,10 @@ Reference and hypothesis both go through Whisper's English text normaliser (tran
 lowercase, punctuation and bracketed text removed, contractions and spelled-out numbers standardised) with Whisper's
 British-to-American spelling map when the ``whisper_normalizer`` package supplies it (:func:`normalizer_description`
 says which). Words are the whitespace-separated tokens of the normalised text.
+
+Other languages (:func:`normalizer_for`): Whisper's basic normaliser (transformers' ``BasicTextNormalizer``:
+lowercase, bracketed text and punctuation removed, diacritics kept); a language written without spaces
+(``rarity.UNSPACED_LANGUAGES``) is split into characters, so its word error rate is the character error rate.
 """
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ import json
 import re
 from typing import Callable
 
-__all__ = ["Normalizer", "english_spelling_mapping", "normalized_words", "normalizer_description", "spoken_words",
-           "whisper_english_normalizer"]
+__all__ = ["Normalizer", "english_spelling_mapping", "normalized_words", "normalizer_description", "normalizer_for",
+           "spoken_words", "whisper_english_normalizer"]
 
 Normalizer = Callable[[str], str]
 
@@ -42,7 +46,25 @@ def whisper_english_normalizer() -> Normalizer:
     return EnglishTextNormalizer(english_spelling_mapping()[0])
 
 
-def normalizer_description() -> str:
+@functools.lru_cache(maxsize=32)
+def normalizer_for(language: str = "en") -> Normalizer:
+    """The normaliser of transcripts in ``language``: Whisper's English one, else its basic one (split into
+    characters where words are written without spaces: CER)."""
+    from .rarity import UNSPACED_LANGUAGES
+
+    if language == "en":
+        return whisper_english_normalizer()
+    from transformers.models.whisper.english_normalizer import BasicTextNormalizer
+
+    return BasicTextNormalizer(remove_diacritics=False, split_letters=language in UNSPACED_LANGUAGES)
+
+
+def normalizer_description(language: str = "en") -> str:
+    from .rarity import UNSPACED_LANGUAGES
+
+    if language != "en":
+        units = "characters (CER)" if language in UNSPACED_LANGUAGES else "words"
+        return f"transformers BasicTextNormalizer ({language}: diacritics kept, scored by {units})"
     mapping, source = english_spelling_mapping()
     spelling = f"spelling map of {len(mapping)} entries ({source})" if mapping else "no spelling map"
     return f"transformers EnglishTextNormalizer, {spelling}"

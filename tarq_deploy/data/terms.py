@@ -13,11 +13,12 @@ words "new york city hall" hold one occurrence, of "new york city".
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
+
+from ..hashing import sha256_hex
 
 __all__ = ["MAX_TERMS", "Term", "TermList", "TermOccurrence", "TermsError", "find_terms", "read_terms"]
 
@@ -69,12 +70,9 @@ class TermOccurrence(NamedTuple):
     end: int
 
 
-def read_terms(path: str | Path, words_of: WordsOf | None = None) -> TermList:
-    """The term list in ``path`` (TermsError naming file and line). ``words_of`` (default: the calibration tagger's
-    word split) decides which terms are the same term and that every term has a word."""
-    from .rarity import written_words
-
-    words_of = words_of or written_words
+def read_terms(path: str | Path, words_of: WordsOf) -> TermList:
+    """The term list in ``path`` (TermsError naming file and line). ``words_of`` (the calibration tagger's word split,
+    or the evaluation's normaliser) decides which terms are the same term and that every term has a word."""
     source = Path(path)
     data = _read_bytes(source)
     terms: list[Term] = []
@@ -92,7 +90,7 @@ def read_terms(path: str | Path, words_of: WordsOf | None = None) -> TermList:
                              f"must survive, not a lexicon")
     if not terms:
         raise TermsError(f"{source}: no terms (one term per line; '#' starts a comment)")
-    return TermList(str(source), tuple(terms), hashlib.sha256(data).hexdigest())
+    return TermList(str(source), tuple(terms), sha256_hex(data))
 
 
 def _read_bytes(source: Path) -> bytes:

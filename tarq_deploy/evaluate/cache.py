@@ -89,7 +89,9 @@ class HypothesisCache(IdentityJsonl):
                          {"model": source_fingerprint(spec.source), "backend": spec.backend,
                           "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
                           "threads": options.threads, "max_new_tokens": options.max_new_tokens,
-                          "decode": decode_identity(options.profile)})
+                          "decode": decode_identity(options.profile),
+                          # English, as every earlier cache decoded, keeps their keys
+                          **({"language": options.language} if options.language != "en" else {})})
         self.entries = {(r["id"], r["audio"]): r for r in self.read()}
 
     def get(self, utterance_id: str, digest: str) -> dict | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .failure_runs import render_failures, render_nonspeech
+from .terms import render_terms
 from .teacher_forced import TF_METRICS, UtteranceFigures, figure_counts, retention_counts
 from .wer import (CONFIDENCE_LEVEL, DEFAULT_RESAMPLES, DEFAULT_SEED, METRICS, OK, UtteranceScore,
                   bootstrap_indices, bootstrap_interval, check_same_references, metric_counts, paired_difference,
@@ -302,8 +303,9 @@ def decoding_line(settings: dict) -> str:
 def render_markdown(report: dict) -> str:
     settings = report["settings"]
     lines = ["# Evaluation", "",
-             f"Decoding: {decoding_line(settings)}. Whisper English normaliser ({settings.get('normalizer', 'see report.json')}); a word "
-             f"is rare when its wordfreq Zipf is below {settings.get('zipf_threshold', 3.0)}. Rates in %, with "
+             f"Decoding: {decoding_line(settings)}{_language_note(settings)}. Normaliser: "
+             f"{settings.get('normalizer', 'see report.json')}; a word is rare when its wordfreq Zipf is below "
+             f"{settings.get('zipf_threshold', 3.0)}. Rates in %, with "
              f"{int(100 * settings['confidence_level'])}% bootstrap intervals over utterances "
              f"({settings['bootstrap_resamples']} resamples, seed {settings['bootstrap_seed']}). Insertions are "
              "charged to an adjacent rare reference word when there is one. Capped: each utterance's errors capped at "
@@ -315,6 +317,11 @@ def render_markdown(report: dict) -> str:
         lines += render_dataset(dataset)
     lines += render_nonspeech(report["nonspeech"]) + [""] if "nonspeech" in report else []
     return "\n".join(lines) + "\n"
+
+
+def _language_note(settings: dict) -> str:
+    language = settings.get("language")
+    return f", language {language} (its wordfreq table for rarity)" if language else ""
 
 
 def machine_line(machine: dict, threads: int | None) -> str:
@@ -356,6 +363,7 @@ def render_dataset(d: dict) -> list[str]:
                          f"near-tie; {_pct(row['share_near_ties_aside'])}% identical near-ties aside")
             lines.append(line)
     lines += render_failures(d["failures"]) if "failures" in d else []
+    lines += render_terms(d["terms"]) if "terms" in d else []
     lines += render_teacher_forced(d["teacher_forced"]) if "teacher_forced" in d else []
     lines += render_retention(d["retention"]) if "retention" in d else []
     return lines + [""] + render_recovery(d["recovery"]) + [""]

@@ -34,8 +34,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..data.normalize import (Normalizer, english_spelling_mapping, normalized_words,  # noqa: F401 -- re-exported
-                              normalizer_description, whisper_english_normalizer)
-from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word, written_words
+                              normalizer_description, normalizer_for, whisper_english_normalizer)
+from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, is_rare_word, written_words
 
 __all__ = ["CONFIDENCE_LEVEL", "DEFAULT_LOOP_MAX_NGRAM", "DEFAULT_LOOP_REPEATS", "DEFAULT_RESAMPLES", "DEFAULT_SEED",
            "DELETED", "METRICS", "OK", "SUBSTITUTED", "UtteranceScore", "align_words", "bootstrap_indices",
@@ -216,11 +216,14 @@ class UtteranceScore:
 
 
 def score_utterance(utterance_id: str, reference: str, hypothesis: str, k: float = DEFAULT_ZIPF_THRESHOLD,
-                    numerals: NumeralPolicy = "zipf", normalizer: Normalizer | None = None) -> UtteranceScore:
-    """Normalise both texts, tag rare reference words, align, charge errors, flag a repetition loop."""
+                    numerals: NumeralPolicy = "zipf", normalizer: Normalizer | None = None,
+                    language: str = DEFAULT_LANGUAGE) -> UtteranceScore:
+    """Normalise both texts (``language``'s normaliser unless one is given), tag rare reference words by
+    ``language``'s Zipf table, align, charge errors, flag a repetition loop."""
+    normalizer = normalizer or (normalizer_for(language) if language != DEFAULT_LANGUAGE else None)
     ref_words = normalized_words(reference, normalizer)
     hyp_words = normalized_words(hypothesis, normalizer)
-    rare = [is_rare_word(w, k, numerals) for w in ref_words]
+    rare = [is_rare_word(w, k, numerals, language) for w in ref_words]
     alignment = align_words(ref_words, hyp_words, rare)
     # Also on the words as written: the normaliser joins spelled-out numbers, so "five, five, five, ..." (a loop)
     # reads as the one token "555..." (one substitution of "55", measured on a 2-bit base).

@@ -37,6 +37,8 @@ class DecodeOptions:
     # runtimes/decoding.py's profile name. "greedy" here, so library callers keep the research protocol they were
     # written against; the commands' --decode defaults to what users run ("cli").
     profile: str = "greedy"
+    # The language decoded (whisper.cpp and PyTorch Whisper; the eval's --language): English unless told.
+    language: str = "en"
 
 
 @dataclass(frozen=True)

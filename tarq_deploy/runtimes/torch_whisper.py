@@ -43,11 +43,13 @@ class TorchTranscriber:
         model, processor, generation_config = bundle
         torch.set_num_threads(options.threads)
         self.backbone = WhisperBackbone(model, processor, generation_config, options.device)
+        self.backbone.language = options.language  # a multilingual model's prompt names it
         self.generation_config = _greedy_config(generation_config, options.max_new_tokens)
         self.profile = profile_named(options.profile)
         self.prompt = torch.tensor([self.backbone.prompt_ids()], device=self.backbone.device)
         self.origin = {**origin, "threads": options.threads, "device": options.device,
                        "max_new_tokens": options.max_new_tokens, "decode": self.profile.name,
+                       **({"language": options.language} if options.language != "en" else {}),
                        "generate": {k: list(v) if isinstance(v, tuple) else v for k, v in self.profile.torch.items()}}
 
     def transcribe(self, audio: "np.ndarray", utterance_id: str) -> str:
@@ -80,7 +82,7 @@ class TorchTranscriber:
             features = self._features(audio)
         gc = self.backbone.generation_config
         if getattr(gc, "is_multilingual", False):
-            extra.update(language="en", task="transcribe")
+            extra.update(language=self.backbone.language, task="transcribe")
         config = self.generation_config.__class__.from_dict(self.generation_config.to_dict())
         config.num_beams = options.pop("num_beams")
         config.do_sample = options.pop("do_sample")

@@ -72,7 +72,8 @@ class WhisperCppTranscriber(WorkerTranscriber):
 
     def __init__(self, model_file: Path, options: DecodeOptions) -> None:
         super().__init__(model_file, options, "whisper.cpp",
-                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads), options.profile])
+                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads), options.profile,
+                          options.language])
 
     def describe(self) -> dict:
         import importlib.metadata
@@ -80,7 +81,8 @@ class WhisperCppTranscriber(WorkerTranscriber):
         profile = profile_named(self.options.profile)
         return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
                 + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads,
-                "decode": profile.name, "beam_search": profile.beam_search, **profile.whisper_cpp}
+                "decode": profile.name, "beam_search": profile.beam_search, **profile.whisper_cpp,
+                "language": self.options.language}
 
 
 def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
@@ -97,20 +99,21 @@ def bench_settings(profile_name: str) -> dict:
     return arguments
 
 
-def whisper_cpp_model_arguments(profile_name: str, threads: int) -> dict:
-    """pywhispercpp ``Model`` keyword arguments of a decode profile (printing off: it changes no decoding)."""
+def whisper_cpp_model_arguments(profile_name: str, threads: int, language: str = "en") -> dict:
+    """pywhispercpp ``Model`` keyword arguments of a decode profile in ``language`` (printing off: it changes no
+    decoding)."""
     profile = profile_named(profile_name)
     return {"params_sampling_strategy": 1 if profile.beam_search else 0, "redirect_whispercpp_logs_to": None,
             "n_threads": threads, "print_progress": False, "print_realtime": False, "print_timestamps": False,
-            **profile.whisper_cpp}
+            **profile.whisper_cpp, "language": language}
 
 
-def _worker_main(model_file: str, threads: int, profile_name: str) -> int:
+def _worker_main(model_file: str, threads: int, profile_name: str, language: str = "en") -> int:
     """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker). Each utterance is one
     whisper_full call, so a recording longer than 30 s runs through whisper.cpp's own long-form loop."""
     from pywhispercpp.model import Model
 
-    model = Model(model_file, **whisper_cpp_model_arguments(profile_name, threads))
+    model = Model(model_file, **whisper_cpp_model_arguments(profile_name, threads, language))
     return serve_worker(lambda audio: " ".join(s.text.strip() for s in model.transcribe(audio)).strip())
 
 
@@ -222,5 +225,5 @@ ADAPTER = RuntimeAdapter(
     BenchRuntime(NAME, describe_whisper_cpp_file, f"{MODULE}:measure_whisper_cpp", WHISPER_CPP_DECODE,
                  "whisper.cpp through pywhispercpp (model file: legacy ggml .bin)", bench_settings))
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
-    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]))
