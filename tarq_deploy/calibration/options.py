@@ -75,8 +75,14 @@ class QuantizeArguments:
         "transformers or CTranslate2 directory | a hub id (e.g. openai/whisper-base), or a transformers Voxtral or "
         "Qwen3-ASR directory", default="", required=True)
     calib: str | None = _option(
-        "--calib", "calibration corpus: JSONL manifest, LibriSpeech-layout or saved datasets directory (needed by "
-        "every method but rtn)")
+        "--calib", "calibration corpus: a JSONL manifest (NeMo's too: audio_filepath, offset, duration, language), a "
+        "Kaldi/ESPnet data folder (wav.scp, text, segments), a saved datasets folder or a LibriSpeech-layout folder "
+        "(needed by every method but rtn)")
+    audio_column: str | None = _option(
+        "--audio-column", "--calib is a saved datasets folder: its audio column (default 'audio')", metavar="NAME")
+    text_column: str | None = _option(
+        "--text-column", "--calib is a saved datasets folder: its transcript column (default: the first of text, "
+        "sentence, transcript, transcription, normalized_text, raw_text)", metavar="NAME")
     method: str = _option(
         "--method", "solver: rtn (nearest codes, no data; ggml's own bytes for q4_0..q8_0), ggml (ggml's own "
         "quantizer of the type, no data), gptq, rarebal (metric only), residual (solver only), tarq (both), imatrix "

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..data.corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, write_manifest
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..checks import Output, check_outputs_apart
 from ..errors import UserError
 from ..fileio import atomic_path, write_text_atomic
 from .options import add_out
@@ -46,7 +47,7 @@ BABBLE_UTTERANCES = 32  # speech reversed into babble: drawn with the seed from 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..data.synth import (DEFAULT_MIN_RARE, DEFAULT_N_CALIB, DEFAULT_N_EVAL, DEFAULT_SOURCES,
-                              DEFAULT_TEST_VOICES, DEFAULT_VOICES)
+                              DEFAULT_TEST_VOICES, DEFAULT_UNSEEN_TERMS, DEFAULT_VOICES)
 
     sub = p.add_subparsers(dest="kind", metavar="KIND", required=True)
     real = sub.add_parser("real", help="the real English clips with transcripts (12 clips)")
@@ -67,6 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     synth.add_argument("--min-rare", type=int, default=DEFAULT_MIN_RARE, help="rare words per sentence, at least")
     synth.add_argument("--zipf-threshold", type=float, default=DEFAULT_ZIPF_THRESHOLD,
                        help="a word is rare if its Zipf score is below k")
+    synth.add_argument("--terms", metavar="FILE",
+                       help="a term list (as quantize --terms reads it): every sentence holds one of its terms "
+                            "(instead of --min-rare rare words); --unseen-terms of them only in the held-out splits; "
+                            "OUT/terms-seen.txt and OUT/terms-unseen.txt for eval --terms")
+    synth.add_argument("--unseen-terms", type=float, default=DEFAULT_UNSEEN_TERMS, metavar="SHARE",
+                       help="with --terms: the share of the occurring terms kept out of calibration (default "
+                            f"{DEFAULT_UNSEEN_TERMS})")
     _add_long_arguments(sub)
     _add_nonspeech_arguments(sub)
 
@@ -100,6 +108,24 @@ def _names(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+def _synth_terms(args: argparse.Namespace):
+    """--terms read as calibration matches them (UserError naming file and line); --unseen-terms checked."""
+    from ..data.rarity import written_words
+    from ..data.terms import TermsError, read_terms
+
+    if not 0.0 <= args.unseen_terms < 1.0:
+        raise UserError(f"--unseen-terms {args.unseen_terms}: a share in [0, 1)")
+    if args.terms is None:
+        return None
+    written = [Output("--out", Path(args.out) / name) for name in ("terms-seen.txt", "terms-unseen.txt", "eval.jsonl",
+                                                                   "test.jsonl", "calib.jsonl", "README.md")]
+    check_outputs_apart(written, [("--terms", args.terms)])
+    try:
+        return read_terms(args.terms, written_words)
+    except TermsError as e:
+        raise UserError(f"--terms {e}") from None
+
+
 def run_synth(args: argparse.Namespace) -> int:
     from ..data.synth import SynthError, SynthOptions, build_synthetic_corpus
 
@@ -109,7 +135,7 @@ def run_synth(args: argparse.Namespace) -> int:
     options = SynthOptions(n_eval=args.n, n_calib=args.n_calib, voices=_names(args.voices), n_test=args.n_test,
                            test_voices=_names(args.test_voices),
                            sources=_names(args.sources), seed=args.seed, zipf_threshold=args.zipf_threshold,
-                           min_rare=args.min_rare)
+                           min_rare=args.min_rare, terms=_synth_terms(args), unseen_terms=args.unseen_terms)
     try:
         result = build_synthetic_corpus(args.out, options)
     except SynthError as error:
@@ -118,6 +144,13 @@ def run_synth(args: argparse.Namespace) -> int:
         print(f"{split}: {stats['utterances']} utterances, {stats['words']} words, {stats['rare_words']} rare "
               f"({100 * stats['rare_share']:.1f}%), {stats['audio_seconds'] / 60:.1f} min of audio -> "
               f"{result.manifests[split]}")
+    terms = result.statistics.get("terms")
+    if terms:
+        print(f"terms: {terms['occurring']} of {terms['terms']} occur in the sources, {terms['seen_in_calibration']} "
+              f"in calibration, {terms['unseen_in_calibration']} only held out "
+              f"({args.out}/terms-seen.txt, terms-unseen.txt)"
+              + (f"; never in the sources: {', '.join(terms['absent_from_sources'][:20])}"
+                 if terms["absent_from_sources"] else ""))
     return 0
 
 

@@ -54,7 +54,13 @@ GENERIC_STEMS = {"eval", "test", "manifest", "data", "calib"}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", required=True, metavar="[NAME=]MANIFEST",
-                   help="evaluation corpus (JSONL manifest, LibriSpeech folder or saved datasets folder); repeatable")
+                   help="evaluation corpus (JSONL manifest, NeMo's too; Kaldi/ESPnet data folder; saved datasets "
+                        "folder; LibriSpeech folder); repeatable")
+    p.add_argument("--audio-column", metavar="NAME",
+                   help="the audio column of the --data that are saved datasets folders (default 'audio')")
+    p.add_argument("--text-column", metavar="NAME",
+                   help="the transcript column of the --data that are saved datasets folders (default: the first "
+                        "of text, sentence, transcript, transcription, normalized_text, raw_text)")
     p.add_argument("--model", action=_ModelAction, dest="models", required=True, metavar="[LABEL=]SOURCE",
                    help="model to score; repeatable (label defaults to the source's name)")
     p.add_argument("--backend", action=_BackendAction, dest="models", choices=("auto", *BY_NAME),
@@ -198,11 +204,20 @@ def comparisons(values: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 # ------------------------------------------------------------------------------------------------------ datasets
-def load_datasets(values: list[str], limit: int | None) -> list[Dataset]:
+def load_datasets(values: list[str], limit: int | None, audio_column: str | None = None,
+                  text_column: str | None = None) -> list[Dataset]:
+    """The --data corpora; the column names go to those that are saved datasets folders (and are refused when
+    none is: they would name nothing)."""
+    from ..data.corpus import corpus_kind
+
+    kinds = [corpus_kind(_split_named(value)[1]) for value in values]
+    if (audio_column or text_column) and "datasets" not in kinds:
+        flags = " and ".join(f for f, v in (("--audio-column", audio_column), ("--text-column", text_column)) if v)
+        raise UserError(f"{flags}: no --data is a saved datasets folder (the columns would name nothing)")
     datasets = []
-    for value in values:
+    for value, kind in zip(values, kinds):
         given, source = _split_named(value)
-        utterances = load_corpus(source)
+        utterances = load_corpus(source, *((audio_column, text_column) if kind == "datasets" else ()))
         if limit is not None:
             utterances = utterances[:limit]
         if not utterances:
@@ -386,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reference and args.reference not in {s.label for s in specs}:
         raise UserError(f"--reference {args.reference}: no model has that label")
     check_outputs_apart(eval_outputs(out), eval_inputs(args, specs))
-    datasets = load_datasets(args.data, args.limit)
+    datasets = load_datasets(args.data, args.limit, args.audio_column, args.text_column)
     language = datasets_language(datasets, args.language, specs)
     options = DecodeOptions(threads=args.threads, device=args.device, profile=args.decode, language=language)
     terms = read_eval_terms(args.terms, language)  # before any decoding: a bad list costs nothing

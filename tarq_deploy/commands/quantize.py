@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     with exclusive_writer(lock_path(work), "--out", out):
         utterances = []
         if options.needs_corpus:
-            utterances = load_corpus(arguments.calib)
+            utterances = load_corpus(arguments.calib, arguments.audio_column, arguments.text_column)
             if not utterances:
                 raise UserError(f"--calib {arguments.calib}: holds no utterances; method {options.method!r} cannot "
                                 f"calibrate from nothing (use --method rtn for data-free rounding)")

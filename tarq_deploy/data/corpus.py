@@ -2,8 +2,9 @@
 
 Sources: a JSONL manifest (``{"id", "audio", "text"}`` per line, audio relative to the manifest's folder
 allowed; NeMo's spelling ``{"audio_filepath", "text", "offset", "duration"}`` too: an entry is then the stretch of its
-file from ``offset`` for ``duration`` seconds, and its id, when absent, is the file's path and offset), a
-LibriSpeech-layout folder (``speaker/chapter/*.flac`` + ``*.trans.txt``), or a Hugging Face ``datasets`` folder
+file from ``offset`` for ``duration`` seconds, and its id, when absent, is the file's path and offset; an optional
+``language`` -- or NeMo's ``lang`` -- names the transcript's language), a Kaldi / ESPnet data folder (``wav.scp``,
+``text``, optional ``segments``: :func:`load_kaldi_dir`), a LibriSpeech-layout folder (``speaker/chapter/*.flac`` + ``*.trans.txt``), or a Hugging Face ``datasets`` folder
 written by ``save_to_disk`` (``datasets`` is imported only then).
 
 Audio: WAV (PCM 8/16/24/32-bit, float 32/64, any rate and channel count, WAVE_FORMAT_EXTENSIBLE), FLAC and
@@ -20,13 +21,14 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import struct
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -36,7 +38,7 @@ from tarq_deploy.data.normalize import spoken_words
 from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
 
 __all__ = ["AudioDecodeError", "CorpusError", "POOLS", "TARGET_SAMPLE_RATE", "Utterance", "corpus_statistics",
-           "decode_wav", "encode_wav_float32", "load_audio", "load_corpus", "refuse_longer_than", "select_pool",
+           "corpus_kind", "decode_wav", "encode_wav_float32", "load_audio", "load_corpus", "load_kaldi_dir", "refuse_longer_than", "select_pool",
            "to_mono_16k", "write_manifest"]
 
 TARGET_SAMPLE_RATE = 16_000
@@ -70,6 +72,7 @@ class Utterance:
     origin: str = field(default="", compare=False)  # where it was read ("calib.jsonl:3"), for error messages
     offset: float = 0.0  # seconds into the file where the entry starts (a NeMo manifest's "offset")
     duration: float | None = None  # seconds of the file from offset; None: to its end
+    language: str = ""  # the transcript's language (a manifest's "language" or NeMo's "lang"); "": not said
 
 
 def _entry_error(utterance_id: str, audio: str, problem: str, origin: str = "") -> CorpusError:
@@ -442,14 +445,29 @@ def load_manifest(path: str | os.PathLike[str], dataset: str | None = None, deco
             offset, duration = _stretch_times(record, where)
             utterance_id = str(record["id"]) if "id" in record else f"{audio}@{offset:g}"
             text = str(record["text"] or "")
+            language = _record_language(record, where)
         except (*JSON_ERRORS, KeyError, TypeError) as error:
             raise CorpusError(
                 f'{where}: not an {{"id", "audio", "text"}} record (nor NeMo\'s {{"audio_filepath", "text", '
                 f'"offset", "duration"}}) ({type(error).__name__}: {error})') from None
         audio_path = audio if os.path.isabs(audio) else str(base / audio)
         utterances.append(Utterance(utterance_id, audio_path, text, name, origin=where, offset=offset,
-                                    duration=duration))
+                                    duration=duration, language=language))
     return validate_corpus(utterances, decode)
+
+
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_][a-z0-9]{2,8})?")
+
+
+def _record_language(record: dict, where: str) -> str:
+    """A manifest record's language code ("language", or NeMo's "lang"), lower case; "" when it names none. A
+    region tag ("pt-BR") is dropped: wordfreq and Whisper know languages, not regions."""
+    value = record.get("language", record.get("lang", ""))
+    if value in ("", None):
+        return ""
+    if not isinstance(value, str) or not _LANGUAGE_CODE.fullmatch(value.lower()):
+        raise CorpusError(f"{where}: 'language' must be a language code such as 'en' or 'de', got {value!r}")
+    return re.split(r"[-_]", value.lower())[0]
 
 
 def _stretch_times(record: dict, where: str) -> tuple[float, float | None]:
@@ -492,7 +510,12 @@ def write_manifest(utterances: Iterable[Utterance], path: str | os.PathLike[str]
             audio_field = str(audio.relative_to(target.parent.resolve()))
         except ValueError:
             audio_field = str(audio)
-        lines.append(json.dumps({"id": utterance.id, "audio": audio_field, "text": utterance.text}, ensure_ascii=False))
+        record: dict[str, Any] = {"id": utterance.id, "audio": audio_field, "text": utterance.text}
+        if utterance.duration is not None:  # a stretch of its file: kept as NeMo spells it
+            record.update(offset=utterance.offset, duration=utterance.duration)
+        if utterance.language:
+            record["language"] = utterance.language
+        lines.append(json.dumps(record, ensure_ascii=False))
     return write_text_atomic(target, "\n".join(lines) + ("\n" if lines else ""))
 
 
@@ -615,16 +638,135 @@ def encode_wav_float32(samples: np.ndarray, sample_rate: int) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
-def load_corpus(path: str | os.PathLike[str], **options: Any) -> list[Utterance]:
-    """Dispatch on what ``path`` is: a .jsonl manifest, a saved ``datasets`` folder or a LibriSpeech folder."""
+# ------------------------------------------------------------------------------------------ Kaldi / ESPnet
+
+
+KALDI_FILES = ("wav.scp", "text")  # what makes a folder a Kaldi data folder; "segments" is optional
+
+
+def load_kaldi_dir(root: str | os.PathLike[str], dataset: str | None = None, decode: bool = False) -> list[Utterance]:
+    """A Kaldi / ESPnet data folder: ``wav.scp`` (``<recording> <audio file>``), ``text`` (``<utterance> <words>``)
+    and, when present, ``segments`` (``<utterance> <recording> <start> <end>``, seconds; end -1: to the file's end).
+    Without ``segments`` an utterance is its whole recording. A relative audio path is taken from the folder, else
+    from the working directory (where Kaldi's recipes run). Entries come in ``text``'s order. A command in
+    ``wav.scp`` (``sox ... |``) or an archive offset (``foo.ark:123``) is refused by file and line: nothing here runs a
+    command or reads an archive -- write the audio out once and list the files."""
+    folder = Path(root)
+    recordings = {key: (value, where) for key, value, where in _kaldi_table(folder / "wav.scp", 1)}
+    for key, (value, where) in recordings.items():
+        _check_kaldi_audio(value, where)
+    segments = ({key: (value, where) for key, value, where in _kaldi_table(folder / "segments", 3)}
+                if (folder / "segments").is_file() else None)
+    name = dataset if dataset is not None else folder.name
+    utterances = []
+    for utterance_id, text, where in _kaldi_table(folder / "text", 0):
+        recording, offset, duration = _kaldi_stretch(utterance_id, segments, where)
+        if recording not in recordings:
+            raise CorpusError(f"{where}: utterance {utterance_id!r}: its recording {recording!r} is not in "
+                              f"{folder / 'wav.scp'}")
+        audio = _kaldi_audio_path(folder, recordings[recording][0])
+        utterances.append(Utterance(utterance_id, audio, text, name, origin=where, offset=offset, duration=duration))
+    if segments is not None:
+        unused = sorted(set(segments) - {u.id for u in utterances})
+        if unused:
+            raise CorpusError(f"{segments[unused[0]][1]}: segment {unused[0]!r} has no transcript in "
+                              f"{folder / 'text'}")
+    return validate_corpus(utterances, decode)
+
+
+def _kaldi_table(path: Path, min_fields: int) -> Iterator[tuple[str, str, str]]:
+    """(key, rest of the line, "file:line") of a Kaldi table; a key twice, or a line with fewer than ``min_fields``
+    fields after its key, refused by file and line."""
+    if not path.is_file():
+        raise CorpusError(f"{path}: missing; a Kaldi data folder holds wav.scp and text (segments optional)")
+    seen: dict[str, int] = {}
+    for number, line in enumerate(_utf8_lines(path), start=1):
+        if not line.strip():
+            continue
+        key, _, rest = line.strip().partition(" ")
+        rest, where = rest.strip(), f"{path}:{number}"
+        if len(rest.split()) < min_fields:
+            raise CorpusError(f"{where}: expected '<id>' and {min_fields} more field(s), got {line.strip()!r}")
+        if key in seen:
+            raise CorpusError(f"{where}: id {key!r} again (first on line {seen[key]})")
+        seen[key] = number
+        yield key, rest, where
+
+
+_ARCHIVE_OFFSET = re.compile(r":\d+$")
+
+
+def _check_kaldi_audio(value: str, where: str) -> None:
+    """A wav.scp entry must name a file: Kaldi also allows a command (``sox a.sph -t wav - |``), standard input (``-``)
+    and an archive offset (``feats.ark:123``), none of which is read here."""
+    if value.endswith("|") or value == "-":
+        raise CorpusError(f"{where}: {value!r} is a command or standard input; write its audio to a file once and "
+                          f"list the file (nothing here runs a command)")
+    if _ARCHIVE_OFFSET.search(value):
+        raise CorpusError(f"{where}: {value!r} is an archive offset; extract the audio to files and list them")
+
+
+def _kaldi_stretch(utterance_id: str, segments: dict | None, where: str) -> tuple[str, float, float | None]:
+    """(recording, offset, duration) of an utterance: its segment, or its whole recording (same id)."""
+    if segments is None:
+        return utterance_id, 0.0, None
+    if utterance_id not in segments:
+        raise CorpusError(f"{where}: utterance {utterance_id!r} has no line in segments")
+    value, segment_where = segments[utterance_id]
+    recording, start_text, end_text = (value.split() + ["", ""])[:3]
+    try:
+        start, end = float(start_text), float(end_text)
+    except ValueError:
+        raise CorpusError(f"{segment_where}: expected '<utterance> <recording> <start> <end>' in seconds, got "
+                          f"{value!r}") from None
+    if len(value.split()) != 3 or not (math.isfinite(start) and math.isfinite(end)) or start < 0 or \
+            (end != -1 and end <= start):
+        raise CorpusError(f"{segment_where}: expected '<utterance> <recording> <start> <end>' with 0 <= start < end "
+                          f"(end -1: to the file's end), got {value!r}")
+    return recording, start, None if end == -1 else end - start
+
+
+def _kaldi_audio_path(folder: Path, value: str) -> str:
+    """An audio path of wav.scp: absolute as is; relative, from the data folder, else from the working directory
+    (Kaldi's recipes write paths relative to where they run); neither: the folder's, which the check names."""
+    if os.path.isabs(value) or (folder / value).exists() or not Path(value).exists():
+        return value if os.path.isabs(value) else str(folder / value)
+    return str(Path(value).resolve())
+
+
+# ---------------------------------------------------------------------------------------------- any source
+
+
+CORPUS_KINDS = ("manifest", "kaldi", "datasets", "librispeech")
+
+
+def corpus_kind(path: str | os.PathLike[str]) -> str:
+    """What ``path`` is: a JSONL manifest (NeMo's too), a Kaldi/ESPnet data folder, a saved ``datasets`` folder or a
+    LibriSpeech-layout folder; CorpusError when it does not exist."""
     source = Path(path)
     if source.is_file():
-        return load_manifest(source, **options)
+        return "manifest"
     if not source.is_dir():
         raise CorpusError(f"corpus source {source} does not exist")
+    if all((source / name).is_file() for name in KALDI_FILES):
+        return "kaldi"
     if any((source / marker).is_file() for marker in ("dataset_info.json", "state.json", "dataset_dict.json")):
-        return load_hf_dataset_dir(source, **options)
-    return load_librispeech_dir(source, **options)
+        return "datasets"
+    return "librispeech"
+
+
+def load_corpus(path: str | os.PathLike[str], audio_column: str | None = None, text_column: str | None = None,
+                **options: Any) -> list[Utterance]:
+    """Dispatch on what ``path`` is (:func:`corpus_kind`). ``audio_column`` / ``text_column`` name a ``datasets``
+    folder's columns; given for any other source they are refused (they would be ignored)."""
+    kind = corpus_kind(path)
+    columns = {k: v for k, v in (("audio_column", audio_column), ("text_column", text_column)) if v}
+    if columns and kind != "datasets":
+        flags = " and ".join("--" + k.replace("_", "-") for k in columns)
+        raise CorpusError(f"{path}: {flags} name a datasets folder's columns; this is a {kind} source")
+    loader = {"manifest": load_manifest, "kaldi": load_kaldi_dir, "datasets": load_hf_dataset_dir,
+              "librispeech": load_librispeech_dir}[kind]
+    return loader(Path(path), **columns, **options)
 
 
 # ---------------------------------------------------------------------------------------- statistics and pools

@@ -42,12 +42,13 @@ import numpy as np
 from ..fileio import write_bytes_atomic, write_json_atomic, write_text_atomic
 from ..hashing import sha256_hex
 from .corpus import TARGET_SAMPLE_RATE, Utterance, corpus_statistics, to_mono_16k, write_manifest
-from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, zipf
+from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, term_match_words, zipf
+from .terms import TermList, find_terms
 
 __all__ = ["DEFAULT_MIN_RARE", "DEFAULT_N_CALIB", "DEFAULT_N_EVAL", "DEFAULT_SOURCES", "DEFAULT_TEST_VOICES",
-           "DEFAULT_VOICES", "Sentence", "SynthError", "SynthOptions", "build_synthetic_corpus", "check_options",
-           "deal_splits", "encode_wav_pcm16", "osis_to_text", "sentence_problem", "split_sentences",
-           "strip_quotation_marks"]
+           "DEFAULT_VOICES", "Sentence", "SynthError", "SynthOptions", "TermDeal", "build_synthetic_corpus",
+           "check_options", "deal_splits", "deal_term_sentences", "encode_wav_pcm16", "osis_to_text", "sentence_problem",
+           "split_sentences", "strip_quotation_marks", "term_sentences"]
 
 WEB_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
@@ -60,6 +61,7 @@ DEFAULT_N_EVAL = 200
 DEFAULT_N_CALIB = 128
 DEFAULT_VOICES = ("slt", "joe")
 DEFAULT_TEST_VOICES = ("kal",)  # a voice neither calibration nor the dev (eval) split hears
+DEFAULT_UNSEEN_TERMS = 0.25  # of a term list's occurring terms, held out of calibration (corpus synth --terms)
 SPLITS = ("eval", "test", "calib")  # dealt in this order: eval and test do not move when n_calib changes
 
 
@@ -223,8 +225,11 @@ def _surface_problem(sentence: str, min_words: int, max_words: int) -> str | Non
     return None
 
 
-def _word_problem(words: Sequence) -> str | None:
+def _word_problem(words: Sequence, exempt: frozenset[int] = frozenset()) -> str | None:
+    """Why the words are not clean read speech; words at ``exempt`` indices (a user's terms) may be unknown."""
     for word in words:
+        if word.index in exempt:
+            continue
         letters = [ch for ch in word.text if ch.isalpha()]
         if len(letters) >= 2 and all(ch.isupper() for ch in letters):
             return "all-caps word"
@@ -251,6 +256,7 @@ class Sentence:
     source: str
     words: int
     rare_words: int
+    terms: tuple[int, ...] = ()  # the terms of a term list it holds (corpus synth --terms), by index
 
 
 def candidate_sentences(sources: Sequence[str] = DEFAULT_SOURCES, k: float = DEFAULT_ZIPF_THRESHOLD,
@@ -275,6 +281,108 @@ def candidate_sentences(sources: Sequence[str] = DEFAULT_SOURCES, k: float = DEF
                 counts[problem or "kept"] = counts.get(problem or "kept", 0) + 1
         report[name] = dict(sorted(counts.items()))
     return kept, report
+
+
+def term_sentences(terms: TermList, sources: Sequence[str] = DEFAULT_SOURCES,
+                   k: float = DEFAULT_ZIPF_THRESHOLD) -> tuple[list[Sentence], dict[str, dict[str, int]]]:
+    """Clean sentences of the chosen sources that hold at least one term of ``terms`` (de-duplicated), each with the
+    terms it holds, and per-source filter counts. A term's own words may be words wordfreq does not know."""
+    forms = terms.word_forms(term_match_words)
+    seen: set[str] = set()
+    kept: list[Sentence] = []
+    report: dict[str, dict[str, int]] = {}
+    for name in sources:
+        if name not in TEXT_SOURCES:
+            raise SynthError(f"unknown text source {name!r} (available: {', '.join(TEXT_SOURCES)})")
+        counts: dict[str, int] = {}
+        for block in TEXT_SOURCES[name].read():
+            for sentence in map(strip_quotation_marks, split_sentences(block)):
+                problem, held = _judge_terms(sentence, forms, k)
+                if problem is None:
+                    words = reference_words(sentence, k)
+                    key = " ".join(w.normalized for w in words)
+                    problem = "duplicate" if key in seen else None
+                    if problem is None:
+                        seen.add(key)
+                        kept.append(Sentence(sentence, name, len(words), sum(w.rare for w in words), held))
+                counts[problem or "kept"] = counts.get(problem or "kept", 0) + 1
+        report[name] = dict(sorted(counts.items()))
+    return kept, report
+
+
+def _judge_terms(sentence: str, forms: Sequence[tuple[str, ...]], k: float) -> tuple[str | None, tuple[int, ...]]:
+    """(problem or None, the terms the sentence holds): the surface rules, at least one term, then the word rules
+    with the term words exempt (matching is cheap; the word lookups are not, so they come last)."""
+    problem = _surface_problem(sentence, MIN_WORDS, MAX_WORDS)
+    if problem:
+        return problem, ()
+    found = find_terms(term_match_words(sentence), forms)
+    if not found:
+        return "no term", ()
+    exempt = frozenset(i for o in found for i in range(o.start, o.end))
+    problem = _word_problem(reference_words(sentence, k), exempt)
+    return problem, tuple(dict.fromkeys(o.term for o in found))
+
+
+@dataclass(frozen=True)
+class TermDeal:
+    """Term sentences dealt into splits: calibration holds only ``seen`` terms; the held-out splits hold both."""
+
+    splits: dict[str, list[Sentence]]
+    seen: tuple[int, ...]
+    unseen: tuple[int, ...]
+
+
+def deal_term_sentences(sentences: Sequence[Sentence], sizes: dict[str, int], unseen_share: float,
+                        seed: int) -> TermDeal:
+    """Hold out ``unseen_share`` of the occurring terms (drawn with the seed) from calibration: the sentences that
+    hold one go to the held-out splits only (up to half of each), every other sentence fills what is left. Sentences
+    are taken term by term in turn, so every split spreads over as many terms as its size allows."""
+    rng = np.random.default_rng(seed)
+    occurring = sorted({t for s in sentences for t in s.terms})
+    drawn = [occurring[i] for i in rng.permutation(len(occurring))]
+    held_out = [split for split in sizes if split != "calib" and sizes[split]]
+    n_unseen = min(len(drawn) - 1, round(unseen_share * len(drawn))) if held_out and len(drawn) > 1 else 0
+    unseen = frozenset(drawn[:max(n_unseen, 0)])
+    with_unseen = _term_by_term([s for s in sentences if unseen & set(s.terms)], rng)
+    only_seen = _term_by_term([s for s in sentences if not unseen & set(s.terms)], rng)
+    first = _spread(with_unseen, {split: sizes[split] // 2 for split in held_out})
+    rest = _spread(only_seen, {split: n - len(first.get(split, [])) for split, n in sizes.items()})
+    splits = {split: first.get(split, []) + rest[split] for split in sizes}
+    short = {split: (len(got), sizes[split]) for split, got in splits.items() if len(got) < sizes[split]}
+    if short:
+        raise SynthError(f"only {len(sentences)} sentences of the sources hold a term ({len(with_unseen)} of them a "
+                         f"held-out term); short of " + ", ".join(f"{split} ({got} of {n})"
+                                                             for split, (got, n) in short.items())
+                         + ": ask for fewer utterances, or give more terms or sources")
+    return TermDeal(splits, tuple(t for t in occurring if t not in unseen), tuple(sorted(unseen)))
+
+
+def _term_by_term(sentences: Sequence[Sentence], rng: np.random.Generator) -> list[Sentence]:
+    """The sentences shuffled, then ordered one per term in turn (by each sentence's first term)."""
+    queues: dict[int, list[Sentence]] = {}
+    for i in rng.permutation(len(sentences)):
+        queues.setdefault(sentences[i].terms[0], []).append(sentences[i])
+    ordered: list[Sentence] = []
+    while queues:
+        for term in list(queues):
+            ordered.append(queues[term].pop(0))
+            if not queues[term]:
+                del queues[term]
+    return ordered
+
+
+def _spread(items: Sequence[Sentence], sizes: dict[str, int]) -> dict[str, list[Sentence]]:
+    """Deal ``items`` in order, each to the split furthest below its size (proportionally), until all are full."""
+    out: dict[str, list[Sentence]] = {split: [] for split in sizes}
+    order = list(sizes)
+    for item in items:
+        open_splits = [split for split in order if len(out[split]) < sizes[split]]
+        if not open_splits:
+            break
+        split = min(open_splits, key=lambda name: (len(out[name]) / sizes[name], order.index(name)))
+        out[split].append(item)
+    return out
 
 
 def deal_splits(sentences: Sequence[Sentence], n_eval: int, n_calib: int, seed: int) -> tuple[list[Sentence],
@@ -415,6 +523,15 @@ class SynthOptions:
     seed: int = 0
     zipf_threshold: float = DEFAULT_ZIPF_THRESHOLD
     min_rare: int = DEFAULT_MIN_RARE
+    # A user's term list: every sentence holds one of its terms (min_rare then does not apply), and unseen_terms of
+    # the terms that occur are kept out of calibration (held-out splits only).
+    terms: TermList | None = field(default=None, compare=False)
+    unseen_terms: float = DEFAULT_UNSEEN_TERMS
+
+    def record(self) -> dict:
+        """The options as a result records them (the term list by its file, count and digest)."""
+        return {**{k: v for k, v in asdict(self).items() if k != "terms"},
+                "terms": self.terms.record() if self.terms is not None else None}
 
 
 @dataclass(frozen=True)
@@ -447,7 +564,12 @@ def check_options(options: SynthOptions) -> None:
 
 def plan_corpus(options: SynthOptions, sentences: Sequence[Sentence]) -> list[Planned]:
     check_options(options)
-    dealt = deal_sentences(sentences, (options.n_eval, options.n_test, options.n_calib), options.seed)
+    if options.terms is not None:
+        sizes = dict(zip(SPLITS, (options.n_eval, options.n_test, options.n_calib)))
+        by_split = deal_term_sentences(sentences, sizes, options.unseen_terms, options.seed).splits
+        dealt = tuple(by_split[split] for split in SPLITS)
+    else:
+        dealt = deal_sentences(sentences, (options.n_eval, options.n_test, options.n_calib), options.seed)
     planned = []
     for split, group in zip(SPLITS, dealt):
         voices = options.test_voices if split == "test" else options.voices
@@ -469,10 +591,15 @@ def build_synthetic_corpus(out_dir: str | os.PathLike, options: SynthOptions = S
     """Select sentences, synthesise every missing audio file, write eval.jsonl, calib.jsonl, README.md, corpus.json."""
     check_options(options)
     out = Path(out_dir)
-    sentences, filter_counts = candidate_sentences(options.sources, options.zipf_threshold, options.min_rare)
+    if options.terms is not None:
+        sentences, filter_counts = term_sentences(options.terms, options.sources, options.zipf_threshold)
+    else:
+        sentences, filter_counts = candidate_sentences(options.sources, options.zipf_threshold, options.min_rare)
     progress(f"{len(sentences)} candidate sentences from {', '.join(options.sources)}")
     planned = plan_corpus(options, sentences)
     _synthesize_missing(out, planned, progress)
+    if options.terms is not None:
+        _write_term_lists(out, options, planned)
     manifests = {}
     for split in _splits(options):
         utterances = [Utterance(p.id, str(out / p.file_name), p.sentence.text, split) for p in planned
@@ -509,12 +636,43 @@ def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,
                                                                                             for p in chosen)}
     held_out = {p.sentence.text for p in planned if p.split != "calib"}
     overlap = sum(p.sentence.text in held_out for p in planned if p.split == "calib")
-    return {"options": asdict(options), "splits": splits, "shared_sentences_between_splits": overlap,
+    terms = _term_summary(options, planned) if options.terms is not None else None
+    return {"options": options.record(), "splits": splits, "shared_sentences_between_splits": overlap,
+            **({"terms": terms} if terms else {}),
             "filters": filter_counts,
             "sources": {n: {"title": s.title, "debian_package": s.package, "licence": s.licence}
                         for n, s in TEXT_SOURCES.items() if n in options.sources},
             "voices": {n: {"engine": v.engine, "description": v.description, "licence": v.licence}
                        for n, v in VOICES.items() if n in options.voices or (options.n_test and n in options.test_voices)}}
+
+
+def _term_split(options: SynthOptions, planned: Sequence[Planned]) -> tuple[list[int], list[int]]:
+    """(seen, unseen): the occurring terms calibration holds, and those only the held-out splits hold."""
+    in_calib = {t for p in planned if p.split == "calib" for t in p.sentence.terms}
+    held = {t for p in planned if p.split != "calib" for t in p.sentence.terms}
+    return sorted(in_calib), sorted(held - in_calib)
+
+
+def _term_summary(options: SynthOptions, planned: Sequence[Planned]) -> dict:
+    seen, unseen = _term_split(options, planned)
+    names = [t.text for t in options.terms.terms]
+    by_split = {split: len({t for p in planned if p.split == split for t in p.sentence.terms})
+                for split in _splits(options)}
+    occurring = set(seen) | set(unseen)
+    return {**options.terms.record(), "occurring": len(occurring), "seen_in_calibration": len(seen),
+            "unseen_in_calibration": len(unseen), "terms_per_split": by_split,
+            "absent_from_sources": [n for i, n in enumerate(names) if i not in occurring],
+            "unseen": [names[i] for i in unseen], "files": {"seen": "terms-seen.txt", "unseen": "terms-unseen.txt"}}
+
+
+def _write_term_lists(out: Path, options: SynthOptions, planned: Sequence[Planned]) -> None:
+    """OUT/terms-seen.txt and OUT/terms-unseen.txt: the term list split by whether calibration holds the term (each
+    an `eval --terms` input), weights kept."""
+    for name, chosen in zip(("seen", "unseen"), _term_split(options, planned)):
+        lines = [f"{t.text}\t{t.weight:g}" if t.weight != 1.0 else t.text
+                 for t in (options.terms.terms[i] for i in chosen)]
+        header = f"# terms of {options.terms.path} {name} in calibration (tarq-deploy corpus synth --terms)"
+        write_text_atomic(out / f"terms-{name}.txt", "\n".join([header, *lines]) + "\n")
 
 
 def _splits(options: SynthOptions) -> tuple[str, ...]:
@@ -536,11 +694,15 @@ def _wav_seconds(path: Path) -> float:
 def corpus_readme(summary: dict) -> str:
     """The corpus's own documentation: what it is, how it was made, and the licences of its parts."""
     options = summary["options"]
+    terms = summary.get("terms")
+    holding = (f"at least one term of {terms['file']} each ({terms['occurring']} of its {terms['terms']} terms "
+               f"occur; {terms['unseen_in_calibration']} of them only in the held-out splits: terms-unseen.txt; the "
+               f"rest in calibration too: terms-seen.txt)" if terms else
+               f"at least {options['min_rare']} rare words each (wordfreq Zipf < {options['zipf_threshold']})")
     lines = [
         "# Synthetic rare-word speech corpus", "",
         "Made by `tarq-deploy corpus synth` (tarq_deploy/data/synth.py). Offline text-to-speech of public-domain",
-        f"English sentences holding at least {options['min_rare']} rare words each (wordfreq Zipf < "
-        f"{options['zipf_threshold']}), seed {options['seed']}.",
+        f"English sentences holding {holding}, seed {options['seed']}.",
         "`eval.jsonl` and `calib.jsonl` share no sentence; audio is 16 kHz mono 16-bit WAV under `audio/`.", "",
         "| split | utterances | words | rare words | rare share | audio | voices | sources |",
         "|---|---|---|---|---|---|---|---|",

@@ -582,7 +582,9 @@ def corpus_hash(manifest: Path) -> str:
     except ValueError as error:  # an unreadable manifest: its bytes are the key; the step that reads it will fail
         return json_fingerprint({"unreadable": str(error), "bytes": files_sha256([manifest])})
     audio = [Path(u.audio) for u in utterances if Path(u.audio).is_file()]
-    return files_sha256([manifest, *audio])
+    # a folder source (Kaldi, datasets, LibriSpeech): every file in it
+    listed = sorted(p for p in manifest.rglob("*") if p.is_file()) if manifest.is_dir() else [manifest]
+    return files_sha256([*listed, *dict.fromkeys(audio)])
 
 
 # -------------------------------------------------------------------------------------------------------- cells
