@@ -49,6 +49,7 @@ USER_ERROR_CLASSES = frozenset({
     "tarq_deploy.errors.UserError",
     "tarq_deploy.checkpoint.CheckpointError",
     "tarq_deploy.data.corpus.CorpusError",
+    "tarq_deploy.data.terms.TermsError",
     "tarq_deploy.models.packaged.PackagedModelError",
     "tarq_deploy.data.real_clips.RealClipError",
     "tarq_deploy.data.synth.SynthError",

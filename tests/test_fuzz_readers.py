@@ -2,7 +2,8 @@
 valid parse or the reader's own named error -- one the CLI prints as a one-line message and exits 2 on -- never
 another exception, a hang or a crashed process.
 
-Readers: the WAV decoder (through ``load_audio``, resampling included), the JSONL manifest (``load_corpus``), the
+Readers: the WAV decoder (through ``load_audio``, resampling included), the JSONL manifest and the Kaldi data folder
+(``load_corpus``), the term list (``read_terms``), the
 whisper.cpp ``.bin`` reader and the gate in front of pywhispercpp (``describe_whisper_cpp_file``, what the bench and
 publish validate with), the GGUF reader and the gates in front of CrispASR / qwen3-asr.cpp (``checked_gguf``,
 ``is_crispasr_file``, ``describe_crispasr_file``), the lattice checkpoint (``load_checkpoint`` on a mutated
@@ -355,6 +356,40 @@ def test_manifest_reader(work, manifest_seed, data):
     path = fresh_path(work, ".jsonl")
     path.write_bytes(mutant)
     parses_or_refuses(lambda: load_corpus(path), CorpusError)
+
+
+KALDI_SEED = {"wav.scp": "A clip0.wav\nB {work}/clip1.wav\n",
+              "text": "A-1 the quick brown fox\nA-2 jumps over\nB-1 a serendipitous quokka\n",
+              "segments": "A-1 A 0.0 0.05\nA-2 A 0.05 -1\nB-1 B 0.01 0.04\n"}
+
+
+@given(data=st.data())
+def test_kaldi_reader(work, manifest_seed, data):
+    """A Kaldi data folder (wav.scp, text, segments) whose files are mutated, one left out or all kept: a corpus or
+    CorpusError naming the file and line."""
+    folder = fresh_path(work, "-kaldi")
+    folder.mkdir()
+    for name, text in KALDI_SEED.items():
+        seed = text.format(work=work).replace("clip0.wav", str(work / "clip0.wav")).encode()
+        action = data.draw(st.sampled_from(("keep", "keep", "mutate", "mutate", "drop")))
+        if action != "drop":
+            (folder / name).write_bytes(data.draw(mutated(Seed(seed, tuple(range(len(seed))))))
+                                        if action == "mutate" else seed)
+    parses_or_refuses(lambda: load_corpus(folder, decode=True), CorpusError)
+
+
+TERMS_SEED = "# drug names\nwarfarin\t2\nJoe Keaton\nnew york city\t1.5\n".encode()
+
+
+@given(data=st.data())
+def test_term_list_reader(work, data):
+    """A mutated term list: its terms or TermsError naming the file and line (what quantize/eval --terms print)."""
+    from tarq_deploy.data.rarity import written_words
+    from tarq_deploy.data.terms import TermsError, read_terms
+
+    path = fresh_path(work, ".txt")
+    path.write_bytes(data.draw(mutated(Seed(TERMS_SEED, tuple(range(len(TERMS_SEED)))))))
+    parses_or_refuses(lambda: read_terms(path, written_words), TermsError)
 
 
 @given(data=st.data())

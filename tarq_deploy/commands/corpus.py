@@ -146,8 +146,8 @@ def run_synth(args: argparse.Namespace) -> int:
               f"{result.manifests[split]}")
     terms = result.statistics.get("terms")
     if terms:
-        print(f"terms: {terms['occurring']} of {terms['terms']} occur in the sources, {terms['seen_in_calibration']} "
-              f"in calibration, {terms['unseen_in_calibration']} only held out "
+        print(f"terms: {terms['in_sources']} of {terms['terms']} occur in the sources, {terms['occurring']} in the "
+              f"corpus: {terms['seen_in_calibration']} in calibration, {terms['unseen_in_calibration']} only held out "
               f"({args.out}/terms-seen.txt, terms-unseen.txt)"
               + (f"; never in the sources: {', '.join(terms['absent_from_sources'][:20])}"
                  if terms["absent_from_sources"] else ""))

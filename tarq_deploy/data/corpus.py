@@ -557,7 +557,7 @@ _ID_COLUMNS = ("id", "utterance_id", "segment_id", "audio_id", "file")
 def load_hf_dataset_dir(
     path: str | os.PathLike[str],
     split: str | None = None,
-    audio_column: str = "audio",
+    audio_column: str | None = None,
     text_column: str | None = None,
     id_column: str | None = None,
     dataset: str | None = None,
@@ -574,10 +574,12 @@ def load_hf_dataset_dir(
     loaded = datasets.load_from_disk(str(path))
     table = _pick_split(loaded, split, path)
     columns = list(table.column_names)
+    audio_column = audio_column or "audio"
     text_column = text_column or _first_present(_TEXT_COLUMNS, columns, "transcript", path)
     id_column = id_column or next((c for c in _ID_COLUMNS if c in columns), None)
     if audio_column not in columns:
-        raise CorpusError(f"{path}: no audio column {audio_column!r} (columns: {', '.join(columns)})")
+        raise CorpusError(f"{path}: no audio column {audio_column!r} (columns: {', '.join(columns)}); name it with "
+                          f"--audio-column")
     name = dataset or Path(path).name
     utterances = [
         replace(_hf_row_to_utterance(row, i, audio_column, text_column, id_column, name), origin=f"{path} row {i}")
@@ -613,7 +615,7 @@ def _first_present(candidates: Sequence[str], columns: Sequence[str], what: str,
     for candidate in candidates:
         if candidate in columns:
             return candidate
-    raise CorpusError(f"{path}: no {what} column among {', '.join(columns)}; pass it explicitly")
+    raise CorpusError(f"{path}: no {what} column among {', '.join(columns)}; name it with --text-column")
 
 
 def _hf_row_to_utterance(

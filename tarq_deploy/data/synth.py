@@ -600,12 +600,14 @@ def build_synthetic_corpus(out_dir: str | os.PathLike, options: SynthOptions = S
     _synthesize_missing(out, planned, progress)
     if options.terms is not None:
         _write_term_lists(out, options, planned)
+
     manifests = {}
     for split in _splits(options):
         utterances = [Utterance(p.id, str(out / p.file_name), p.sentence.text, split) for p in planned
                       if p.split == split]
         manifests[split] = write_manifest(utterances, out / f"{split}.jsonl")
-    statistics = corpus_summary(out, planned, options, filter_counts)
+    in_sources = sorted({t for sentence in sentences for t in sentence.terms})
+    statistics = corpus_summary(out, planned, options, filter_counts, in_sources)
     write_json_atomic(out / "corpus.json", statistics, indent=1)
     write_text_atomic(out / "README.md", corpus_readme(statistics))
     return SynthResult(out, manifests, statistics)
@@ -624,7 +626,9 @@ def _synthesize_missing(out: Path, planned: Sequence[Planned], progress: Callabl
 
 
 def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,
-                   filter_counts: dict[str, dict[str, int]]) -> dict:
+                   filter_counts: dict[str, dict[str, int]], in_sources: Sequence[int] = ()) -> dict:
+    """The corpus's statistics per split; with a term list also which terms the sources (``in_sources``: those
+    some candidate sentence holds), calibration and the held-out splits hold."""
     splits = {}
     for split in _splits(options):
         chosen = [p for p in planned if p.split == split]
@@ -636,7 +640,7 @@ def corpus_summary(out: Path, planned: Sequence[Planned], options: SynthOptions,
                                                                                             for p in chosen)}
     held_out = {p.sentence.text for p in planned if p.split != "calib"}
     overlap = sum(p.sentence.text in held_out for p in planned if p.split == "calib")
-    terms = _term_summary(options, planned) if options.terms is not None else None
+    terms = _term_summary(options, planned, in_sources) if options.terms is not None else None
     return {"options": options.record(), "splits": splits, "shared_sentences_between_splits": overlap,
             **({"terms": terms} if terms else {}),
             "filters": filter_counts,
@@ -653,22 +657,27 @@ def _term_split(options: SynthOptions, planned: Sequence[Planned]) -> tuple[list
     return sorted(in_calib), sorted(held - in_calib)
 
 
-def _term_summary(options: SynthOptions, planned: Sequence[Planned]) -> dict:
+def _term_summary(options: SynthOptions, planned: Sequence[Planned], in_sources: Sequence[int]) -> dict:
     seen, unseen = _term_split(options, planned)
     names = [t.text for t in options.terms.terms]
     by_split = {split: len({t for p in planned if p.split == split for t in p.sentence.terms})
                 for split in _splits(options)}
     occurring = set(seen) | set(unseen)
+    files = {name: f"terms-{name}.txt" for name, chosen in (("seen", seen), ("unseen", unseen)) if chosen}
     return {**options.terms.record(), "occurring": len(occurring), "seen_in_calibration": len(seen),
             "unseen_in_calibration": len(unseen), "terms_per_split": by_split,
-            "absent_from_sources": [n for i, n in enumerate(names) if i not in occurring],
-            "unseen": [names[i] for i in unseen], "files": {"seen": "terms-seen.txt", "unseen": "terms-unseen.txt"}}
+            "in_sources": len(in_sources), "absent_from_sources": [n for i, n in enumerate(names)
+                                                                   if i not in set(in_sources)],
+            "unseen": [names[i] for i in unseen], "files": files}
 
 
 def _write_term_lists(out: Path, options: SynthOptions, planned: Sequence[Planned]) -> None:
     """OUT/terms-seen.txt and OUT/terms-unseen.txt: the term list split by whether calibration holds the term (each
-    an `eval --terms` input), weights kept."""
+    an `eval --terms` input), weights kept; a list with no term is not written (no term list is empty)."""
     for name, chosen in zip(("seen", "unseen"), _term_split(options, planned)):
+        if not chosen:
+            (out / f"terms-{name}.txt").unlink(missing_ok=True)  # a previous run's list would no longer be true
+            continue
         lines = [f"{t.text}\t{t.weight:g}" if t.weight != 1.0 else t.text
                  for t in (options.terms.terms[i] for i in chosen)]
         header = f"# terms of {options.terms.path} {name} in calibration (tarq-deploy corpus synth --terms)"
@@ -695,8 +704,8 @@ def corpus_readme(summary: dict) -> str:
     """The corpus's own documentation: what it is, how it was made, and the licences of its parts."""
     options = summary["options"]
     terms = summary.get("terms")
-    holding = (f"at least one term of {terms['file']} each ({terms['occurring']} of its {terms['terms']} terms "
-               f"occur; {terms['unseen_in_calibration']} of them only in the held-out splits: terms-unseen.txt; the "
+    holding = (f"at least one term of {terms['file']} each ({terms['in_sources']} of its {terms['terms']} terms "
+               f"occur in the sources, {terms['occurring']} in the corpus; {terms['unseen_in_calibration']} of them only in the held-out splits: terms-unseen.txt; the "
                f"rest in calibration too: terms-seen.txt)" if terms else
                f"at least {options['min_rare']} rare words each (wordfreq Zipf < {options['zipf_threshold']})")
     lines = [
