@@ -158,6 +158,9 @@ class EvalDataset:
     reference: str | None = None  # label of the full-precision row the failure figures are held against
     failures: dict = field(default_factory=dict)  # label -> failure figures (evaluate/failure_runs.py)
     nonspeech: dict = field(default_factory=dict)  # label -> words per minute of non-speech
+    terms: dict = field(default_factory=dict)  # label -> term recall / term-WER with their interval ends (eval --terms)
+    term_list: dict = field(default_factory=dict)  # the term list: file, terms, occurring terms, occurrences, sha256
+    terms_lost: dict = field(default_factory=dict)  # label -> the terms it loses somewhere the reference keeps them
 
 
 @dataclass(frozen=True)
@@ -392,8 +395,33 @@ def card_shape_of_eval_report(report: dict) -> dict:
                          "reference": _reference_row(settings.get("reference"), names),
                          "failures": {names[k]: _failure_summary(v) for k, v in failures.items() if k in names},
                          "nonspeech": {names[k]: v.get("words_per_minute") for k, v in nonspeech.items()
-                                       if k in names}})
+                                       if k in names},
+                         **_term_summary(d.get("terms"), names, settings.get("reference"))})
     return {"kind": "eval", "ci_level": settings.get("confidence_level"), "datasets": datasets}
+
+
+TERM_METRIC_NAMES = ("term_recall", "term_wer")
+TERM_LIST_FIELDS = ("file", "terms", "occurring_terms", "occurrences", "sha256")
+
+
+def _term_summary(section: Any, names: dict, reference: str | None) -> dict:
+    """An eval report's term section (evaluate/terms.py) as the card reads it: per row the two figures with their
+    interval ends, the list's identity, and per row the terms it loses where the reference's row keeps them."""
+    if not isinstance(section, dict) or not isinstance(section.get("models"), dict):
+        return {}
+    figures = {names[k]: {f"{metric}{end}": (m.get(metric) or {}).get(part)
+                          for metric in TERM_METRIC_NAMES for end, part in (("", "value"), ("_low", "low"),
+                                                                             ("_high", "high"))}
+               for k, m in section["models"].items() if k in names and isinstance(m, dict)}
+    reference_key = next((k for k, name in names.items() if name == reference or str(k).startswith(f"{reference} [")),
+                         None)
+    lost: dict[str, list[str]] = {}
+    for row in section.get("per_term") or []:
+        for pair, uids in (row.get("lost") or {}).items() if isinstance(row, dict) else ():
+            a, _, b = str(pair).partition(" vs ")
+            if b == reference_key and a in names and uids:
+                lost.setdefault(names[a], []).append(str(row.get("term")))
+    return {"terms": figures, "term_list": {k: section.get(k) for k in TERM_LIST_FIELDS}, "terms_lost": lost}
 
 
 FAILURE_FIELDS = ("empty_output_rate", "loop_rate", "dropped_rate", "invented_per_nonspeech_minute")
@@ -432,7 +460,27 @@ def _eval_dataset(d: Any, where: str, ci_level: float, published_names: set[str]
                        published=_published_label(rows, where, published_names, eval_model), decoding=decoding,
                        reference=d.get("reference") if d.get("reference") in labels else None,
                        failures=_checked_figures(d.get("failures"), where, "failures"),
-                       nonspeech=_checked_figures(d.get("nonspeech"), where, "nonspeech"))
+                       nonspeech=_checked_figures(d.get("nonspeech"), where, "nonspeech"),
+                       terms=_checked_figures(d.get("terms"), where, "terms"),
+                       term_list=_checked_term_list(d.get("term_list"), where),
+                       terms_lost=_checked_terms_lost(d.get("terms_lost"), where))
+
+
+def _checked_term_list(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, (str, int)) or v is None for v in value.values()):
+        raise UserError(f"{where}: 'term_list' must name the list's file, counts and digest, got {value!r}")
+    return value
+
+
+def _checked_terms_lost(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, list) and all(isinstance(t, str) for t in v)
+                                              for v in value.values()):
+        raise UserError(f"{where}: 'terms_lost' must map model labels to lists of terms, got {value!r}")
+    return value
 
 
 def _checked_figures(value: Any, where: str, key: str) -> dict:
@@ -440,7 +488,7 @@ def _checked_figures(value: Any, where: str, key: str) -> dict:
     if value is None:
         return {}
     ok = isinstance(value, dict) and all(
-        isinstance(v, dict) and all(x is None or _is_number(x) for x in v.values()) if key == "failures"
+        isinstance(v, dict) and all(x is None or _is_number(x) for x in v.values()) if key in ("failures", "terms")
         else (v is None or _is_number(v)) for v in value.values())
     if not ok:
         raise UserError(f"{where}: '{key}' must map model labels to figures (numbers), got {value!r}")
@@ -669,7 +717,34 @@ def _eval_table(d: EvalDataset) -> str:
                  _count(r.n_words), _count(r.n_rare_words)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.insert(1, f"Decoding: `{d.decoding}` ({_decoding_words(d.decoding)}).\n")
-    return "\n".join(lines) + "\n" + _failure_table(d)
+    return "\n".join(lines) + "\n" + _failure_table(d) + _term_table(d)
+
+
+def _term_table(d: EvalDataset) -> str:
+    """The user's terms: recall and term-WER per row, and the terms this model loses that the reference keeps."""
+    if not d.terms:
+        return ""
+    t = d.term_list
+    lines = ["", f"Terms of `{t.get('file')}` (sha256 {str(t.get('sha256'))[:12]}…): {t.get('occurring_terms')} of "
+                 f"{t.get('terms')} terms occur, {t.get('occurrences')} times. Recall: occurrences heard whole.", "",
+             "| Model | term recall % | term-WER % |", "|---|---:|---:|"]
+    for r in d.rows:
+        f = d.terms.get(r.label, {})
+        label = f"**{r.label}**" if r.label == d.published else r.label
+        lines.append(f"| {label} | {_interval_cell(f, 'term_recall')} | {_interval_cell(f, 'term_wer')} |")
+    lost = d.terms_lost.get(d.published, [])
+    if d.reference and d.reference != d.published:
+        lines += ["", f"Terms {d.published} loses somewhere {d.reference} keeps them: "
+                      + (", ".join(lost) if lost else "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _interval_cell(figures: dict, metric: str) -> str:
+    value, low, high = (figures.get(f"{metric}{end}") for end in ("", "_low", "_high"))
+    if value is None or value != value:
+        return "—"
+    return f"{100 * value:.1f} [{100 * low:.1f}, {100 * high:.1f}]" if low is not None and high is not None \
+        else f"{100 * value:.1f}"
 
 
 def _decoding_words(profile: str) -> str:

@@ -615,3 +615,32 @@ def test_a_file_that_fails_no_more_than_its_f16_publishes_and_greedy_usage_says_
     assert cli.main(argv) == 0, capsys.readouterr().err
     card = (tmp_path / "out" / "README.md").read_text()
     assert "Decoding: `greedy`" in card and "-bs 1 -nf -nt -sns" in card and "temperature_inc=0.0" in card
+
+
+def test_the_card_shows_term_recall_and_the_terms_the_file_loses(inputs, tmp_path, capsys):
+    """An eval report with a term section (evaluate/terms.py, built by the real code): the card has each row's
+    recall and term-WER and names the terms the published file loses where F16 keeps them."""
+    from tarq_deploy.data.terms import Term, TermList
+    from tarq_deploy.evaluate.terms import term_section
+    from tarq_deploy.evaluate.wer import score_utterance
+
+    report = _report_with_failures(tmp_path, published_loops=False)
+    doc = json.loads(report.read_text())
+    refs = ["the abbot of dunfermline spoke to the assembled monks",
+            "seventeen hogsheads of claret came from bordeaux by sea"]
+    hyps = {"F16 [whisper.cpp]": refs, "TARQ [whisper.cpp]": [refs[0], refs[1].replace("hogsheads", "hogs heads")]}
+    terms = TermList("terms.txt", (Term("dunfermline"), Term("hogsheads"), Term("claret")), "ab" * 32)
+    runs = {key: [score_utterance(f"u{i}", r, h) for i, (r, h) in enumerate(zip(refs, texts))]
+            for key, texts in hyps.items()}
+    doc["datasets"][0]["terms"] = term_section(terms, runs, [("TARQ [whisper.cpp]", "F16 [whisper.cpp]")],
+                                               ["u0", "u1"], 50, 0)
+    report.write_text(json.dumps(doc))
+    argv = ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]),
+            "--eval", str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license",
+            "mit", "--dry-run"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Terms of `terms.txt` (sha256 abababababab…): 3 of 3 terms occur, 3 times." in card
+    assert "| F16 | 100.0 [100.0, 100.0] | 0.0 [0.0, 0.0] |" in card
+    assert "| **TARQ** | 66.7 [" in card
+    assert "Terms TARQ loses somewhere F16 keeps them: hogsheads." in card

@@ -42,7 +42,8 @@ rare and common positions, both files loaded in PyTorch; ``eval --teacher-forced
 
     [quantize]                        # more `quantize` options for every cell (option = value; true = a flag)
     seed = 0
-    [eval]                            # limit, threads, resamples, seed, zipf_threshold, and backends: the
+    [eval]                            # limit, threads, resamples, seed, zipf_threshold, decode, nonspeech,
+                                      # terms (a term list: term recall in the report), language, and backends: the
                                       # runtimes each cell's file is decoded by (default: the target's; "torch"
                                       # too loads the same file in PyTorch: backend agreement in the report)
     [bench]                           # audio, threads, runs, warmup
@@ -121,7 +122,7 @@ TARGETS: dict[str, tuple[str, str]] = {target: (target, TARGET_FILE_SUFFIX[targe
 MIX_TARGETS = tuple(t for t in GGUF_TARGETS if t in TARGETS)  # the sweep targets whose files hold a type per tensor
 MIX_KEYS = ("type", "tensor_type")
 EVAL_OPTIONS = {"limit": int, "threads": int, "resamples": int, "seed": int, "zipf_threshold": float, "backends": list,
-                "decode": str, "nonspeech": str}
+                "decode": str, "nonspeech": str, "terms": str, "language": str}
 BENCH_OPTIONS = {"audio": list, "threads": list, "runs": int, "warmup": int, "decode": str}
 
 
@@ -266,8 +267,9 @@ def _sweep_from(doc: dict, source: Path) -> Sweep:
         if not _exists(manifest, f"corpus {name!r}", source):
             raise UserError(f"{source}: corpus {name!r}: {manifest} does not exist")
     eval_options = _decode_profile(_options(_table(doc, "eval", source), EVAL_OPTIONS, "eval", source), "eval", source)
-    if "nonspeech" in eval_options:  # a manifest path, relative to the sweep file like every other
-        eval_options["nonspeech"] = str(_path(eval_options["nonspeech"], base))  # read (and checked) by eval
+    for key in ("nonspeech", "terms"):  # a path, relative to the sweep file like every other
+        if key in eval_options:
+            eval_options[key] = str(_path(eval_options[key], base))  # read (and checked) by eval
     _check_backends(eval_options.get("backends"), TARGETS[target][0], source)
     if "score" in steps and not evaluation:
         raise UserError(f"{source}: the score step needs an [evaluation] table naming at least one manifest")

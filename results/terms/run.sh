@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 63's study: a user's term list against the Zipf tail, GPTQ and ggml's rounding, on Whisper base.
+#   terms:  results/terms/domain-terms.txt (WordNet 3.0's medicine / law / biology topic domains, Zipf < 4;
+#           results/terms/make_terms.py)
+#   corpus: `corpus synth --terms`: sentences of the Debian text sources that hold a term; 25 % of the occurring
+#           terms kept out of calibration (terms-unseen.txt); test split in the voice kal, which calibration never hears
+#   files:  F16; at Q4_0 and Q3_K: ggml's rounding, GPTQ, TARQ with the Zipf tail (its default), TARQ with the term
+#           list (--terms, tail "both": its default with a list) -- all from the same 128 calibration utterances
+#   decode: whisper.cpp (pywhispercpp 1.5.1), 1 thread, whisper-cli's defaults (cli), and greedy beside it
+#   eval:   term recall / term-WER with the whole list, the terms calibration held (seen) and those it never held
+#           (unseen), WER / rare-WER (capped too), paired 95 % bootstrap intervals (2000 resamples)
+# Stages: corpus | quantize | eval STAGE_PROFILE (cli or greedy). From the repository root, with .venv active.
+set -euo pipefail
+C=corpora/terms R=runs/terms F=runs/terms/files T=results/terms/domain-terms.txt
+stage=${1:-all}
+
+if [[ $stage == corpus || $stage == all ]]; then
+  tarq-deploy corpus synth -o $C --terms $T --n 40 --n-test 120 --n-calib 128 --voices slt,joe --test-voices kal \
+      --sources web,devil,wordnet --seed 0
+fi
+
+if [[ $stage == quantize || $stage == all ]]; then
+  mkdir -p $F
+  [[ -f $F/f16.bin ]] || tarq-deploy export --model packaged:base --type f16 -o $F/f16.bin --quiet
+  for type in q4_0 q3_k; do
+    declare -A extra=([ggml]="--method ggml" [gptq]="--method gptq --calib $C/calib.jsonl"
+                      [tarq]="--method tarq --calib $C/calib.jsonl"
+                      [tarq-terms]="--method tarq --calib $C/calib.jsonl --terms $T")
+    for name in ggml gptq tarq tarq-terms; do
+      ck=$R/ck/$name-$type
+      [[ -f $F/$name-$type.bin ]] && continue
+      tarq-deploy quantize --model packaged:base --type $type ${extra[$name]} --seed 0 --out $ck
+      tarq-deploy export $ck --target whisper.cpp -o $F/$name-$type.bin --quiet
+      tarq-deploy verify --checkpoint $ck $F/$name-$type.bin
+    done
+  done
+fi
+
+if [[ $stage == eval || $stage == all ]]; then
+  profile=${2:-cli}
+  models=(--model f16=$F/f16.bin)
+  for type in q4_0 q3_k; do
+    for name in ggml gptq tarq tarq-terms; do models+=(--model $name-$type=$F/$name-$type.bin); done
+  done
+  pairs=()
+  for type in q4_0 q3_k; do
+    pairs+=(--compare tarq-terms-$type:gptq-$type --compare tarq-terms-$type:ggml-$type
+            --compare tarq-terms-$type:tarq-$type --compare tarq-$type:gptq-$type)
+  done
+  out=$R/eval-$profile
+  for list in all seen unseen; do
+    file=$T; [[ $list == all ]] || file=$C/terms-$list.txt
+    dir=$out-$list
+    if [[ $list != all ]]; then mkdir -p $dir; cp -r $out-all/hypotheses $dir/; fi  # decoded once: cached
+    tarq-deploy eval --decode $profile --data test=$C/test.jsonl "${models[@]}" "${pairs[@]}" --reference f16 \
+        --terms $file --threads 1 --jobs 2 --resamples 2000 --out $dir --quiet
+  done
+fi
