@@ -8,8 +8,9 @@ PIP := $(PYTHON) -m pip
 
 # Debian packages: real human speech with transcripts (LibriVox clips, pocketsphinx-testdata), and the offline
 # rare-word speech corpus: festival + the CMU ARCTIC SLT HTS voice (calibration, dev) and the KAL diphone voice
-# (held-out test voice), public-domain text (World English Bible, the Devil's Dictionary) and WordNet examples.
-APT_PACKAGES := pocketsphinx-testdata festival festvox-us-slt-hts festvox-kallpc16k sword-text-web wordnet-base dict-devil
+# (held-out test voice), public-domain text (World English Bible, the Devil's Dictionary) and WordNet examples;
+# espeak-ng speaks the German clip of the language tests (tests/test_corpus_sources.py).
+APT_PACKAGES := pocketsphinx-testdata festival festvox-us-slt-hts festvox-kallpc16k sword-text-web wordnet-base dict-devil espeak-ng
 
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "whole, by alignment), term-WER and the terms each model loses that its baseline keeps, with "
                         "paired intervals")
     p.add_argument("--language", metavar="LANG",
-                   help="the datasets' language: the language decoded (whisper.cpp, torch), its wordfreq table for "
+                   help="the datasets' language: the language every backend decodes in, its wordfreq table for "
                         "rarity and its normaliser (CER for a language written without spaces); default: the "
                         "manifests' own language when their entries give one, else en")
     p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="bootstrap resamples")
@@ -336,9 +336,9 @@ def read_eval_terms(path: str | None, language: str = "en"):
         raise UserError(f"--terms {e}") from None
 
 
-def datasets_language(datasets: list[Dataset], given: str | None, specs: list[ModelSpec]) -> str:
-    """The language of the run: --language, else the one the datasets' entries name (en when none does); decoded in
-    whisper.cpp and torch only (the other bindings' prompts are English here)."""
+def datasets_language(datasets: list[Dataset], given: str | None) -> str:
+    """The language of the run: --language, else the one the datasets' entries name (en when none does); every
+    backend decodes in it."""
     from ..data.rarity import language_problem
 
     named = sorted({u.language for d in datasets for u in d.utterances if getattr(u, "language", "")})
@@ -349,10 +349,6 @@ def datasets_language(datasets: list[Dataset], given: str | None, specs: list[Mo
     problem = language_problem(language)
     if problem is not None:
         raise UserError(f"--language {language}: {problem}")
-    other = sorted({s.backend for s in specs if s.backend not in ("whisper.cpp", "torch")})
-    if language != "en" and other:
-        raise UserError(f"--language {language}: decoding in a language other than English is wired for whisper.cpp "
-                        f"and torch; --backend {', '.join(other)} decodes English here")
     return language
 
 
@@ -402,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reference {args.reference}: no model has that label")
     check_outputs_apart(eval_outputs(out), eval_inputs(args, specs))
     datasets = load_datasets(args.data, args.limit, args.audio_column, args.text_column)
-    language = datasets_language(datasets, args.language, specs)
+    language = datasets_language(datasets, args.language)
     options = DecodeOptions(threads=args.threads, device=args.device, profile=args.decode, language=language)
     terms = read_eval_terms(args.terms, language)  # before any decoding: a bad list costs nothing
     nonspeech = load_nonspeech(args.nonspeech)

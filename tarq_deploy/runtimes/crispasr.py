@@ -132,11 +132,11 @@ def crispasr_info() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
-def session_text(session, audio: "np.ndarray") -> tuple[str, int]:
-    """(transcript, tokens) of one utterance."""
+def session_text(session, audio: "np.ndarray", language: str = LANGUAGE) -> tuple[str, int]:
+    """(transcript, tokens) of one utterance in ``language``."""
     import numpy as np
 
-    segments = session.transcribe(np.ascontiguousarray(audio, dtype=np.float32), language=LANGUAGE)
+    segments = session.transcribe(np.ascontiguousarray(audio, dtype=np.float32), language=language)
     text = " ".join(s.text.strip() for s in segments).strip()
     return text, sum(len(s.tokens) for s in segments)
 
@@ -147,18 +147,19 @@ class CrispASRTranscriber(WorkerTranscriber):
     def __init__(self, model_file: Path, options: DecodeOptions) -> None:
         super().__init__(model_file, options, "CrispASR",
                          ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads),
-                          str(options.max_new_tokens), options.profile])
+                          str(options.max_new_tokens), options.profile, options.language])
 
     def describe(self) -> dict:
         runtime = "crispasr " + importlib.metadata.version("crispasr")
         if backend_of(str(self.model_file)) == WHISPER_BACKEND:
             profile = profile_named(self.options.profile)
             return {"loaded_as": "whisper.cpp model file (CrispASR whisper backend)", "runtime": runtime,
-                    "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0, **WHISPER_THRESHOLDS,
+                    "threads": self.options.threads, "language": self.options.language, "temperature": 0.0,
+                    **WHISPER_THRESHOLDS,
                     "decode": profile.name, **profile.crispasr_whisper}
         kind = "Voxtral" if is_gguf_of_arch(str(self.model_file), VOXTRAL_ARCH) else "Qwen3-ASR"
         return {"loaded_as": f"CrispASR {kind} GGUF", "runtime": runtime,
-                "threads": self.options.threads, "language": LANGUAGE, "temperature": 0.0,
+                "threads": self.options.threads, "language": self.options.language, "temperature": 0.0,
                 "max_new_tokens": self.options.max_new_tokens}
 
 
@@ -175,10 +176,11 @@ def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscribe
     return CrispASRTranscriber(checked_gguf(spec, ARCH, "CrispASR", "crispasr"), options).start()
 
 
-def _worker_main(model_file: str, threads: int, max_new_tokens: int, profile_name: str) -> int:
+def _worker_main(model_file: str, threads: int, max_new_tokens: int, profile_name: str,
+                 language: str = LANGUAGE) -> int:
     """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
     session = open_session(model_file, threads, max_new_tokens, whisper_profile=profile_name)
-    return serve_worker(lambda audio: session_text(session, audio)[0])
+    return serve_worker(lambda audio: session_text(session, audio, language)[0])
 
 
 # -------------------------------------------------------------------------------------------------- CPU bench
@@ -208,5 +210,5 @@ ADAPTER = RuntimeAdapter(
                  "CrispASR wheel, in process (model file: Qwen3-ASR GGUF, arch qwen3asr; or a whisper.cpp .bin)",
                  bench_settings))
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == WORKER_FLAG:
-    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]))
+if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]))

@@ -103,10 +103,12 @@ def load_model(model_file: str) -> Any:
     return transcribe_cpp.Model(model_file)
 
 
-def profile_settings(profile_name: str) -> dict:
-    """TRANSCRIBE_CPP_DECODE under a decode profile (runtimes/decoding.py): greedy is it unchanged; cli adds
-    whisper-cli's fallback, thresholds and context as WhisperRunOptions (the binding has no beams) and segment
-    timestamps."""
+def profile_settings(profile_name: str, language: str = "en") -> dict:
+    """TRANSCRIBE_CPP_DECODE under a decode profile (runtimes/decoding.py) in ``language``: greedy is it unchanged;
+    cli adds whisper-cli's fallback, thresholds and context as WhisperRunOptions (the binding has no beams) and
+    segment timestamps."""
+    if language != TRANSCRIBE_CPP_DECODE["language"]:
+        return {**profile_settings(profile_name), "language": language}
     if profile_name == GREEDY:
         return TRANSCRIBE_CPP_DECODE
     chosen = profile_named(profile_name).transcribe_cpp
@@ -153,12 +155,13 @@ class TranscribeCppTranscriber(WorkerTranscriber):
 
     def __init__(self, model_file: Path, options: DecodeOptions) -> None:
         super().__init__(model_file, options, "transcribe.cpp",
-                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads), options.profile])
+                         ["-m", MODULE, WORKER_FLAG, str(model_file), str(options.threads), options.profile,
+                          options.language])
 
     def describe(self) -> dict:
         family = llm_family(str(self.model_file))
         kind, settings = (family.name, LLM_DECODE) if family is not None else \
-            ("Whisper", profile_settings(self.options.profile))
+            ("Whisper", profile_settings(self.options.profile, self.options.language))
         return {"loaded_as": f"transcribe.cpp {kind} GGUF", "runtime": transcribe_cpp_info(),
                 "threads": self.options.threads, "decode": self.options.profile, **settings}
 
@@ -169,11 +172,11 @@ def open_transcribe_cpp(spec: ModelSpec, options: DecodeOptions) -> TranscribeCp
     return TranscribeCppTranscriber(checked_gguf(spec, arch, "transcribe.cpp", "transcribe.cpp"), options).start()
 
 
-def _worker_main(model_file: str, threads: int, profile_name: str) -> int:
+def _worker_main(model_file: str, threads: int, profile_name: str, language: str = "en") -> int:
     """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
     model = load_model(model_file)
     session = model.session(n_threads=threads)
-    settings = profile_settings(profile_name)
+    settings = profile_settings(profile_name, language)
     return serve_worker(lambda audio: run_text(session, audio, settings, arch=model.arch).text.strip())
 
 
@@ -202,5 +205,5 @@ ADAPTER = RuntimeAdapter(
                  "transcribe-cpp wheel, in process (model file: Whisper, Qwen3-ASR or Voxtral GGUF)",
                  profile_settings))
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == WORKER_FLAG:
-    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == WORKER_FLAG:
+    sys.exit(_worker_main(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]))
