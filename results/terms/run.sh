@@ -9,7 +9,8 @@
 #   decode: whisper.cpp (pywhispercpp 1.5.1), 1 thread, whisper-cli's defaults (cli), and greedy beside it
 #   eval:   term recall / term-WER with the whole list, the terms calibration held (seen) and those it never held
 #           (unseen), WER / rare-WER (capped too), paired 95 % bootstrap intervals (2000 resamples)
-# Stages: corpus | quantize | eval STAGE_PROFILE (cli or greedy). From the repository root, with .venv active.
+# Stages: corpus | quantize | dev (the --tail default, on the dev split) | eval PROFILE (cli or greedy). From the
+# repository root, with .venv active.
 set -euo pipefail
 C=corpora/terms R=runs/terms F=runs/terms/files T=results/terms/domain-terms.txt
 stage=${1:-all}
@@ -34,6 +35,25 @@ if [[ $stage == quantize || $stage == all ]]; then
       tarq-deploy verify --checkpoint $ck $F/$name-$type.bin
     done
   done
+fi
+
+if [[ $stage == dev || $stage == all ]]; then
+  # --tail's default with a term list, chosen here on the dev split (eval.jsonl: voices slt and joe, sentences of
+  # neither other split) under cli: terms alone against terms + every other Zipf-rare word ("both")
+  for type in q4_0 q3_k; do
+    ck=$R/ck/tarq-termsonly-$type
+    if [[ ! -f $F/tarq-termsonly-$type.bin ]]; then
+      tarq-deploy quantize --model packaged:base --type $type --method tarq --calib $C/calib.jsonl --terms $T \
+          --tail terms --seed 0 --out $ck
+      tarq-deploy export $ck --target whisper.cpp -o $F/tarq-termsonly-$type.bin --quiet
+      tarq-deploy verify --checkpoint $ck $F/tarq-termsonly-$type.bin
+    fi
+  done
+  tarq-deploy eval --decode cli --data dev=$C/eval.jsonl --model f16=$F/f16.bin \
+      --model tarq-terms-q4_0=$F/tarq-terms-q4_0.bin --model tarq-termsonly-q4_0=$F/tarq-termsonly-q4_0.bin \
+      --model tarq-terms-q3_k=$F/tarq-terms-q3_k.bin --model tarq-termsonly-q3_k=$F/tarq-termsonly-q3_k.bin \
+      --compare tarq-termsonly-q4_0:tarq-terms-q4_0 --compare tarq-termsonly-q3_k:tarq-terms-q3_k --reference f16 \
+      --terms $T --threads 1 --jobs 2 --resamples 2000 --out $R/dev-cli --quiet
 fi
 
 if [[ $stage == eval || $stage == all ]]; then
