@@ -724,7 +724,7 @@ def _tail_choice(a: QuantizeArguments) -> dict:
 
 def _corpus_language(utterances: list[Utterance]) -> str:
     """The language the corpus's entries name (DEFAULT_LANGUAGE when none does); several: refused, naming them."""
-    named = sorted({u.language for u in utterances if getattr(u, "language", "")})
+    named = sorted({u.language for u in utterances if u.language})
     if len(named) > 1:
         raise UserError(f"--calib: its entries are in {len(named)} languages ({', '.join(named)}); calibrate one "
                         f"language at a time or say which rarity table to read with --language")

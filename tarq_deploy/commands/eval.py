@@ -26,6 +26,7 @@ from ..checks import Output, check_outputs_apart
 from ..data.corpus import TARGET_SAMPLE_RATE, load_audio, load_corpus, refuse_longer_than
 from ..data.long_form import manifest_spans
 from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..data.terms import TermList
 from ..errors import UserError
 from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
 from ..runtimes.decoding import profile_named
@@ -323,7 +324,7 @@ def add_failure_figures(report: dict, specs: list[ModelSpec], datasets: list[Dat
             clips, {s.key: [row["text"] for row in hypotheses[s.key][NONSPEECH_DATASET]] for s in specs}, baselines)
 
 
-def read_eval_terms(path: str | None, language: str = "en"):
+def read_eval_terms(path: str | None, language: str = "en") -> "TermList | None":
     """--terms read with the words the evaluation compares (its normaliser): UserError naming the file and line."""
     from ..data.normalize import normalized_words, normalizer_for
     from ..data.terms import TermsError, read_terms
@@ -341,7 +342,7 @@ def datasets_language(datasets: list[Dataset], given: str | None) -> str:
     backend decodes in it."""
     from ..data.rarity import language_problem
 
-    named = sorted({u.language for d in datasets for u in d.utterances if getattr(u, "language", "")})
+    named = sorted({u.language for d in datasets for u in d.utterances if u.language})
     if given is None and len(named) > 1:
         raise UserError(f"--data: the entries are in {len(named)} languages ({', '.join(named)}); evaluate one "
                         f"language at a time or give --language")
@@ -352,8 +353,8 @@ def datasets_language(datasets: list[Dataset], given: str | None) -> str:
     return language
 
 
-def add_term_figures(report: dict, specs: list[ModelSpec], datasets: list[Dataset], scores: dict, terms,
-                     args: argparse.Namespace, language: str) -> None:
+def add_term_figures(report: dict, specs: list[ModelSpec], datasets: list[Dataset], scores: dict,
+                     terms: "TermList", args: argparse.Namespace, language: str) -> None:
     """Each dataset's term section (recall, term-WER, per-term table), its pairs those of the failure figures."""
     from ..data.normalize import normalizer_for
     from ..evaluate.terms import term_section

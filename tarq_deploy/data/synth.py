@@ -46,9 +46,9 @@ from .rarity import DEFAULT_ZIPF_THRESHOLD, reference_words, term_match_words, z
 from .terms import TermList, find_terms
 
 __all__ = ["DEFAULT_MIN_RARE", "DEFAULT_N_CALIB", "DEFAULT_N_EVAL", "DEFAULT_SOURCES", "DEFAULT_TEST_VOICES",
-           "DEFAULT_VOICES", "Sentence", "SynthError", "SynthOptions", "TermDeal", "build_synthetic_corpus",
-           "check_options", "deal_splits", "deal_term_sentences", "encode_wav_pcm16", "osis_to_text", "sentence_problem",
-           "split_sentences", "strip_quotation_marks", "term_sentences"]
+           "DEFAULT_UNSEEN_TERMS", "DEFAULT_VOICES", "Sentence", "SynthError", "SynthOptions", "TermDeal",
+           "build_synthetic_corpus", "check_options", "deal_splits", "deal_term_sentences", "encode_wav_pcm16",
+           "osis_to_text", "sentence_problem", "split_sentences", "strip_quotation_marks", "term_sentences"]
 
 WEB_MODULE_DIR = Path("/usr/share/sword/modules/texts/ztext/engWEB2015eb")
 DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
