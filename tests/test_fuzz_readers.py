@@ -2,8 +2,8 @@
 valid parse or the reader's own named error -- one the CLI prints as a one-line message and exits 2 on -- never
 another exception, a hang or a crashed process.
 
-Readers: the WAV decoder (through ``load_audio``, resampling included), the JSONL manifest and the Kaldi data folder
-(``load_corpus``), the term list (``read_terms``), the
+Readers: the WAV decoder (through ``load_audio``, resampling included), the JSONL manifest, the Kaldi data folder and
+a saved ``datasets`` folder with its column options (``load_corpus``), the term list (``read_terms``), the
 whisper.cpp ``.bin`` reader and the gate in front of pywhispercpp (``describe_whisper_cpp_file``, what the bench and
 publish validate with), the GGUF reader and the gates in front of CrispASR / qwen3-asr.cpp (``checked_gguf``,
 ``is_crispasr_file``, ``describe_crispasr_file``), the lattice checkpoint (``load_checkpoint`` on a mutated
@@ -34,7 +34,7 @@ import pytest
 import torch
 from gguf.constants import GGUFValueType
 from helpers import Seed, fresh_path, hang_guard, mutated, parses_or_refuses
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarq_deploy import cli
@@ -376,6 +376,28 @@ def test_kaldi_reader(work, manifest_seed, data):
             (folder / name).write_bytes(data.draw(mutated(Seed(seed, tuple(range(len(seed))))))
                                         if action == "mutate" else seed)
     parses_or_refuses(lambda: load_corpus(folder, decode=True), CorpusError)
+
+
+@settings(max_examples=25)  # each example writes a datasets folder (tens of milliseconds)
+@given(data=st.data())
+def test_datasets_folder_reader(work, wavs, data):
+    """A saved datasets folder whose rows hold any text, stored audio bytes (mutated WAVs), paths or nothing, read
+    with the column options: a corpus or CorpusError naming the folder and row."""
+    import datasets
+
+    rows = data.draw(st.lists(st.fixed_dictionaries({
+        "speech": st.fixed_dictionaries({
+            "bytes": st.none() | st.sampled_from(wavs).flatmap(lambda seed: mutated(seed)) | st.binary(max_size=64),
+            "path": st.none() | st.sampled_from(["", "missing.wav", str(work / "clip0.wav")])}),
+        "words": st.none() | st.text(max_size=20)}), min_size=1, max_size=3))
+    stored = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+    features = datasets.Features({"speech": stored, "words": datasets.Value("string")})
+    folder = fresh_path(work, "-hf")
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_dict({k: [r[k] for r in rows] for k in ("speech", "words")},
+                               features=features).save_to_disk(str(folder))
+    parses_or_refuses(lambda: load_corpus(folder, audio_column="speech", text_column="words", decode=True),
+                      CorpusError)
 
 
 TERMS_SEED = "# drug names\nwarfarin\t2\nJoe Keaton\nnew york city\t1.5\n".encode()
