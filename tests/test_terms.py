@@ -191,3 +191,29 @@ def test_eval_refuses_a_bad_term_list_before_decoding(jfk_wav, tmp_path, capsys)
                              str(terms), "-o", str(tmp_path / "eval"))
     assert_user_error(status, err, f"--terms {terms}:1:", "positive number")
     assert not (tmp_path / "eval").exists()
+
+
+def test_teacher_forced_figures_at_term_positions(models, jfk_wav, tmp_path, capsys):
+    """eval --teacher-forced-only --terms: the tagged group is the terms' token positions (their count is the tokens
+    of jfk's three occurrences), and the report names them term positions."""
+    from tarq_deploy.data.real_clips import JFK_TEXT
+
+    manifest = write_manifest([Utterance("jfk", jfk_wav, JFK_TEXT)], tmp_path / "jfk.jsonl")
+    terms_path = term_file(tmp_path, "fellow Americans\ncountry\n")
+    out = tmp_path / "tf"
+    status, _, err = run_cli(capsys, "eval", "--data", str(manifest), "--model", "f32=packaged:tiny.en",
+                             "--model", f"random={models['clean']}", "--backend", "torch", "--tokenizer",
+                             "packaged:tiny.en", "--reference", "f32", "--teacher-forced-only", "--terms",
+                             str(terms_path), "--resamples", "20", "-o", str(out), "--quiet")
+    assert status == 0, err
+    section = json.loads((out / "report.json").read_text())["datasets"][0]["teacher_forced"]
+    assert section["tagged"] == "term"
+    from tarq_deploy.formats.model_loader import load_whisper
+
+    tokenizer = load_whisper("packaged:tiny.en")[1].tokenizer
+    terms = read_terms(terms_path, written_words)
+    tagged = rare_token_mask(tokenizer, [0], decoder_text(JFK_TEXT), TailRule(mode="terms", terms=terms))
+    expected = sum(len(w.token_positions) for w in tagged.words if w.rare)
+    (row,) = section["models"]
+    assert row["positions"]["rare"] == expected >= 4 and row["kld_rare"]["value"] > 0
+    assert "| model | KLD term | KLD common |" in (out / "report.md").read_text()

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..checks import Output, check_outputs_apart
 from ..data.corpus import TARGET_SAMPLE_RATE, load_audio, load_corpus, refuse_longer_than
 from ..data.long_form import manifest_spans
-from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
+from ..data.rarity import DEFAULT_ZIPF_THRESHOLD, TailRule
 from ..data.terms import TermList
 from ..errors import UserError
 from ..runtimes.base import BackendError, DecodeOptions, ModelSpec
@@ -85,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--terms", metavar="FILE",
                    help="a term list (one term per line, as quantize --terms reads it): term recall (occurrences kept "
                         "whole, by alignment), term-WER and the terms each model loses that its baseline keeps, with "
-                        "paired intervals")
+                        "paired intervals; the teacher-forced figures are then taken at the terms' positions")
     p.add_argument("--language", metavar="LANG",
                    help="the datasets' language: the language every backend decodes in, its wordfreq table for "
                         "rarity and its normaliser (CER for a language written without spaces); default: the "
@@ -263,12 +263,12 @@ def refuse_long_audio_for_teacher_forcing(datasets: list[Dataset], teacher_force
 
 
 def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
-                         pairs: tuple[tuple[str, str], ...], out: Path) -> int:
+                         pairs: tuple[tuple[str, str], ...], out: Path, tail: "TailRule | None") -> int:
     from ..evaluate.report import render_teacher_forced, teacher_forced_section
     from ..evaluate.wer import bootstrap_indices
 
     figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
-                                     out / "teacher-forced", not args.quiet)
+                                     out / "teacher-forced", not args.quiet, tail)
     options = ReportOptions(args.resamples, args.seed, pairs, reference=args.reference)
     report = {"settings": {"zipf_threshold": args.zipf_threshold, "bootstrap_resamples": args.resamples,
                            "bootstrap_seed": args.seed, "teacher_forced_only": True},
@@ -277,6 +277,8 @@ def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datas
                                 figures[d.name], options, bootstrap_indices(len(d.utterances), args.resamples,
                                                                             args.seed))}
                            for d in datasets]}
+    if tail is not None:
+        mark_term_positions(report)
     markdown = "\n".join(line for d in report["datasets"]
                           for line in [f"## {d['name']}", *render_teacher_forced(d["teacher_forced"]), ""]) + "\n"
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
@@ -335,6 +337,20 @@ def read_eval_terms(path: str | None, language: str = "en") -> "TermList | None"
         return read_terms(path, lambda text: normalized_words(text, normalizer_for(language)))
     except TermsError as e:
         raise UserError(f"--terms {e}") from None
+
+
+def term_tail(terms: TermList | None, k: float, language: str) -> "TailRule | None":
+    """With --terms, the teacher-forced figures' tagged positions are the terms' (KLD at term positions)."""
+    from ..data.rarity import TailRule
+
+    return None if terms is None else TailRule(k=k, language=language, mode="terms", terms=terms)
+
+
+def mark_term_positions(report: dict) -> None:
+    """Name the teacher-forced sections' tagged positions as term positions (the report's reader and markdown)."""
+    for entry in report["datasets"]:
+        if "teacher_forced" in entry:
+            entry["teacher_forced"]["tagged"] = "term"
 
 
 def datasets_language(datasets: list[Dataset], given: str | None) -> str:
@@ -407,15 +423,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--data: the name {NONSPEECH_DATASET!r} is --nonspeech's; name the dataset otherwise")
     refuse_long_audio_for_teacher_forcing(datasets, args.teacher_forced)
     if args.teacher_forced_only:
-        return _teacher_forced_only(args, specs, datasets, pairs, out)
+        return _teacher_forced_only(args, specs, datasets, pairs, out, term_tail(terms, args.zipf_threshold, language))
     try:
         decoded = datasets + ([nonspeech[0]] if nonspeech else [])
         hypotheses = transcribe_models(specs, decoded, options, out / "hypotheses", args.jobs, not args.quiet)
         margins = near_tie_margins(specs, datasets, hypotheses, options, out / "hypotheses")
     except BackendError as error:  # a runtime crash or timeout: the message names the model file and utterance
         raise UserError(str(error)) from None
+    tail = term_tail(terms, args.zipf_threshold, language)
     figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
-                                     out / "teacher-forced", not args.quiet) if args.teacher_forced else {}
+                                     out / "teacher-forced", not args.quiet, tail) if args.teacher_forced else {}
     dataset_runs, utterance_lines, term_scores = [], [], {}
     for d in datasets:
         runs = []
@@ -444,6 +461,7 @@ def run(args: argparse.Namespace) -> int:
     add_failure_figures(report, specs, datasets, hypotheses, nonspeech, args)
     if terms is not None:
         add_term_figures(report, specs, datasets, term_scores, terms, args, language)
+        mark_term_positions(report)
     markdown = render_markdown(report)
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     write_text_atomic(out / "report.md", markdown)

@@ -376,17 +376,18 @@ def _nats(cell: dict, signed: bool = False) -> str:
 
 
 def render_teacher_forced(section: dict) -> list[str]:
+    tagged = section.get("tagged", "rare")  # "term" under eval --terms: the tagged positions are the terms'
     lines = ["", f"### Teacher-forced figures against {section['reference']}", "",
              "On the reference transcript, per predicted token: KL(P_ref || Q) and the rise in the reference token's "
              "negative log-likelihood (nats, lower is better), top-1 agreement with the reference (%, higher is "
-             "better); rare = positions predicting a token of a rare word.", "",
-             "| model | KLD rare | KLD common | ΔNLL rare | ΔNLL common | top-1 rare | top-1 common |",
+             f"better); {tagged} = positions predicting a token of a {tagged} word; common = all others.", "",
+             f"| model | KLD {tagged} | KLD common | ΔNLL {tagged} | ΔNLL common | top-1 {tagged} | top-1 common |",
              "|---|---|---|---|---|---|---|"]
     for m in section["models"]:
         lines.append(f"| {m['label']} | {_nats(m['kld_rare'])} | {_nats(m['kld_common'])} | {_nats(m['dnll_rare'])} | "
                      f"{_nats(m['dnll_common'])} | {_interval(m['top1_rare'])} | {_interval(m['top1_common'])} |")
     if section["differences"]:
-        lines += ["", "| model | versus | Δ KLD rare | Δ KLD common | Δ ΔNLL rare | Δ top-1 rare (pp) |",
+        lines += ["", f"| model | versus | Δ KLD {tagged} | Δ KLD common | Δ ΔNLL {tagged} | Δ top-1 {tagged} (pp) |",
                   "|---|---|---|---|---|---|"]
         for row in section["differences"]:
             lines.append(f"| {row['model']} | {row['versus']} | {_nats(row['kld_rare'], True)} | "

@@ -21,11 +21,14 @@ share the quantized model also gets right, on the same utterances (a ratio of pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .wer import OK, UtteranceScore
+
+if TYPE_CHECKING:
+    from ..data.rarity import TailRule
 
 __all__ = ["TEACHER_FORCED_LINES", "TF_METRICS", "TeacherForcedScorer", "UtteranceFigures", "figure_counts",
            "retention_counts", "score_utterances", "token_figures"]
@@ -118,7 +121,7 @@ class TeacherForcedScorer:
     token sequence is the concatenation of its utterances' own tokenizations (exact for byte-level BPE, whose
     pieces never cross the space before a word), so every scored position belongs to one utterance."""
 
-    def __init__(self, bundle, device: str = "cpu", k: float | None = None) -> None:
+    def __init__(self, bundle, device: str = "cpu", k: "float | TailRule | None" = None) -> None:
         from ..data.rarity import DEFAULT_ZIPF_THRESHOLD
         from ..models.whisper import WhisperBackbone
 

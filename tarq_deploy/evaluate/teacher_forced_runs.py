@@ -3,6 +3,7 @@ cache: the models are loaded in PyTorch only when some dataset has a figure miss
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..hashing import json_fingerprint, sha256_hex
@@ -10,6 +11,9 @@ from ..runtimes.base import ModelSpec
 from ..runtimes.torch_whisper import load_torch_bundle
 from .cache import FigureCache, audio_digest, source_fingerprint
 from .dataset import Dataset
+
+if TYPE_CHECKING:
+    from ..data.rarity import TailRule
 
 __all__ = ["teacher_forced_figures"]
 
@@ -27,16 +31,21 @@ def teacher_forced_specs(specs: list[ModelSpec], reference: str) -> tuple[ModelS
 
 
 def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], reference_label: str, k: float,
-                           device: str, cache_dir: Path, progress: bool) -> dict[str, dict[str, list]]:
+                           device: str, cache_dir: Path, progress: bool,
+                           tail: "TailRule | None" = None) -> dict[str, dict[str, list]]:
     """{dataset: {label: [UtteranceFigures]}}; cached per (reference, model, utterance), models loaded only when
-    something is missing."""
+    something is missing. The tagged ("rare") positions are Zipf-rare words' (below ``k``), or ``tail``'s: a term
+    list's (eval --terms: KLD at term positions)."""
     from tqdm.auto import tqdm
 
     from .teacher_forced import TeacherForcedScorer, UtteranceFigures, score_utterances
 
     reference, models = teacher_forced_specs(specs, reference_label)
+    # a Zipf tail keeps the keys of every earlier cache; a term tail adds the list's digest
+    tagged = {} if tail is None or tail.mode == "zipf" else \
+        {"tail": tail.mode, "terms": tail.terms.sha256 if tail.terms else None, "language": tail.language}
     identity = {spec.label: {"reference": source_fingerprint(reference.source), "model": source_fingerprint(spec.source),
-                             "tokenizer": spec.tokenizer, "zipf_threshold": k, "windows": "packed 30 s"}
+                             "tokenizer": spec.tokenizer, "zipf_threshold": k, "windows": "packed 30 s", **tagged}
                 for spec in models}
     caches = {spec.label: FigureCache(cache_dir, spec.label, identity[spec.label]) for spec in models}
     # Utterances are scored in packed windows, so a figure depends on the whole dataset's composition: the cache
@@ -44,8 +53,9 @@ def teacher_forced_figures(specs: list[ModelSpec], datasets: list[Dataset], refe
     keys = {d.name: dataset_keys(d) for d in datasets}
     missing = [d for d in datasets if any(c.get(k) is None for c in caches.values() for k in keys[d.name])]
     if missing:
-        scorers = {spec.label: TeacherForcedScorer(load_torch_bundle(spec)[0], device, k) for spec in models}
-        ref_scorer = TeacherForcedScorer(load_torch_bundle(reference)[0], device, k)
+        rule = tail if tagged else k
+        scorers = {spec.label: TeacherForcedScorer(load_torch_bundle(spec)[0], device, rule) for spec in models}
+        ref_scorer = TeacherForcedScorer(load_torch_bundle(reference)[0], device, rule)
         bar = tqdm(total=sum(len(d.utterances) for d in missing), desc="teacher-forced", unit="utt",
                    disable=not progress)
         for d in missing:
