@@ -109,6 +109,7 @@ def test_quantize_names_the_terms_calibration_never_holds_before_any_work(models
     log = json.loads(out.with_name(out.name + ".log.json").read_text())
     assert log["options"]["tail"] == "terms" and log["options"]["terms_sha256"] == read_terms(
         terms, written_words).sha256
+    assert log["terms_absent"] == ["kangaroo", "platypus"]
 
 
 def test_a_tail_of_terms_none_of_which_occurs_is_refused_before_the_model_loads(models, term_corpus, tmp_path,

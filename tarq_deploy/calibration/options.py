@@ -282,7 +282,7 @@ class Importance:
 
 
 # The fields of QuantizeOptions that are no knob of the result: where the work runs, and what it was built from.
-NOT_RESULT_KNOBS = ("device", "max_memory", "model", "arguments", "terms")
+NOT_RESULT_KNOBS = ("device", "max_memory", "model", "arguments", "terms", "terms_absent")
 # Knobs a run without them never recorded: left out of the record (and so of the resume key) at these values.
 UNRECORDED_AT = {"preset": None, "rotate": "none", "compute_dtype": "float32", "refit_scales": False,
                  "lookup_pass": False, "tail": "zipf", "language": DEFAULT_LANGUAGE, "terms_sha256": None}
@@ -335,6 +335,8 @@ class QuantizeOptions:
     # Whisper's tied head: calibrate the decoder a second time with the first head's lattice as the quantized stream's
     # token lookup, and keep the first head (quantize_with_lookup_pass; results/lookup-pass).
     lookup_pass: bool = False
+    # The terms of --terms no calibration utterance holds (for_corpus): said before any work, kept in the run's log.
+    terms_absent: tuple[str, ...] = field(default=(), compare=False)
     # What the options were built from (build()): the model source, resolved once, and the arguments as given.
     model: ModelSource | None = field(default=None, compare=False, repr=False)
     arguments: QuantizeArguments | None = field(default=None, compare=False, repr=False)
@@ -367,7 +369,8 @@ class QuantizeOptions:
             replace(self, language=_corpus_language(utterances))
         options._check_language()
         if options.terms is not None:
-            _report_term_coverage(options, options.calibration_utterances(utterances), log)
+            absent = _report_term_coverage(options, options.calibration_utterances(utterances), log)
+            options = replace(options, terms_absent=tuple(absent))
         return options
 
     def frame_tagging(self) -> str:
@@ -731,8 +734,12 @@ def _corpus_language(utterances: list[Utterance]) -> str:
     return named[0] if named else DEFAULT_LANGUAGE
 
 
-def _report_term_coverage(options: QuantizeOptions, chosen: list[Utterance], log: Callable[[str], None]) -> None:
-    """Name the terms no calibration utterance holds; refuse a tail of terms alone when none occurs at all."""
+SHOWN_ABSENT_TERMS = 40  # a long list's absent terms are named in full in the run's log, not on the screen
+
+
+def _report_term_coverage(options: QuantizeOptions, chosen: list[Utterance],
+                          log: Callable[[str], None]) -> list[str]:
+    """Name the terms no calibration utterance holds (returned); refuse a tail of terms alone when none occurs."""
     from ..data.rarity import term_match_words
     from ..data.terms import find_terms
 
@@ -743,8 +750,12 @@ def _report_term_coverage(options: QuantizeOptions, chosen: list[Utterance], log
         raise UserError(f"--terms {options.terms.path}: none of its {len(forms)} terms occurs in the {len(chosen)} "
                         f"calibration utterances, so the tail would be empty (use --tail both, or a corpus that "
                         f"holds them: tarq-deploy corpus synth --terms)")
+    shown = ", ".join(missing[:SHOWN_ABSENT_TERMS])
+    more = len(missing) - SHOWN_ABSENT_TERMS
     log(f"terms: {len(found)} of {len(forms)} occur in the {len(chosen)} calibration utterances"
-        + (f"; never: {', '.join(missing)}" if missing else ""))
+        + (f"; never: {shown}" if missing else "")
+        + (f" and {more} more (all in the run's log, terms_absent)" if more > 0 else ""))
+    return missing
 
 
 def _head_identity_choice(a: QuantizeArguments, type_name: str | None) -> float:

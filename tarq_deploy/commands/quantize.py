@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         save_checkpoint(checkpoint, out)
         if saved_imatrix:
             save_importance(sink, checkpoint.metadata["calibration"], arguments.calib, saved_imatrix)
-        write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **timing,
+        absent = {"terms_absent": list(options.terms_absent)} if options.terms is not None else {}
+        write_json_atomic(log_path, {"options": options.result_knobs(), "device": options.device, **absent, **timing,
                                      "layers_full": checkpoint.metadata["layers"]}, indent=1)
         _remove_work_dir(work)
     print(f"wrote {out} ({len(checkpoint.quantized)} lattice matrices, {options.bits}-bit, group "
