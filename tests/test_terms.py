@@ -218,3 +218,15 @@ def test_teacher_forced_figures_at_term_positions(models, jfk_wav, tmp_path, cap
     (row,) = section["models"]
     assert row["positions"]["rare"] == expected >= 4 and row["kld_rare"]["value"] > 0
     assert "| model | KLD term | KLD common |" in (out / "report.md").read_text()
+
+
+def test_two_spellings_the_normaliser_makes_one_are_one_term(tmp_path):
+    """quantize reads "analyse" and "analyze" as two terms; eval's normaliser spells both "analyze": one term, the
+    first, is counted (the same file is accepted by both commands)."""
+    from tarq_deploy.evaluate.terms import term_forms
+
+    terms = read_terms(term_file(tmp_path, "analyse\nanalyze\nquokka\n"), written_words)
+    assert term_forms(terms) == [("analyze",), (), ("quokka",)]
+    score = score_utterance("u", "We analyse the quokka.", "we analyze the quokka")
+    section = term_section(terms, {"m": [score]}, [], ["u"], 20, 0)
+    assert section["occurring_terms"] == 2 and [row["term"] for row in section["per_term"]] == ["analyse", "quokka"]

@@ -326,15 +326,17 @@ def add_failure_figures(report: dict, specs: list[ModelSpec], datasets: list[Dat
             clips, {s.key: [row["text"] for row in hypotheses[s.key][NONSPEECH_DATASET]] for s in specs}, baselines)
 
 
-def read_eval_terms(path: str | None, language: str = "en") -> "TermList | None":
-    """--terms read with the words the evaluation compares (its normaliser): UserError naming the file and line."""
-    from ..data.normalize import normalized_words, normalizer_for
+def read_eval_terms(path: str | None) -> "TermList | None":
+    """--terms read as quantize reads it (the file one command takes, the other takes too): UserError naming the
+    file and line. Its terms are matched under the evaluation's normaliser (evaluate/terms.py), where two spellings
+    of one term ("analyse", "analyze") are one term."""
+    from ..data.rarity import written_words
     from ..data.terms import TermsError, read_terms
 
     if path is None:
         return None
     try:
-        return read_terms(path, lambda text: normalized_words(text, normalizer_for(language)))
+        return read_terms(path, written_words)
     except TermsError as e:
         raise UserError(f"--terms {e}") from None
 
@@ -417,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
     datasets = load_datasets(args.data, args.limit, args.audio_column, args.text_column)
     language = datasets_language(datasets, args.language)
     options = DecodeOptions(threads=args.threads, device=args.device, profile=args.decode, language=language)
-    terms = read_eval_terms(args.terms, language)  # before any decoding: a bad list costs nothing
+    terms = read_eval_terms(args.terms)  # before any decoding: a bad list costs nothing
     nonspeech = load_nonspeech(args.nonspeech)
     if nonspeech and any(d.name == NONSPEECH_DATASET for d in datasets):
         raise UserError(f"--data: the name {NONSPEECH_DATASET!r} is --nonspeech's; name the dataset otherwise")

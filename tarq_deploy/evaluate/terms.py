@@ -35,7 +35,12 @@ class TermScore:
 
 
 def term_forms(terms: TermList, normalizer: Normalizer | None = None) -> list[tuple[str, ...]]:
-    return terms.word_forms(lambda text: normalized_words(text, normalizer))
+    """Each term's words under the normaliser that scores WER. Two terms the normaliser makes one ("analyse" and
+    "analyze" under the English spelling map) are counted as the first of them: the later one's form is left empty,
+    so it never matches."""
+    forms = terms.word_forms(lambda text: normalized_words(text, normalizer))
+    first: dict[tuple[str, ...], int] = {}
+    return [form if first.setdefault(form, i) == i else () for i, form in enumerate(forms)]
 
 
 def score_terms(score: UtteranceScore, forms: Sequence[tuple[str, ...]]) -> TermScore:
