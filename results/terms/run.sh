@@ -9,8 +9,8 @@
 #   decode: whisper.cpp (pywhispercpp 1.5.1), 1 thread, whisper-cli's defaults (cli), and greedy beside it
 #   eval:   term recall / term-WER with the whole list, the terms calibration held (seen) and those it never held
 #           (unseen), WER / rare-WER (capped too), paired 95 % bootstrap intervals (2000 resamples)
-# Stages: corpus | quantize | dev (the --tail default, on the dev split) | eval PROFILE (cli or greedy). From the
-# repository root, with .venv active.
+# Stages: corpus | quantize | dev (the --tail default, on the dev split) | eval PROFILE (cli or greedy) | kld (the
+# teacher-forced figures at term positions). From the repository root, with .venv active.
 set -euo pipefail
 C=corpora/terms R=runs/terms F=runs/terms/files T=results/terms/domain-terms.txt
 stage=${1:-all}
@@ -75,4 +75,17 @@ if [[ $stage == eval || $stage == all ]]; then
     tarq-deploy eval --decode $profile --data test=$C/test.jsonl "${models[@]}" "${pairs[@]}" --reference f16 \
         --terms $file --threads 1 --jobs 2 --resamples 2000 --out $dir --quiet
   done
+fi
+
+if [[ $stage == kld || $stage == all ]]; then
+  # teacher-forced figures at the term positions of the whole list (KLD, dNLL, top-1 against F16; PyTorch loads
+  # each file's exact values; no decoding)
+  models=(--model f16=$F/f16.bin)
+  for type in q4_0 q3_k; do
+    for name in ggml gptq tarq tarq-terms; do models+=(--model $name-$type=$F/$name-$type.bin); done
+  done
+  tarq-deploy eval --teacher-forced-only --data test=$C/test.jsonl --backend torch "${models[@]}" \
+      --tokenizer packaged:base --reference f16 --terms $T --compare tarq-terms-q4_0:gptq-q4_0 \
+      --compare tarq-terms-q3_k:gptq-q3_k --compare tarq-terms-q4_0:ggml-q4_0 --compare tarq-terms-q4_0:tarq-q4_0 \
+      --compare tarq-terms-q3_k:tarq-q3_k --threads 2 --resamples 2000 --out $R/kld-terms --quiet
 fi
