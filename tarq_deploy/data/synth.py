@@ -262,25 +262,10 @@ class Sentence:
 def candidate_sentences(sources: Sequence[str] = DEFAULT_SOURCES, k: float = DEFAULT_ZIPF_THRESHOLD,
                         min_rare: int = DEFAULT_MIN_RARE) -> tuple[list[Sentence], dict[str, dict[str, int]]]:
     """Clean, rare-dense sentences of the chosen sources (de-duplicated) and per-source filter counts."""
-    seen: set[str] = set()
-    kept: list[Sentence] = []
-    report: dict[str, dict[str, int]] = {}
-    for name in sources:
-        if name not in TEXT_SOURCES:
-            raise SynthError(f"unknown text source {name!r} (available: {', '.join(TEXT_SOURCES)})")
-        counts: dict[str, int] = {}
-        for block in TEXT_SOURCES[name].read():
-            for sentence in map(strip_quotation_marks, split_sentences(block)):
-                problem, words = _judge(sentence, k, min_rare)
-                if problem is None:
-                    key = " ".join(w.normalized for w in words)
-                    problem = "duplicate" if key in seen else None
-                    if problem is None:
-                        seen.add(key)
-                        kept.append(Sentence(sentence, name, len(words), sum(w.rare for w in words)))
-                counts[problem or "kept"] = counts.get(problem or "kept", 0) + 1
-        report[name] = dict(sorted(counts.items()))
-    return kept, report
+    def judge(sentence: str) -> tuple[str | None, list, tuple[int, ...]]:
+        return (*_judge(sentence, k, min_rare), ())
+
+    return _clean_sentences(sources, judge)
 
 
 def term_sentences(terms: TermList, sources: Sequence[str] = DEFAULT_SOURCES,
@@ -288,6 +273,16 @@ def term_sentences(terms: TermList, sources: Sequence[str] = DEFAULT_SOURCES,
     """Clean sentences of the chosen sources that hold at least one term of ``terms`` (de-duplicated), each with the
     terms it holds, and per-source filter counts. A term's own words may be words wordfreq does not know."""
     forms = terms.word_forms(term_match_words)
+    return _clean_sentences(sources, lambda sentence: _judge_terms(sentence, forms, k))
+
+
+Judge = Callable[[str], tuple[str | None, list, tuple[int, ...]]]
+
+
+def _clean_sentences(sources: Sequence[str], judge: Judge) -> tuple[list[Sentence], dict[str, dict[str, int]]]:
+    """The sentences of ``sources`` that ``judge`` finds no problem with (it returns the problem, the sentence's
+    reference words and the terms it holds), de-duplicated on their normalised words, and per-source counts of
+    what was kept and why the rest was not."""
     seen: set[str] = set()
     kept: list[Sentence] = []
     report: dict[str, dict[str, int]] = {}
@@ -297,9 +292,8 @@ def term_sentences(terms: TermList, sources: Sequence[str] = DEFAULT_SOURCES,
         counts: dict[str, int] = {}
         for block in TEXT_SOURCES[name].read():
             for sentence in map(strip_quotation_marks, split_sentences(block)):
-                problem, held = _judge_terms(sentence, forms, k)
+                problem, words, held = judge(sentence)
                 if problem is None:
-                    words = reference_words(sentence, k)
                     key = " ".join(w.normalized for w in words)
                     problem = "duplicate" if key in seen else None
                     if problem is None:
@@ -310,18 +304,20 @@ def term_sentences(terms: TermList, sources: Sequence[str] = DEFAULT_SOURCES,
     return kept, report
 
 
-def _judge_terms(sentence: str, forms: Sequence[tuple[str, ...]], k: float) -> tuple[str | None, tuple[int, ...]]:
-    """(problem or None, the terms the sentence holds): the surface rules, at least one term, then the word rules
-    with the term words exempt (matching is cheap; the word lookups are not, so they come last)."""
+def _judge_terms(sentence: str, forms: Sequence[tuple[str, ...]],
+                 k: float) -> tuple[str | None, list, tuple[int, ...]]:
+    """(problem or None, the sentence's reference words, the terms it holds): the surface rules, at least one term,
+    then the word rules with the term words exempt (matching is cheap; the word lookups are not, so they come
+    last)."""
     problem = _surface_problem(sentence, MIN_WORDS, MAX_WORDS)
     if problem:
-        return problem, ()
+        return problem, [], ()
     found = find_terms(term_match_words(sentence), forms)
     if not found:
-        return "no term", ()
-    exempt = frozenset(i for o in found for i in range(o.start, o.end))
-    problem = _word_problem(reference_words(sentence, k), exempt)
-    return problem, tuple(dict.fromkeys(o.term for o in found))
+        return "no term", [], ()
+    words = reference_words(sentence, k)
+    problem = _word_problem(words, frozenset(i for o in found for i in range(o.start, o.end)))
+    return problem, words, tuple(dict.fromkeys(o.term for o in found))
 
 
 @dataclass(frozen=True)
