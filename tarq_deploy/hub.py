@@ -413,13 +413,12 @@ def _term_summary(section: Any, names: dict, reference: str | None) -> dict:
                           for metric in TERM_METRIC_NAMES for end, part in (("", "value"), ("_low", "low"),
                                                                              ("_high", "high"))}
                for k, m in section["models"].items() if k in names and isinstance(m, dict)}
-    reference_key = next((k for k, name in names.items() if name == reference or str(k).startswith(f"{reference} [")),
-                         None)
+    reference_row = _reference_row(reference, names)
     lost: dict[str, list[str]] = {}
     for row in section.get("per_term") or []:
         for pair, uids in (row.get("lost") or {}).items() if isinstance(row, dict) else ():
             a, _, b = str(pair).partition(" vs ")
-            if b == reference_key and a in names and uids:
+            if reference_row is not None and names.get(b) == reference_row and a in names and uids:
                 lost.setdefault(names[a], []).append(str(row.get("term")))
     return {"terms": figures, "term_list": {k: section.get(k) for k in TERM_LIST_FIELDS}, "terms_lost": lost}
 

@@ -263,7 +263,7 @@ def refuse_long_audio_for_teacher_forcing(datasets: list[Dataset], teacher_force
 
 
 def _teacher_forced_only(args: argparse.Namespace, specs: list[ModelSpec], datasets: list[Dataset],
-                         pairs: tuple[tuple[str, str], ...], out: Path, tail: "TailRule | None") -> int:
+                         pairs: tuple[tuple[str, str], ...], out: Path, tail: TailRule | None) -> int:
     from ..evaluate.report import render_teacher_forced, teacher_forced_section
     from ..evaluate.wer import bootstrap_indices
 
@@ -326,7 +326,7 @@ def add_failure_figures(report: dict, specs: list[ModelSpec], datasets: list[Dat
             clips, {s.key: [row["text"] for row in hypotheses[s.key][NONSPEECH_DATASET]] for s in specs}, baselines)
 
 
-def read_eval_terms(path: str | None) -> "TermList | None":
+def read_eval_terms(path: str | None) -> TermList | None:
     """--terms read as quantize reads it (the file one command takes, the other takes too): UserError naming the
     file and line. Its terms are matched under the evaluation's normaliser (evaluate/terms.py), where two spellings
     of one term ("analyse", "analyze") are one term."""
@@ -341,10 +341,8 @@ def read_eval_terms(path: str | None) -> "TermList | None":
         raise UserError(f"--terms {e}") from None
 
 
-def term_tail(terms: TermList | None, k: float, language: str) -> "TailRule | None":
+def term_tail(terms: TermList | None, k: float, language: str) -> TailRule | None:
     """With --terms, the teacher-forced figures' tagged positions are the terms' (KLD at term positions)."""
-    from ..data.rarity import TailRule
-
     return None if terms is None else TailRule(k=k, language=language, mode="terms", terms=terms)
 
 
@@ -371,16 +369,18 @@ def datasets_language(datasets: list[Dataset], given: str | None) -> str:
     return language
 
 
-def add_term_figures(report: dict, specs: list[ModelSpec], datasets: list[Dataset], scores: dict,
-                     terms: "TermList", args: argparse.Namespace, language: str) -> None:
-    """Each dataset's term section (recall, term-WER, per-term table), its pairs those of the failure figures."""
+def add_term_figures(report: dict, specs: list[ModelSpec], dataset_runs: list[DatasetRuns], terms: TermList,
+                     args: argparse.Namespace, language: str) -> None:
+    """Each dataset's term section (recall, term-WER, per-term table) from its runs' scores, its pairs those of the
+    failure figures."""
     from ..data.normalize import normalizer_for
     from ..evaluate.terms import term_section
 
     pairs = [*failure_baselines(specs, args.reference).items(), *compared_keys(specs, args.compare)]
-    for entry, d in zip(report["datasets"], datasets):
-        entry["terms"] = term_section(terms, scores[d.name], pairs, [u.id for u in d.utterances], args.resamples,
-                                      args.seed, normalizer_for(language))
+    for entry, d in zip(report["datasets"], dataset_runs):
+        scores = {run.key: run.scores for run in d.runs}
+        ids = [s.id for s in d.runs[0].scores]
+        entry["terms"] = term_section(terms, scores, pairs, ids, args.resamples, args.seed, normalizer_for(language))
 
 
 def figure_lines(figures: dict[str, dict[str, list]]) -> str:
@@ -424,25 +424,24 @@ def run(args: argparse.Namespace) -> int:
     if nonspeech and any(d.name == NONSPEECH_DATASET for d in datasets):
         raise UserError(f"--data: the name {NONSPEECH_DATASET!r} is --nonspeech's; name the dataset otherwise")
     refuse_long_audio_for_teacher_forcing(datasets, args.teacher_forced)
+    tail = term_tail(terms, args.zipf_threshold, language)
     if args.teacher_forced_only:
-        return _teacher_forced_only(args, specs, datasets, pairs, out, term_tail(terms, args.zipf_threshold, language))
+        return _teacher_forced_only(args, specs, datasets, pairs, out, tail)
     try:
         decoded = datasets + ([nonspeech[0]] if nonspeech else [])
         hypotheses = transcribe_models(specs, decoded, options, out / "hypotheses", args.jobs, not args.quiet)
         margins = near_tie_margins(specs, datasets, hypotheses, options, out / "hypotheses")
     except BackendError as error:  # a runtime crash or timeout: the message names the model file and utterance
         raise UserError(str(error)) from None
-    tail = term_tail(terms, args.zipf_threshold, language)
     figures = teacher_forced_figures(specs, datasets, args.reference, args.zipf_threshold, args.device,
                                      out / "teacher-forced", not args.quiet, tail) if args.teacher_forced else {}
-    dataset_runs, utterance_lines, term_scores = [], [], {}
+    dataset_runs, utterance_lines = [], []
     for d in datasets:
         runs = []
         for spec in specs:
             rows = hypotheses[spec.key][d.name]
             scores = [score_utterance(u.id, u.text, row["text"], args.zipf_threshold, language=language)
                       for u, row in zip(d.utterances, rows)]
-            term_scores.setdefault(d.name, {})[spec.key] = scores
             info = next((row.get("info") for row in rows if row.get("info")), {})
             runs.append(ModelRun(spec.key, spec.label, spec.backend, spec.source, scores,
                                  sum(row["seconds"] for row in rows), d.audio_seconds, info))
@@ -462,7 +461,7 @@ def run(args: argparse.Namespace) -> int:
                                                       reference=args.reference), settings)
     add_failure_figures(report, specs, datasets, hypotheses, nonspeech, args)
     if terms is not None:
-        add_term_figures(report, specs, datasets, term_scores, terms, args, language)
+        add_term_figures(report, specs, dataset_runs, terms, args, language)
         mark_term_positions(report)
     markdown = render_markdown(report)
     write_text_atomic(out / "report.json", json.dumps(report, indent=1, ensure_ascii=False) + "\n")
