@@ -4,8 +4,9 @@ Sources: a JSONL manifest (``{"id", "audio", "text"}`` per line, audio relative 
 allowed; NeMo's spelling ``{"audio_filepath", "text", "offset", "duration"}`` too: an entry is then the stretch of its
 file from ``offset`` for ``duration`` seconds, and its id, when absent, is the file's path and offset; an optional
 ``language`` -- or NeMo's ``lang`` -- names the transcript's language), a Kaldi / ESPnet data folder (``wav.scp``,
-``text``, optional ``segments``: :func:`load_kaldi_dir`), a LibriSpeech-layout folder (``speaker/chapter/*.flac`` + ``*.trans.txt``), or a Hugging Face ``datasets`` folder
-written by ``save_to_disk`` (``datasets`` is imported only then).
+``text``, optional ``segments``: :func:`load_kaldi_dir`), a LibriSpeech-layout folder (``speaker/chapter/*.flac`` +
+``*.trans.txt``), or a Hugging Face ``datasets`` folder written by ``save_to_disk`` (``datasets`` is imported only
+then).
 
 Audio: WAV (PCM 8/16/24/32-bit, float 32/64, any rate and channel count, WAVE_FORMAT_EXTENSIBLE), FLAC and
 OGG through ``soundfile``, MP3 through ``soundfile`` (libsndfile >= 1.1) or ``ffmpeg``, and headerless
@@ -38,8 +39,8 @@ from tarq_deploy.data.normalize import spoken_words
 from tarq_deploy.data.rarity import DEFAULT_ZIPF_THRESHOLD, NumeralPolicy, count_rare_words
 
 __all__ = ["AudioDecodeError", "CorpusError", "POOLS", "TARGET_SAMPLE_RATE", "Utterance", "corpus_statistics",
-           "corpus_kind", "decode_wav", "encode_wav_float32", "load_audio", "load_corpus", "load_kaldi_dir", "refuse_longer_than", "select_pool",
-           "to_mono_16k", "write_manifest"]
+           "corpus_kind", "decode_wav", "encode_wav_float32", "load_audio", "load_corpus", "load_kaldi_dir",
+           "refuse_longer_than", "select_pool", "to_mono_16k", "write_manifest"]
 
 TARGET_SAMPLE_RATE = 16_000
 DEFAULT_CALIBRATION_SIZE = 128
@@ -715,13 +716,14 @@ def _kaldi_stretch(utterance_id: str, segments: dict | None, where: str) -> tupl
     if utterance_id not in segments:
         raise CorpusError(f"{where}: utterance {utterance_id!r} has no line in segments")
     value, segment_where = segments[utterance_id]
-    recording, start_text, end_text = (value.split() + ["", ""])[:3]
+    fields = value.split()  # at least three: _kaldi_table checked
     try:
-        start, end = float(start_text), float(end_text)
+        start, end = float(fields[1]), float(fields[2])
     except ValueError:
         raise CorpusError(f"{segment_where}: expected '<utterance> <recording> <start> <end>' in seconds, got "
                           f"{value!r}") from None
-    if len(value.split()) != 3 or not (math.isfinite(start) and math.isfinite(end)) or start < 0 or \
+    recording = fields[0]
+    if len(fields) != 3 or not (math.isfinite(start) and math.isfinite(end)) or start < 0 or \
             (end != -1 and end <= start):
         raise CorpusError(f"{segment_where}: expected '<utterance> <recording> <start> <end>' with 0 <= start < end "
                           f"(end -1: to the file's end), got {value!r}")
@@ -731,15 +733,13 @@ def _kaldi_stretch(utterance_id: str, segments: dict | None, where: str) -> tupl
 def _kaldi_audio_path(folder: Path, value: str) -> str:
     """An audio path of wav.scp: absolute as is; relative, from the data folder, else from the working directory
     (Kaldi's recipes write paths relative to where they run); neither: the folder's, which the check names."""
-    if os.path.isabs(value) or (folder / value).exists() or not Path(value).exists():
-        return value if os.path.isabs(value) else str(folder / value)
-    return str(Path(value).resolve())
+    if os.path.isabs(value):
+        return value
+    in_folder = folder / value
+    return str(Path(value).resolve()) if not in_folder.exists() and Path(value).exists() else str(in_folder)
 
 
 # ---------------------------------------------------------------------------------------------- any source
-
-
-CORPUS_KINDS = ("manifest", "kaldi", "datasets", "librispeech")
 
 
 def corpus_kind(path: str | os.PathLike[str]) -> str:
