@@ -584,11 +584,16 @@ def _report_with_failures(tmp_path: Path, published_loops: bool) -> Path:
     return path
 
 
+def _publish_dry_run(tmp_path: Path, inputs: dict, report: Path) -> list[str]:
+    """`publish --dry-run` of the tiny Q4 file with ``report`` as its eval, staged into tmp_path/out."""
+    return ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]), "--eval",
+            str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license", "mit",
+            "--dry-run"]
+
+
 def test_publish_refuses_a_file_that_loops_more_than_its_f16_unless_allowed(inputs, tmp_path, capsys):
     report = _report_with_failures(tmp_path, published_loops=True)
-    argv = ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]),
-            "--eval", str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license",
-            "mit", "--dry-run"]
+    argv = _publish_dry_run(tmp_path, inputs, report)
     assert cli.main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert "loop_rate of TARQ is 1 against F16's 0" in err and "--allow-regressions" in err, err
@@ -609,9 +614,7 @@ def test_a_file_that_fails_no_more_than_its_f16_publishes_and_greedy_usage_says_
     doc = json.loads(report.read_text())
     doc["settings"]["decoding"] = {"profile": "greedy", "description": "greedy"}
     report.write_text(json.dumps(doc))
-    argv = ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]),
-            "--eval", str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license",
-            "mit", "--dry-run"]
+    argv = _publish_dry_run(tmp_path, inputs, report)
     assert cli.main(argv) == 0, capsys.readouterr().err
     card = (tmp_path / "out" / "README.md").read_text()
     assert "Decoding: `greedy`" in card and "-bs 1 -nf -nt -sns" in card and "temperature_inc=0.0" in card
@@ -635,9 +638,7 @@ def test_the_card_shows_term_recall_and_the_terms_the_file_loses(inputs, tmp_pat
     doc["datasets"][0]["terms"] = term_section(terms, runs, [("TARQ [whisper.cpp]", "F16 [whisper.cpp]")],
                                                ["u0", "u1"], 50, 0)
     report.write_text(json.dumps(doc))
-    argv = ["publish", str(tmp_path / "out"), "--repo-id", "me/tiny-q4", "--file", str(inputs["bin"]),
-            "--eval", str(report), "--eval-model", "TARQ", "--base-model", "openai/whisper-tiny.en", "--license",
-            "mit", "--dry-run"]
+    argv = _publish_dry_run(tmp_path, inputs, report)
     assert cli.main(argv) == 0, capsys.readouterr().err
     card = (tmp_path / "out" / "README.md").read_text()
     assert "Terms of `terms.txt` (sha256 abababababab…): 3 of 3 terms occur, 3 times." in card
