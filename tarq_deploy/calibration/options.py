@@ -27,7 +27,7 @@ from ..data.corpus import POOLS
 from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TAIL_MODES
 from ..errors import UserError, nonfinite_problem
 from ..model_source import ModelSource
-from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DEFAULT_GROUP_SIZE,
+from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DECODER_SHAPES, DEFAULT_GROUP_SIZE,
                              DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS, GGML_TYPES, GGUF_TARGETS,
                              HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES,
                              GGML_QUANTIZER_METHODS, METHODS, PERCDAMP, PRESET_TARGET, REFIT_SCALES_BY_DEFAULT,
@@ -141,6 +141,11 @@ class QuantizeArguments:
         "the tags away", default="auto", choices=("auto", "align", "none"))
     no_pack: bool = _option("--no-pack", "one utterance per 30 s window instead of packing", default=False,
                             kind="flag")
+    decoder_shape: str = _option(
+        "--decoder-shape", "Whisper: the token shape the decoder is calibrated on: plain (<|notimestamps|>, no carried "
+        "text: the research protocol's), cli (timestamps, and the previous window's tokens after <|startofprev|>: "
+        "how whisper-cli decodes a recording) or both, alternating by window", default="plain",
+        choices=DECODER_SHAPES)
     head_identity_weight: float | None = _option(
         "--head-identity-weight", "mu: weight of the token-lookup role in the tied head's metric (default 1; 4 for "
         "tarq at iq2_s and iq2_xs, where the dev split measured it better)", parse=float)
@@ -285,7 +290,8 @@ class Importance:
 NOT_RESULT_KNOBS = ("device", "max_memory", "model", "arguments", "terms", "terms_absent")
 # Knobs a run without them never recorded: left out of the record (and so of the resume key) at these values.
 UNRECORDED_AT = {"preset": None, "rotate": "none", "compute_dtype": "float32", "refit_scales": False,
-                 "lookup_pass": False, "tail": "zipf", "language": DEFAULT_LANGUAGE, "terms_sha256": None}
+                 "lookup_pass": False, "tail": "zipf", "language": DEFAULT_LANGUAGE, "terms_sha256": None,
+                 "decoder_shape": "plain"}
 
 
 @dataclass(frozen=True)
@@ -314,6 +320,7 @@ class QuantizeOptions:
     seed: int = 0
     encoder_tagging: str = "auto"  # "align", "none", or auto: align only where the metric re-weights rare positions
     pack: bool = True
+    decoder_shape: str = "plain"  # Whisper: the decoder's calibration token shape (models/whisper_prompts.py)
     head_identity_weight: float = DEFAULT_HEAD_IDENTITY_WEIGHT
     percdamp: float = PERCDAMP
     scale_rule: str = "search"
@@ -429,6 +436,7 @@ class QuantizeOptions:
             preset=preset, zipf_threshold=a.zipf_threshold, **_tail_choice(a), cost_ratio=a.cost_ratio,
             source=a.reweight_source,
             n_calib=a.n_calib, pool=a.pool, seed=a.seed, encoder_tagging=a.encoder_tagging, pack=not a.no_pack,
+            decoder_shape=a.decoder_shape,
             head_identity_weight=_head_identity_choice(a, type_name), scale_rule=a.scale_rule,
             act_order=a.act_order, alpha_rule=a.alpha_rule, refit_scales=a.refit_scales, device=a.device,
             max_memory=a.max_memory)
@@ -551,7 +559,18 @@ class QuantizeOptions:
         if self.head_identity_weight < 0:
             raise UserError(f"--head-identity-weight {self.head_identity_weight}: must not be negative")
         self._check_tail()
+        if self.decoder_shape != "plain":
+            self._check_decoder_shape()
         return self
+
+    def _check_decoder_shape(self) -> None:
+        """--decoder-shape: Whisper's token shapes, read where the method calibrates on a corpus."""
+        if not self.needs_corpus:
+            raise UserError(f"--decoder-shape {self.decoder_shape}: method {self.method!r} runs no calibration "
+                            f"decoder, so the shape would change nothing (leave it out)")
+        if self.model is not None and not self.is_whisper:
+            raise UserError(f"--decoder-shape {self.decoder_shape}: only Whisper's decoder has timestamp tokens and a "
+                            f"carried prompt; --model {self.model.text} is not a Whisper model")
 
     def _check_tail(self) -> None:
         """--tail and --terms: a tail of terms needs the list, and only a method that re-weights the tail reads it."""

@@ -197,12 +197,17 @@ class _Windows:
                                                                                None)),
                                              options.tail_rule(), options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
-                                             compute_dtype=options.compute_dtype)
+                                             compute_dtype=options.compute_dtype, **_decoder_shape(options))
         start.peak_rss["windows"] = peak_rss_mb()
         start.windows_seconds = time.perf_counter() - began
         key = fingerprint(start.source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
         return cls(windows, _calibration_summary(chosen, stats, windows, options), key,
                    len({name for window in windows for name in window.fp_stream}))
+
+
+def _decoder_shape(options: QuantizeOptions) -> dict[str, str]:
+    """Whisper's decoder shape where it is not the plain one (the other backbones have no such argument)."""
+    return {} if options.decoder_shape == "plain" else {"decoder_shape": options.decoder_shape}
 
 
 def _calibrate(backbone: Backbone, stages: list, windows: list, options: QuantizeOptions, work_dir: WorkDir | None,

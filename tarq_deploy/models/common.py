@@ -18,8 +18,8 @@ from ..quant.backbone import Block, Window
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import is_memory_mapped
 
-__all__ = ["CALIBRATION_DTYPE", "HeadStage", "SAMPLE_RATE", "SplicedDecoderStage", "TextAudio", "WINDOW_SECONDS",
-           "checkpoint_from_model", "joined", "load_lattice_weights", "model_files_dir", "pack_utterances",
+__all__ = ["CALIBRATION_DTYPE", "GAP_SECONDS", "HeadStage", "SAMPLE_RATE", "SplicedDecoderStage", "TextAudio",
+           "WINDOW_SECONDS", "checkpoint_from_model", "joined", "load_lattice_weights", "model_files_dir", "pack_utterances",
            "saved_files"]
 
 SAMPLE_RATE = 16000

@@ -38,7 +38,9 @@ from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TailRule, de
 from ..quant.backbone import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import compute_in, widened
-from .common import SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances, saved_files
+from .common import (GAP_SECONDS, SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances,
+                     saved_files)
+from .whisper_prompts import ShapedWindow, shape_of_window, stamped_window
 from .whisper_rotation import rotate_heads
 
 __all__ = ["ENCODER_FRAMES_PER_SECOND", "WhisperBackbone", "cross_attention_weights", "dtw_path", "dtw_paths",
@@ -110,16 +112,23 @@ class WhisperBackbone:
 
     def build_windows(self, utterances: list[TextAudio], k: float | TailRule = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
                       encoder_tagging: str = "align", keep_fp_bytes: int = 0,
-                      compute_dtype: str = "float32") -> list[Window]:
+                      compute_dtype: str = "float32", decoder_shape: str = "plain") -> list[Window]:
         """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
         encoder and decoder are the calibration's full-precision stream through the encoder and decoder blocks, value
         for value (all run in ``compute_dtype``: precision.compute_in, by the stages' own code); when every Linear's
         input for every window fits (``fp_stream_bytes``), the windows keep them (``Window.fp_stream``) and the
-        calibration does not run the fp blocks a second time."""
+        calibration does not run the fp blocks a second time. ``decoder_shape``: the token shape the decoder is
+        calibrated on (models/whisper_prompts.py: plain, cli -- timestamps and the previous window's tokens carried,
+        as whisper-cli decodes -- or both, alternating by window)."""
         if encoder_tagging not in ("align", "none"):
             raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
         self.language = tail_rule(k).language
-        pending = [self._window(group, k) for group in pack_utterances(utterances, pack)]
+        pending: list[_PendingWindow] = []
+        carried: list[int] | None = None if decoder_shape == "plain" else []
+        for index, group in enumerate(pack_utterances(utterances, pack)):
+            window = self._window(group, k, shape_of_window(decoder_shape, index), carried)
+            carried = None if carried is None else window.carried
+            pending.append(window)
         if encoder_tagging == "align":
             kept = self.fp_stream_bytes(pending)
             # All or nothing, with room for the blocks' working set (about one encoder layer's worth). Keeping some
@@ -141,13 +150,22 @@ class WhisperBackbone:
             config.max_source_positions
         return 4 * sum(per_window + tokens * p.window.info["tokens"] * config.decoder_layers for p in pending)
 
-    def _window(self, group: list[TextAudio], k: float | TailRule) -> _PendingWindow:
+    def _window(self, group: list[TextAudio], k: float | TailRule, shape: str = "plain",
+                carried: list[int] | None = None) -> _PendingWindow:
+        """One calibration window of ``group`` in ``shape`` (plain or cli; ``carried``: see build_windows)."""
         audio, text = joined(group)
         features = self.processor.feature_extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         tagged = rare_token_mask(self.processor.tokenizer, self.prompt_ids(), decoder_text(text), k,
                                  eos_token_id=self.generation_config.eos_token_id)
-        ids = torch.tensor(tagged.input_ids[:-1])  # teacher forcing: the last token is only a label
-        token_mask = _tail_tags(tagged.mask[:-1], tagged.weights[:-1])
+        # ``carried`` is None when no window takes whisper-cli's shape; else every window works out its stamped
+        # tokens, which the next window carries whichever shape this one takes
+        stamped = None if carried is None else self._shaped(tagged, group, carried)
+        plain = ShapedWindow(tagged.input_ids, tagged.mask, tagged.weights,
+                             list(range(len(self.prompt_ids()) - 1, len(tagged.input_ids) - 1)),
+                             stamped.carried if stamped else [])
+        shaped = stamped if shape == "cli" and stamped is not None else plain
+        ids = torch.tensor(shaped.ids[:-1])  # teacher forcing: the last token is only a label
+        token_mask = _tail_tags(shaped.mask[:-1], shaped.weights[:-1])
         n_frames = self.model.config.max_source_positions
         speech_frames = min(n_frames, int(np.ceil(len(audio) / SAMPLE_RATE * ENCODER_FRAMES_PER_SECOND)))
         info = {"ids": [u.id for u in group], "seconds": len(audio) / SAMPLE_RATE, "speech_frames": speech_frames,
@@ -155,8 +173,20 @@ class WhisperBackbone:
                 "words": len(tagged.words), "rare_words": sum(w.rare for w in tagged.words)}
         window = Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
                         masks={"tokens": token_mask, "frames": torch.zeros(n_frames, dtype=torch.bool)}, info=info)
+        if shaped is stamped:
+            info["decoder_shape"] = "cli"
         rare_spans = [(w.token_positions, w.weight) for w in tagged.words if w.rare and w.token_positions]
-        return _PendingWindow(window, rare_spans, speech_frames)
+        return _PendingWindow(window, rare_spans, speech_frames, shaped.text_rows, shaped.carried)
+
+    def _shaped(self, tagged, group: list[TextAudio], carried: list[int]) -> ShapedWindow:
+        """``tagged`` (the plain shape) in whisper-cli's shape: each utterance a timestamped segment, ``carried``
+        (the previous window's tokens) after <|startofprev|>."""
+        gc, tokenizer = self.generation_config, self.processor.tokenizer
+        counts = [len(tokenizer(decoder_text(u.text), add_special_tokens=False).input_ids) for u in group]
+        return stamped_window(tagged.input_ids, tagged.mask, tagged.weights, len(self.prompt_ids()), counts,
+                              [len(u.audio) / SAMPLE_RATE for u in group], GAP_SECONDS,
+                              gc.no_timestamps_token_id + 1, carried, gc.prev_sot_token_id,
+                              self.model.config.max_target_positions)
 
     # -- encoder frame tags ------------------------------------------------------------------------------------------
     def _tag_rare_frames(self, pending: list[_PendingWindow], keep: bool) -> None:
@@ -166,7 +196,7 @@ class WhisperBackbone:
         encoded = self._encode(aligned, keep)
         tagged = [(p, attention) for p, attention in zip(aligned, self._decode(aligned, encoded, keep))
                   if p.rare_spans]
-        matrices = [self._alignment_matrix(attention, p.speech_frames) for p, attention in tagged]
+        matrices = [self._alignment_matrix(attention, p.speech_frames, p.text_rows) for p, attention in tagged]
         for (p, _), starts in zip(tagged, token_start_frames(matrices)):
             mask = self._rare_frames(starts, p)
             p.window.masks["frames"] = mask
@@ -225,14 +255,13 @@ class WhisperBackbone:
             mask[frames] = torch.clamp(mask[frames], min=weight) if weighted else True
         return mask
 
-    def _alignment_matrix(self, attention: torch.Tensor, speech_frames: int) -> np.ndarray:
+    def _alignment_matrix(self, attention: torch.Tensor, speech_frames: int, text_rows: list[int]) -> np.ndarray:
         """[text tokens + 1, speech frames]: the alignment heads' cross-attention [heads, tokens, frames] over the
         speech frames, standardised and median-filtered, averaged over the heads."""
         weights = attention.float().cpu()[:, :, :speech_frames]
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True)
         weights = _median_filter((weights - mean) / (std + 1e-8), MEDIAN_FILTER_WIDTH)
-        n_prompt = len(self.prompt_ids())
-        return weights.mean(0)[n_prompt - 1 :].numpy()  # rows: positions predicting text tokens and the end token
+        return weights.mean(0)[text_rows].numpy()  # rows: positions predicting text tokens and the end token
 
     # -- calibration stages ------------------------------------------------------------------------------------------
     def stages(self) -> list:
@@ -288,6 +317,8 @@ class _PendingWindow:
     window: Window
     rare_spans: list[tuple[tuple[int, ...], float]]  # (the word's token positions, its tail weight)
     speech_frames: int
+    text_rows: list[int]  # the decoder positions predicting the text tokens and the end token
+    carried: list[int]  # the tokens the next window carries in whisper-cli's shape
 
 
 def _fp_layers(stage, layers: nn.ModuleList, prefix: str, pending: list[_PendingWindow], hidden: list[torch.Tensor],
