@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_user_error, run_cli
+from helpers import assert_user_error, quantize_options_for, run_cli
 
 from tarq_deploy.models.whisper_prompts import shape_of_window, stamped_window
 
@@ -99,7 +99,7 @@ def test_tiny_en_calibration_windows_in_whisper_clis_shape(tiny, real_clips):
     assert both[1].inputs["decoder_input_ids"].tolist() == cli[1].inputs["decoder_input_ids"].tolist()
 
 
-def test_decoder_shape_is_refused_where_it_changes_nothing(capsys, tmp_path, monkeypatch, corpus):
+def test_decoder_shape_is_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatch, corpus):
     monkeypatch.chdir(tmp_path)
     source = tmp_path / "voxtral"
     source.mkdir()
@@ -107,7 +107,17 @@ def test_decoder_shape_is_refused_where_it_changes_nothing(capsys, tmp_path, mon
     status, _, err = run_cli(capsys, "quantize", "--model", str(source), "--method", "gptq", "--calib", str(corpus),
                              "--decoder-shape", "cli", "--out", "o")
     assert_user_error(status, err, "--decoder-shape cli", "not a Whisper model")
-    status, _, err = run_cli(capsys, "quantize", "--model", "packaged:tiny.en", "--method", "ggml", "--type", "q4_0",
-                             "--decoder-shape", "both", "--out", "o")
-    assert_user_error(status, err, "--decoder-shape both", "ggml", "no calibration decoder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["voxtral"]
+
+
+def test_the_shape_is_read_only_where_a_corpus_is():
+    """A method that reads no corpus keeps plain whatever is asked (a sweep sets the shape for every cell); a
+    calibrating method on Whisper gets the shape given, else the default; the record keeps plain runs' knobs."""
+    from tarq_deploy.quant.choices import DECODER_SHAPE_BY_DEFAULT
+
+    rounding = quantize_options_for("packaged:tiny.en", method="ggml", type="q4_0", decoder_shape="both")
+    assert rounding.decoder_shape == "plain" and "decoder_shape" not in rounding.result_knobs()
+    given = quantize_options_for("packaged:tiny.en", method="gptq", type="q4_0", decoder_shape="both")
+    assert given.decoder_shape == "both" and given.result_knobs()["decoder_shape"] == "both"
+    default = quantize_options_for("packaged:tiny.en", method="tarq", type="q4_0")
+    assert default.decoder_shape == DECODER_SHAPE_BY_DEFAULT

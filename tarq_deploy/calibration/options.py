@@ -27,9 +27,9 @@ from ..data.corpus import POOLS
 from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TAIL_MODES
 from ..errors import UserError, nonfinite_problem
 from ..model_source import ModelSource
-from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DECODER_SHAPES, DEFAULT_GROUP_SIZE,
-                             DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS, GGML_TYPES, GGUF_TARGETS,
-                             HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES,
+from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DECODER_SHAPE_BY_DEFAULT, DECODER_SHAPES,
+                             DEFAULT_GROUP_SIZE, DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS,
+                             GGML_TYPES, GGUF_TARGETS, HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES,
                              GGML_QUANTIZER_METHODS, METHODS, PERCDAMP, PRESET_TARGET, REFIT_SCALES_BY_DEFAULT,
                              ROTATE_HEADS_BY_DEFAULT, ROTATIONS, SCALE_DTYPES, SCALE_RULES, SOURCES, TARGETS)
 from ..quant.presets import PRESETS, find_preset
@@ -141,11 +141,11 @@ class QuantizeArguments:
         "the tags away", default="auto", choices=("auto", "align", "none"))
     no_pack: bool = _option("--no-pack", "one utterance per 30 s window instead of packing", default=False,
                             kind="flag")
-    decoder_shape: str = _option(
+    decoder_shape: str | None = _option(
         "--decoder-shape", "Whisper: the token shape the decoder is calibrated on: plain (<|notimestamps|>, no carried "
         "text: the research protocol's), cli (timestamps, and the previous window's tokens after <|startofprev|>: "
-        "how whisper-cli decodes a recording) or both, alternating by window", default="plain",
-        choices=DECODER_SHAPES)
+        "how whisper-cli decodes a recording) or both, alternating by window; read where a method calibrates on "
+        f"a corpus (default {DECODER_SHAPE_BY_DEFAULT}: results/cliform)", choices=DECODER_SHAPES)
     head_identity_weight: float | None = _option(
         "--head-identity-weight", "mu: weight of the token-lookup role in the tied head's metric (default 1; 4 for "
         "tarq at iq2_s and iq2_xs, where the dev split measured it better)", parse=float)
@@ -436,11 +436,11 @@ class QuantizeOptions:
             preset=preset, zipf_threshold=a.zipf_threshold, **_tail_choice(a), cost_ratio=a.cost_ratio,
             source=a.reweight_source,
             n_calib=a.n_calib, pool=a.pool, seed=a.seed, encoder_tagging=a.encoder_tagging, pack=not a.no_pack,
-            decoder_shape=a.decoder_shape,
             head_identity_weight=_head_identity_choice(a, type_name), scale_rule=a.scale_rule,
             act_order=a.act_order, alpha_rule=a.alpha_rule, refit_scales=a.refit_scales, device=a.device,
             max_memory=a.max_memory)
         options = replace(options, rotate=options._rotation_choice(type_name),
+                          decoder_shape=options._decoder_shape_choice(),
                           lookup_pass=options._lookup_pass_choice(type_name),
                           compute_dtype=options._compute_dtype_choice())
         options.validate()
@@ -563,11 +563,19 @@ class QuantizeOptions:
             self._check_decoder_shape()
         return self
 
-    def _check_decoder_shape(self) -> None:
-        """--decoder-shape: Whisper's token shapes, read where the method calibrates on a corpus."""
+    def _decoder_shape_choice(self) -> str:
+        """--decoder-shape as given, else DECODER_SHAPE_BY_DEFAULT for a Whisper model; plain wherever no corpus is
+        read (the rounding methods, an --imatrix file: no calibration decoder runs, so a sweep's shape for every
+        cell leaves theirs as it was)."""
+        given = self.arguments.decoder_shape if self.arguments is not None else None
         if not self.needs_corpus:
-            raise UserError(f"--decoder-shape {self.decoder_shape}: method {self.method!r} runs no calibration "
-                            f"decoder, so the shape would change nothing (leave it out)")
+            return "plain"
+        if given is not None:
+            return given
+        return DECODER_SHAPE_BY_DEFAULT if self.is_whisper else "plain"
+
+    def _check_decoder_shape(self) -> None:
+        """--decoder-shape: Whisper's token shapes only."""
         if self.model is not None and not self.is_whisper:
             raise UserError(f"--decoder-shape {self.decoder_shape}: only Whisper's decoder has timestamp tokens and a "
                             f"carried prompt; --model {self.model.text} is not a Whisper model")

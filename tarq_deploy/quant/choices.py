@@ -4,7 +4,7 @@ vocabulary that quant/tarq.py, calibration/options.py, the sweep and the checkpo
 
 from __future__ import annotations
 
-__all__ = ["ALPHA_RULES", "COMPUTE_DTYPES", "DATA_FREE_METHODS", "DECODER_SHAPES", "DEFAULT_GROUP_SIZE", "DEFAULT_HEAD_IDENTITY_WEIGHT",
+__all__ = ["ALPHA_RULES", "COMPUTE_DTYPES", "DATA_FREE_METHODS", "DECODER_SHAPE_BY_DEFAULT", "DECODER_SHAPES", "DEFAULT_GROUP_SIZE", "DEFAULT_HEAD_IDENTITY_WEIGHT",
            "GGML_NEEDS_IMPORTANCE", "GGML_QUANTIZER_METHODS", "GGML_TARGETS", "GGML_TYPES", "GGUF_TARGETS",
            "HEAD_IDENTITY_WEIGHT_BY_DEFAULT", "K_QUANT_ROW", "LOOKUP_PASSES", "LOOKUP_PASS_BY_DEFAULT", "METHODS",
            "PERCDAMP", "PRESET_TARGET", "REFIT_SCALES_BY_DEFAULT", "ROTATE_HEADS_BY_DEFAULT", "ROTATIONS",
@@ -20,6 +20,7 @@ COMPUTE_DTYPES = ("auto", "float32", "bfloat16")  # --compute-dtype (quant/preci
 # --decoder-shape (models/whisper_prompts.py): plain (the research shape), cli (whisper-cli's: timestamps and the
 # previous window's tokens carried), both (alternating by window)
 DECODER_SHAPES = ("plain", "cli", "both")
+DECODER_SHAPE_BY_DEFAULT = "plain"
 ROTATIONS = ("auto", "none", "heads")
 # --rotate auto: Whisper's attention heads are rotated (models/whisper_rotation.py) for these (method, --type) pairs
 # only, those whose dev-split KLD the rotation lowered beyond its interval (results/rotation: IQ3_S's common KLD in
