@@ -249,3 +249,36 @@ def test_cli_refuses_bad_options_by_name_before_writing(tmp_path: Path, capsys, 
     run = run_cli(capsys, "corpus", "nonspeech", "-o", out, *options)
     assert run.status == 2 and named in run.message and len(run.message.splitlines()) == 1
     assert not out.exists()
+
+
+def test_the_sweep_report_merges_each_cells_nonspeech_figures(tmp_path: Path) -> None:
+    """A sweep's eval steps each report their own cell on the clips; the merged report gives every cell's rate and
+    its excess over the F16 cell's, and renders the section under the model."""
+    from types import SimpleNamespace
+
+    from tarq_deploy.sweep import report as sweep_report
+
+    def cell(name: str, words_per_minute: float) -> SimpleNamespace:
+        path = tmp_path / f"{name.replace('/', '_')}.json"
+        figures = {"words_per_minute": words_per_minute, "by_kind": {"music": {"words_per_minute": words_per_minute}}}
+        path.write_text(json.dumps({"nonspeech": {"manifest": "ns.jsonl", "clips": 2, "minutes": 1.0,
+                                                  "models": {f"{name} [whisper.cpp]": figures}}}))
+        return SimpleNamespace(name=name, steps={"eval": name}, path=path)
+
+    cells = [cell("base/f16", 0.5), cell("base/ggml/q4_0", 0.5), cell("base/tarq/q4_0", 19.5)]
+    run = SimpleNamespace(results={c.name: SimpleNamespace(outputs={"report": str(c.path)}) for c in cells})
+    merged = sweep_report._nonspeech(cells, run, "base/f16", several=False)
+    assert merged["models"]["base/tarq/q4_0"]["words_per_minute"] == 19.5
+    assert merged["excess_over_baseline"] == {"base/ggml/q4_0": 0.0, "base/tarq/q4_0": 19.0}
+    several = sweep_report._nonspeech(cells, run, "base/f16", several=True)
+    assert several["excess_over_baseline"]["base/tarq/q4_0 [whisper.cpp]"] == 19.0
+    rendered = "\n".join(sweep_report.render_nonspeech(merged))
+    assert "| base/tarq/q4_0 | 19.50 | +19.00 | 19.50 |" in rendered
+    assert sweep_report._nonspeech(cells[:1], SimpleNamespace(results={"base/f16": SimpleNamespace(
+        outputs={"report": str(_without_nonspeech(tmp_path))})}), "base/f16", several=False) is None
+
+
+def _without_nonspeech(folder: Path) -> Path:
+    path = folder / "plain-report.json"
+    path.write_text(json.dumps({"datasets": []}))
+    return path

@@ -14,8 +14,8 @@ from ..data.long_form import Span
 from .failures import FailureInput, failure_figures
 from .wer import bootstrap_indices, paired_difference
 
-__all__ = ["FAILURE_RATES", "NonspeechSet", "failure_section", "nonspeech_section", "render_failures",
-           "render_nonspeech"]
+__all__ = ["FAILURE_RATES", "NonspeechSet", "failure_section", "nonspeech_section", "rate_difference",
+           "render_failures", "render_nonspeech"]
 
 # rate name -> (per-item indicator from ItemFailures' dict, display name)
 FAILURE_RATES = {"empty_output_rate": "empty", "loop_rate": "loops", "dropped_rate": "dropped spans"}
@@ -78,13 +78,14 @@ def nonspeech_section(clips: NonspeechSet, hypotheses: Mapping[str, Sequence[str
     for key, texts in hypotheses.items():
         figures = failure_figures([], dict(zip(ids, texts)), clips.seconds, clips.kinds).clips
         models[key] = figures
-    excess = {key: _rate_difference(models[key], models[base]) for key, base in baselines.items()}
+    excess = {key: rate_difference(models[key], models[base]) for key, base in baselines.items()}
     return {"manifest": clips.manifest, "clips": len(ids), "minutes": sum(clips.seconds.values()) / 60,
             "models": models, "excess_over_baseline": excess}
 
 
-def _rate_difference(ours: dict, theirs: dict) -> float | None:
-    a, b = ours.get("words_per_minute"), theirs.get("words_per_minute")
+def rate_difference(ours: dict, theirs: dict | None) -> float | None:
+    """Words per non-speech minute of ``ours`` less ``theirs`` (None where either is missing)."""
+    a, b = ours.get("words_per_minute"), (theirs or {}).get("words_per_minute")
     return None if a is None or b is None else a - b
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..bench.bench_report import cpu_markdown
-from ..evaluate.failure_runs import failure_section
+from ..evaluate.failure_runs import failure_section, rate_difference, render_nonspeech
 from ..evaluate.report import DatasetRuns, ModelRun, ReportOptions, build_report, render_dataset
 from ..evaluate.teacher_forced import UtteranceFigures
 from ..evaluate.wer import score_utterance
@@ -61,6 +61,29 @@ def _add_failures(evaluation: dict, datasets: Sequence[DatasetRuns], sweep: Swee
                                             options.n_resamples, options.seed)
 
 
+def _nonspeech(cells: Sequence[Cell], run: SweepRun, reference: str | None, several: bool) -> dict | None:
+    """The non-speech section ([eval] nonspeech) merged from the cells' own eval reports: words per minute of every
+    cell (by backend where the sweep has several), and each one's excess over the F16 cell's of its backend."""
+    sections = {}
+    for cell in cells:
+        section = json.loads(Path(run.results[cell.steps["eval"]].outputs["report"]).read_text()).get("nonspeech")
+        if section is not None:
+            sections[cell.name] = section
+    if not sections:
+        return None
+    models: dict[str, dict] = {}
+    cell_of: dict[str, tuple[str, str]] = {}  # merged key: (cell, backend suffix " [BACKEND]")
+    for name, section in sections.items():
+        for key, figures in section["models"].items():  # a cell's report keys its runs "LABEL [BACKEND]"
+            merged = key if several else name
+            models[merged], cell_of[merged] = figures, (name, key[len(name):])
+    excess = {key: rate_difference(figures, models.get(reference + cell_of[key][1] if several else reference))
+              for key, figures in models.items() if reference is not None and cell_of[key][0] != reference}
+    first = next(iter(sections.values()))
+    return {"manifest": first["manifest"], "clips": first["clips"], "minutes": first["minutes"], "models": models,
+            "excess_over_baseline": excess}
+
+
 def _decoding(sweep: Sweep) -> dict:
     from ..runtimes.decoding import DEFAULT_DECODE_PROFILE, profile_named
 
@@ -87,6 +110,9 @@ def _model_section(sweep: Sweep, run: SweepRun, model: str) -> dict[str, Any]:
         evaluation = _without_timings(build_report(datasets, options, {"zipf_threshold": zipf,
                                                                        "decoding": _decoding(sweep)}))
         _add_failures(evaluation, datasets, sweep, reference, options)
+        nonspeech = _nonspeech(cells, run, reference, len(sweep.backends) > 1)
+        if nonspeech is not None:
+            evaluation["nonspeech"] = nonspeech
     bench = run.results.get(next((c.steps["bench"] for c in run.cells if c.model == model and "bench" in c.steps), ""))
     return {"model": model, "source": sweep.models[model], "evaluation": evaluation,
             "bench": json.loads(Path(bench.outputs["bench"]).read_text()) if bench and bench.ok else None}
@@ -170,6 +196,9 @@ def render_sweep_markdown(report: dict) -> str:
             for dataset in model["evaluation"]["datasets"]:
                 lines += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
                           for line in render_dataset(dataset)]
+            if "nonspeech" in model["evaluation"]:
+                lines += [line.replace("## ", "### ", 1) if line.startswith("## ") else line
+                          for line in render_nonspeech(model["evaluation"]["nonspeech"])]
         else:
             lines.append("_no cell of this model was evaluated_")
         if model["bench"]:
