@@ -31,7 +31,7 @@ from tarq_deploy.data.corpus import TARGET_SAMPLE_RATE, load_audio, load_corpus
 from tarq_deploy.data.rarity import decoder_text
 from tarq_deploy.evaluate.teacher_forced import TeacherForcedScorer, pack_windows
 from tarq_deploy.machine import machine_record
-from tarq_deploy.models.common import TextAudio, joined, pack_utterances
+from tarq_deploy.models.common import TextAudio, joined
 from tarq_deploy.runtimes.base import ModelSpec
 from tarq_deploy.runtimes.torch_whisper import load_torch_bundle
 

@@ -6,7 +6,7 @@
 #   files:    Whisper base, F16; at Q4_0 and Q3_K: ggml's rounding, TARQ with --decoder-shape plain (today), cli, both
 #   dev:      teacher-forced KLD in three token shapes on the dev split (probe.py) and the 12 dev recordings decoded
 #             whole under whisper-cli's defaults: the shape is chosen here, never on the test split
-#   test:     the chosen shape against plain on the test split, the test recordings and non-speech clips (cli)
+#   test:     the chosen shape against plain and ggml on the test recordings, non-speech clips and test split (cli)
 # Stages: corpus | quantize | probe | dev | test. From the repository root, with .venv active.
 set -euo pipefail
 C=corpora/synth P=corpora/devpool R=runs/cliform F=runs/cliform/files
@@ -65,13 +65,18 @@ if [[ $stage == dev || $stage == all ]]; then
 fi
 
 if [[ $stage == test || $stage == all ]]; then
+  # the chosen shape (argument 2) against plain and ggml's rounding: first the long recordings and the non-speech
+  # clips (where results/decoding saw the calibrated files loop), then the 120 test utterances
   chosen=${2:?the shape chosen on the dev split}
   pairs=()
   for type in q4_0 q3_k; do
     pairs+=(--compare tarq-$chosen-$type:tarq-plain-$type --compare tarq-$chosen-$type:ggml-$type
             --compare tarq-plain-$type:ggml-$type)
   done
-  tarq-deploy eval --decode cli --data test=$C/test.jsonl --data long=corpora/long/long.jsonl \
-      --nonspeech corpora/nonspeech/nonspeech.jsonl $(models ggml tarq-plain tarq-$chosen) "${pairs[@]}" \
+  pairs+=(--compare tarq-$chosen-q3_k:ggml-q4_0)
+  tarq-deploy eval --decode cli --data long=corpora/long/long.jsonl --nonspeech corpora/nonspeech/nonspeech.jsonl \
+      $(models ggml tarq-plain tarq-$chosen) "${pairs[@]}" --reference f16 --threads 1 --jobs 2 --resamples 2000 \
+      --out $R/test-long-cli --quiet
+  tarq-deploy eval --decode cli --data test=$C/test.jsonl $(models ggml tarq-plain tarq-$chosen) "${pairs[@]}" \
       --reference f16 --threads 1 --jobs 2 --resamples 2000 --out $R/test-cli --quiet
 fi

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..data.rarity import TailRule
 
 __all__ = ["TEACHER_FORCED_LINES", "TF_METRICS", "TeacherForcedScorer", "UtteranceFigures", "figure_counts",
-           "retention_counts", "score_utterances", "token_figures"]
+           "pack_windows", "retention_counts", "score_utterances", "token_figures"]
 
 FIGURES = ("kld", "dnll", "top1")
 GROUPS = ("rare", "common")
