@@ -190,3 +190,24 @@ def test_the_model_cards_pywhispercpp_line_builds_the_profiles_struct(tiny_f16: 
     for profile, arguments in PYWHISPERCPP_ARGUMENTS.items():
         card_line = Model(str(tiny_f16), redirect_whispercpp_logs_to=None, **arguments)._params
         assert _decoding_fields(card_line) == _decoding_fields(_worker_struct(tiny_f16, profile)), profile
+
+
+def test_cli_decodes_an_item_the_same_whatever_the_worker_decoded_before(tmp_path: Path):
+    """whisper.cpp draws its fallback temperatures' samples from an RNG in the context's state, seeded once: in one
+    long-lived worker the same noise clip came back "" twice and as an invented sentence the third time (tiny.en
+    Q4_0). whisper-cli makes one state per file; the worker makes one per item, so a text depends on its audio alone
+    and a cached hypothesis is the one a fresh run would write."""
+    assert cli.main(["export", "--model", "packaged:tiny.en", "--type", "q4_0", "--baseline", "ggml",
+                     "-o", str(tmp_path / "tiny-q4_0.bin"), "--quiet"]) == 0
+    assert cli.main(["corpus", "nonspeech", "-o", str(tmp_path / "ns"), "--seconds", "30", "--per-kind", "1",
+                     "--seed", "0"]) == 0
+    noise = load_audio(str(tmp_path / "ns" / "audio" / "white-00.wav"))
+    worker = open_transcriber(ModelSpec("q4_0", str(tmp_path / "tiny-q4_0.bin"), "whisper.cpp"),
+                              DecodeOptions(profile="cli"))
+    try:
+        texts = [worker.transcribe(noise, f"white-{i}") for i in range(3)]
+        described = worker.describe()
+    finally:
+        worker.close()
+    assert len(set(texts)) == 1, texts
+    assert described["state"] == "fresh per item"
