@@ -73,10 +73,15 @@ class IdentityJsonl:
 def decode_identity(profile_name: str) -> dict:
     """The decode profile as a cache key holds it: its name and every backend's settings, so a change of any
     setting starts the hypotheses over."""
+    from ..runtimes.whisper_cpp import fresh_state_per_item
+
     profile = profile_named(profile_name)
+    # a whisper.cpp context made afresh per utterance (runtimes/whisper_cpp.py) writes other texts than one
+    # long-lived context did: the caches of those runs start over
+    fresh = {"whisper_cpp_state": "fresh per item"} if fresh_state_per_item(profile.name) else {}
     return {"profile": profile.name, "whisper_cpp": profile.whisper_cpp, "beam_search": profile.beam_search,
             "torch": {k: list(v) if isinstance(v, tuple) else v for k, v in profile.torch.items()},
-            "crispasr_whisper": profile.crispasr_whisper, "transcribe_cpp": profile.transcribe_cpp}
+            "crispasr_whisper": profile.crispasr_whisper, "transcribe_cpp": profile.transcribe_cpp, **fresh}
 
 
 class HypothesisCache(IdentityJsonl):

@@ -27,7 +27,7 @@ from .decoding import WHISPER_GREEDY_PARAMS, profile_named
 from .sources import checked_whisper_cpp, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
-__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "teacher_forced_logits", "whisper_backbone",
+__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "fresh_state_per_item", "teacher_forced_logits", "whisper_backbone",
            "whisper_cpp_model_arguments"]
 
 NAME = "whisper.cpp"
@@ -82,7 +82,8 @@ class WhisperCppTranscriber(WorkerTranscriber):
         return {"loaded_as": "whisper.cpp model file", "runtime": "pywhispercpp "
                 + importlib.metadata.version("pywhispercpp"), "threads": self.options.threads,
                 "decode": profile.name, "beam_search": profile.beam_search, **profile.whisper_cpp,
-                "language": self.options.language}
+                "language": self.options.language,
+                **({"state": "fresh per item"} if fresh_state_per_item(profile.name) else {})}
 
 
 def open_whisper_cpp(spec: ModelSpec, options: DecodeOptions) -> WhisperCppTranscriber:
@@ -109,12 +110,30 @@ def whisper_cpp_model_arguments(profile_name: str, threads: int, language: str =
 
 
 def _worker_main(model_file: str, threads: int, profile_name: str, language: str = "en") -> int:
-    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker). Each utterance is one
-    whisper_full call, so a recording longer than 30 s runs through whisper.cpp's own long-form loop."""
+    """Runs in the worker subprocess: load, then serve utterances (worker.serve_worker). Each utterance is one
+    whisper_full call, so a recording longer than 30 s runs through whisper.cpp's own long-form loop. A profile that
+    samples gets a fresh context after every utterance (``fresh_state_per_item``)."""
     from pywhispercpp.model import Model
 
-    model = Model(model_file, **whisper_cpp_model_arguments(profile_name, threads, language))
-    return serve_worker(lambda audio: " ".join(s.text.strip() for s in model.transcribe(audio)).strip())
+    arguments = whisper_cpp_model_arguments(profile_name, threads, language)
+    loaded = [Model(model_file, **arguments)]
+
+    def transcribe(audio) -> str:
+        return " ".join(s.text.strip() for s in loaded[0].transcribe(audio)).strip()
+
+    def fresh_state() -> None:
+        loaded[0] = Model(model_file, **arguments)
+
+    return serve_worker(transcribe, fresh_state if fresh_state_per_item(profile_name) else None)
+
+
+def fresh_state_per_item(profile_name: str) -> bool:
+    """Whether the worker decodes each utterance in a new context. whisper.cpp draws a fallback temperature's samples
+    from an RNG in the context's state, seeded when the state is made and never again: in one long-lived context an
+    utterance's text would depend on what was decoded before it (tiny.en Q4_0 gave one noise clip "" twice, then an
+    invented sentence). whisper-cli makes one state per file; the worker makes one per utterance when the profile
+    samples at all (greedy never does, so it keeps one context)."""
+    return profile_named(profile_name).whisper_cpp.get("temperature_inc", 0.0) > 0
 
 
 # -------------------------------------------------------------------------------------------------- CPU bench

@@ -123,9 +123,10 @@ class WorkerTranscriber:
         return self.stderr_path.read_text(errors="replace")[-chars:]
 
 
-def serve_worker(transcribe: Callable[["np.ndarray"], str]) -> int:
+def serve_worker(transcribe: Callable[["np.ndarray"], str], after_each: Callable[[], None] | None = None) -> int:
     """The worker side of :class:`WorkerTranscriber`, run once the model is loaded: say ready, then per stdin line
-    {id, samples (base64 little-endian float32)} answer one stdout line {id, text, seconds}."""
+    {id, samples (base64 little-endian float32)} answer one stdout line {id, text, seconds}; ``after_each`` runs
+    once an answer is out (outside its time), before the next line is read."""
     import numpy as np
 
     print(json.dumps({"ready": True}), flush=True)
@@ -135,4 +136,6 @@ def serve_worker(transcribe: Callable[["np.ndarray"], str]) -> int:
         started = time.perf_counter()
         text = transcribe(audio)
         print(json.dumps({"id": request["id"], "text": text, "seconds": time.perf_counter() - started}), flush=True)
+        if after_each is not None:
+            after_each()
     return 0
