@@ -27,8 +27,8 @@ from .decoding import WHISPER_GREEDY_PARAMS, profile_named
 from .sources import checked_whisper_cpp, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
-__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "fresh_state_per_item", "teacher_forced_logits", "whisper_backbone",
-           "whisper_cpp_model_arguments"]
+__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "fresh_state_per_item", "teacher_forced_logits",
+           "whisper_backbone", "whisper_cpp_model_arguments"]
 
 NAME = "whisper.cpp"
 MODULE = "tarq_deploy.runtimes.whisper_cpp"  # what worker and bench child import (there __name__ is __main__)
