@@ -7,7 +7,8 @@
 #   dev:      teacher-forced KLD in three token shapes on the dev split (probe.py) and the 12 dev recordings decoded
 #             whole under whisper-cli's defaults: the shape is chosen here, never on the test split
 #   test:     the chosen shape against plain and ggml on the test recordings, non-speech clips and test split (cli)
-# Stages: corpus | quantize | probe | dev | test. From the repository root, with .venv active.
+# Stages: corpus | quantize | probe | dev | test cli | devnonspeech (made after the test: see the README). From the
+# repository root, with .venv active.
 set -euo pipefail
 C=corpora/synth P=corpora/devpool R=runs/cliform F=runs/cliform/files
 stage=${1:-all}
@@ -79,4 +80,15 @@ if [[ $stage == test || $stage == all ]]; then
       --out $R/test-long-cli --quiet
   tarq-deploy eval --decode cli --data test=$C/test.jsonl $(models ggml tarq-plain tarq-$chosen) "${pairs[@]}" \
       --reference f16 --threads 1 --jobs 2 --resamples 2000 --out $R/test-cli --quiet
+fi
+
+if [[ $stage == devnonspeech ]]; then
+  # measured after the test had been read, to fix the dev protocol (not the default): six dev non-speech clips
+  [[ -f corpora/devnonspeech/nonspeech.jsonl ]] || tarq-deploy corpus nonspeech -o corpora/devnonspeech --seconds 30 \
+      --per-kind 1 --seed 1 --babble-from $P/dev-pool.jsonl
+  head -2 $C/eval.jsonl > $C/eval-2.jsonl  # eval needs a --data; two dev utterances
+  tarq-deploy eval --decode cli --data dev2=$C/eval-2.jsonl --nonspeech corpora/devnonspeech/nonspeech.jsonl \
+      --model f16=$F/f16.bin $(for type in q4_0 q3_k; do for name in tarq-plain tarq-cli; do
+        echo --model $name-$type=$F/$name-$type.bin; done; done) --reference f16 --threads 1 --jobs 1 \
+      --resamples 2000 --out $R/dev-nonspeech --quiet
 fi
