@@ -66,7 +66,8 @@ def _nonspeech(cells: Sequence[Cell], run: SweepRun, reference: str | None, seve
     cell (by backend where the sweep has several), and each one's excess over the F16 cell's of its backend."""
     sections = {}
     for cell in cells:
-        section = json.loads(Path(run.results[cell.steps["eval"]].outputs["report"]).read_text()).get("nonspeech")
+        report = run.results[cell.steps["eval"]].outputs.get("report")  # a result that names no report has none
+        section = json.loads(Path(report).read_text()).get("nonspeech") if report else None
         if section is not None:
             sections[cell.name] = section
     if not sections:
