@@ -29,9 +29,10 @@ from ..errors import UserError, nonfinite_problem
 from ..model_source import ModelSource
 from ..quant.choices import (ALPHA_RULES, COMPUTE_DTYPES, DATA_FREE_METHODS, DECODER_SHAPE_BY_DEFAULT, DECODER_SHAPES,
                              DEFAULT_GROUP_SIZE, DEFAULT_HEAD_IDENTITY_WEIGHT, GGML_NEEDS_IMPORTANCE, GGML_TARGETS,
-                             GGML_TYPES, GGUF_TARGETS, HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW, LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES,
-                             GGML_QUANTIZER_METHODS, METHODS, PERCDAMP, PRESET_TARGET, REFIT_SCALES_BY_DEFAULT,
-                             ROTATE_HEADS_BY_DEFAULT, ROTATIONS, SCALE_DTYPES, SCALE_RULES, SOURCES, TARGETS)
+                             GGML_TYPES, GGUF_TARGETS, HEAD_IDENTITY_WEIGHT_BY_DEFAULT, K_QUANT_ROW,
+                             LOOKUP_PASS_BY_DEFAULT, LOOKUP_PASSES, GGML_QUANTIZER_METHODS, METHODS, PERCDAMP,
+                             PRESET_TARGET, REFIT_SCALES_BY_DEFAULT, ROTATE_HEADS_BY_DEFAULT, ROTATIONS, SCALE_DTYPES,
+                             SCALE_RULES, SOURCES, TARGETS)
 from ..quant.presets import PRESETS, find_preset
 from ..values import memory_size, thread_count
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..quant.choices import DECODER_SHAPES
 
-__all__ = ["DECODER_SHAPES", "SECONDS_PER_TIMESTAMP", "ShapedWindow", "shape_of_window", "stamped_window"]
+__all__ = ["SECONDS_PER_TIMESTAMP", "ShapedWindow", "shape_of_window", "stamped_window"]
 
 SECONDS_PER_TIMESTAMP = 0.02  # Whisper's timestamp tokens: <|0.00|> .. <|30.00|> in steps of 20 ms
 MAX_TIMESTAMP_INDEX = 1500
