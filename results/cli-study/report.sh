@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One report over every file the study's sweep made, with the pairs the sweep report does not make (across types:
+# TARQ Q3_K against ggml's Q4_0, TARQ Q4_0 against ggml's Q5_0; TARQ against imatrix). Nothing is decoded again: the
+# sweep's hypothesis caches are copied in under this report's labels (the cache identity is the file's sha256, the
+# threads and the decode settings, so a hit needs the very bytes the sweep decoded).
+#   results/cli-study/report.sh cli      # after: tarq-deploy sweep results/cli-study/sweep.toml -o runs/cli-study
+#   results/cli-study/report.sh greedy   # after: tarq-deploy sweep results/cli-study/sweep-greedy.toml -o runs/cli-study
+set -euo pipefail
+profile=${1:-cli}
+sweep=runs/cli-study
+out=runs/cli-study-$profile
+files=runs/cli-study-files
+mkdir -p "$out/hypotheses" "$files"
+short() {  # a sweep label or file stem (base_-_ggml_q4_0 / base---ggml-q4_0) -> ggml-q4_0
+  sed -E -e 's/^base(_-_|---)f16(_|-)f16/f16/' -e 's/^base(_-_|---|_synth_|-synth-)([a-z]+)(_|-)(q[0-9a-z_]+)$/\2-\4/' <<<"$1"
+}
+models=()
+for bin in "$sweep"/steps/export/*/*.bin; do
+  name=$(short "$(basename "$bin" .bin)")
+  ln -sf "$(realpath "$bin")" "$files/$name.bin"
+  models+=(--model "$name=$files/$name.bin")
+done
+for cache in "$sweep"/steps/eval/*/hypotheses/*__"$profile".jsonl; do
+  stem=$(basename "$cache"); label=${stem%%__*}
+  cp "$cache" "$out/hypotheses/$(short "$label")__${stem#*__}"
+done
+pairs=()
+for type in q5_0 q4_0 q3_k; do
+  for other in ggml imatrix gptq; do pairs+=(--compare "tarq-$type:$other-$type"); done
+done
+pairs+=(--compare tarq-q3_k:ggml-q4_0 --compare tarq-q4_0:ggml-q5_0 --compare gptq-q3_k:ggml-q4_0)
+data=(--data test=corpora/synth/test.jsonl)  # greedy: the test split only, as its sweep decoded
+[[ $profile == cli ]] && data+=(--data long=corpora/long/long.jsonl --nonspeech corpora/nonspeech/nonspeech.jsonl)
+tarq-deploy eval --decode "$profile" "${data[@]}" "${models[@]}" "${pairs[@]}" \
+    --reference f16 --threads 1 --jobs 1 --resamples 2000 --out "$out" --quiet
