@@ -14,21 +14,29 @@ mkdir -p "$out/hypotheses" "$files"
 short() {  # a sweep label or file stem (base_-_ggml_q4_0 / base---ggml-q4_0) -> ggml-q4_0
   sed -E -e 's/^base(_-_|---)f16(_|-)f16/f16/' -e 's/^base(_-_|---|_synth_|-synth-)([a-z]+)(_|-)(q[0-9a-z_]+)$/\2-\4/' <<<"$1"
 }
-models=()
+done_labels=" "
+for step in "$sweep"/steps/eval/*/; do
+  [[ -f $step/done.json ]] || continue  # an eval step still running is left out, never decoded here
+  for cache in "$step"hypotheses/*__"$profile".jsonl; do
+    [[ -f $cache ]] || continue
+    stem=$(basename "$cache"); label=$(short "${stem%%__*}")
+    cp "$cache" "$out/hypotheses/${label}__${stem#*__}"; done_labels+="$label "
+  done
+done
+models=(); have=()
 for bin in "$sweep"/steps/export/*/*.bin; do
   name=$(short "$(basename "$bin" .bin)")
+  if [[ $done_labels != *" $name "* ]]; then echo "report.sh: $name has no finished $profile eval: left out" >&2; continue; fi
   ln -sf "$(realpath "$bin")" "$files/$name.bin"
-  models+=(--model "$name=$files/$name.bin")
-done
-for cache in "$sweep"/steps/eval/*/hypotheses/*__"$profile".jsonl; do
-  stem=$(basename "$cache"); label=${stem%%__*}
-  cp "$cache" "$out/hypotheses/$(short "$label")__${stem#*__}"
+  models+=(--model "$name=$files/$name.bin"); have+=("$name")
 done
 pairs=()
+pair() { [[ " ${have[*]} " == *" $1 "* && " ${have[*]} " == *" $2 "* ]] && pairs+=(--compare "$1:$2") || true; }
 for type in q5_0 q4_0 q3_k; do
-  for other in ggml imatrix gptq; do pairs+=(--compare "tarq-$type:$other-$type"); done
+  for other in ggml imatrix gptq; do pair "tarq-$type" "$other-$type"; done
+  pair "imatrix-$type" "ggml-$type"; pair "gptq-$type" "ggml-$type"
 done
-pairs+=(--compare tarq-q3_k:ggml-q4_0 --compare tarq-q4_0:ggml-q5_0 --compare gptq-q3_k:ggml-q4_0)
+pair tarq-q3_k ggml-q4_0; pair tarq-q4_0 ggml-q5_0; pair gptq-q3_k ggml-q4_0
 data=(--data test=corpora/synth/test.jsonl)  # greedy: the test split only, as its sweep decoded
 [[ $profile == cli ]] && data+=(--data long=corpora/long/long.jsonl --nonspeech corpora/nonspeech/nonspeech.jsonl)
 tarq-deploy eval --decode "$profile" "${data[@]}" "${models[@]}" "${pairs[@]}" \

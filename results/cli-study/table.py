@@ -1,0 +1,97 @@
+"""The study's tables for results/cli-study/README.md and the project README, from the two reports report.sh writes
+(runs/cli-study-cli/report.json, runs/cli-study-greedy/report.json) and the files' sizes. Prints markdown.
+
+    python results/cli-study/table.py runs/cli-study-cli/report.json runs/cli-study-greedy/report.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ORDER = [f"{m}-{t}" for t in ("q5_0", "q4_0", "q3_k") for m in ("ggml", "imatrix", "gptq", "tarq")]
+NAMES = {"ggml": "ggml", "imatrix": "imatrix", "gptq": "GPTQ", "tarq": "TARQ"}
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}"
+
+
+def interval(d: dict) -> str:
+    star = " \\*" if d.get("significant") else ""
+    text = f"{100 * d['value']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+    return text.replace("-", "\u2212") + star
+
+
+def dataset(report: dict, name: str) -> dict | None:
+    return next((d for d in report["datasets"] if d["name"] == name), None)
+
+
+def by_label(ds: dict) -> dict[str, dict]:
+    return {m["label"]: m for m in ds["models"]}
+
+
+def difference(ds: dict, a: str, b: str, figure: str) -> dict | None:
+    for d in ds["differences"]:
+        if d["model"] == f"{a} [whisper.cpp]" and d["versus"] == f"{b} [whisper.cpp]":
+            return d[figure]
+    return None
+
+
+def retention(ds: dict) -> dict[str, dict]:
+    return {r["model"].split(" [")[0]: r["retention"] for r in ds["retention"]["models"]}
+
+
+def failure(ds: dict, label: str) -> dict:
+    return ds["failures"]["models"][f"{label} [whisper.cpp]"]
+
+
+def title(label: str) -> str:
+    if label == "f16":
+        return "F16"
+    method, type_name = label.split("-", 1)
+    return f"{type_name.upper()} {NAMES[method]}"
+
+
+def main(cli_path: str, greedy_path: str | None) -> None:
+    cli = json.loads(Path(cli_path).read_text())
+    greedy = json.loads(Path(greedy_path).read_text()) if greedy_path else None
+    test, long = dataset(cli, "test"), dataset(cli, "long")
+    g_test = dataset(greedy, "test") if greedy else None
+    runs, long_runs = by_label(test), by_label(long)
+    g_runs = by_label(g_test) if g_test else {}
+    nonspeech = cli["nonspeech"]["models"]
+    kept = retention(test)
+    labels = ["f16"] + [x for x in ORDER if x in runs]
+    print("| file | MiB | cli test: WER · rare-WER · capped rare-WER · kept | greedy test: WER · capped rare-WER "
+          "| cli, vs ggml same type: Δ rare-WER · Δ capped rare-WER | long (3 recordings): WER · rare-WER · loops "
+          "· invented/min | non-speech words/min | RTF cli · greedy |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label in labels:
+        run, lrun = runs[label], long_runs[label]
+        size = Path(run["source"]).stat().st_size / 2**20
+        keep = kept.get(label)
+        keep_text = "—" if keep is None else f"{100 * keep['value']:.0f} %"
+        g = g_runs.get(label)
+        g_text = "—" if g is None else f"{pct(g['wer']['value'])} · {pct(g['capped_rare_wer']['value'])}"
+        method, type_name = (label.split("-", 1) + [""])[:2]
+        versus = ""
+        if method not in ("f16", "ggml"):
+            rare = difference(test, label, f"ggml-{type_name}", "rare_wer")
+            capped = difference(test, label, f"ggml-{type_name}", "capped_rare_wer")
+            if rare and capped:
+                versus = f"{interval(rare)} · {interval(capped)}"
+        lf = failure(long, label)
+        invented = lf.get("gap_invented_words", 0) / lf["gap_minutes"] if lf.get("gap_minutes") else None
+        ns = nonspeech.get(f"{label} [whisper.cpp]", {}).get("words_per_minute")
+        g_rtf = "—" if g is None else f"{g['real_time_factor']:.2f}"
+        bold = "**" if method == "tarq" else ""
+        print(f"| {bold}{title(label)}{bold} | {size:.1f} | {pct(run['wer']['value'])} · {pct(run['rare_wer']['value'])}"
+              f" · {pct(run['capped_rare_wer']['value'])} · {keep_text} | {g_text} | {versus} | "
+              f"{pct(lrun['wer']['value'])} · {pct(lrun['rare_wer']['value'])} · {lrun['loops']} / {lf['items']} · "
+              f"{'—' if invented is None else f'{invented:.1f}'} | {'—' if ns is None else f'{ns:.1f}'} | "
+              f"{run['real_time_factor']:.2f} · {g_rtf} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
