@@ -192,18 +192,25 @@ def test_the_model_cards_pywhispercpp_line_builds_the_profiles_struct(tiny_f16: 
         assert _decoding_fields(card_line) == _decoding_fields(_worker_struct(tiny_f16, profile)), profile
 
 
-def test_cli_decodes_an_item_the_same_whatever_the_worker_decoded_before(tmp_path: Path):
-    """whisper.cpp draws its fallback temperatures' samples from an RNG in the context's state, seeded once: in one
-    long-lived worker the same noise clip came back "" twice and as an invented sentence the third time (tiny.en
-    Q4_0). whisper-cli makes one state per file; the worker makes one per item, so a text depends on its audio alone
-    and a cached hypothesis is the one a fresh run would write."""
+@pytest.fixture(scope="module")
+def tiny_q4_0_and_noise(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    """ggml's Q4_0 of tiny.en and a white-noise clip: the pair on which one long-lived state sampled differently."""
+    out = tmp_path_factory.mktemp("fallback_rng")
     assert cli.main(["export", "--model", "packaged:tiny.en", "--type", "q4_0", "--baseline", "ggml",
-                     "-o", str(tmp_path / "tiny-q4_0.bin"), "--quiet"]) == 0
-    assert cli.main(["corpus", "nonspeech", "-o", str(tmp_path / "ns"), "--seconds", "30", "--per-kind", "1",
+                     "-o", str(out / "tiny-q4_0.bin"), "--quiet"]) == 0
+    assert cli.main(["corpus", "nonspeech", "-o", str(out / "ns"), "--seconds", "30", "--per-kind", "1",
                      "--seed", "0"]) == 0
-    noise = load_audio(str(tmp_path / "ns" / "audio" / "white-00.wav"))
-    worker = open_transcriber(ModelSpec("q4_0", str(tmp_path / "tiny-q4_0.bin"), "whisper.cpp"),
-                              DecodeOptions(profile="cli"))
+    return out / "tiny-q4_0.bin", load_audio(str(out / "ns" / "audio" / "white-00.wav"))
+
+
+@pytest.mark.parametrize("backend", ["whisper.cpp", "crispasr"])
+def test_cli_decodes_an_item_the_same_whatever_the_worker_decoded_before(tiny_q4_0_and_noise, backend: str):
+    """whisper.cpp draws its fallback temperatures' samples from an RNG in the state, seeded once: in one long-lived
+    worker the same noise clip came back "" twice and as an invented sentence the third time (tiny.en Q4_0; in
+    pywhispercpp and in CrispASR's whisper backend alike). whisper-cli makes one state per file; each worker makes one
+    per item, so a text depends on its audio alone and a cached hypothesis is the one a fresh run would write."""
+    model, noise = tiny_q4_0_and_noise
+    worker = open_transcriber(ModelSpec("q4_0", str(model), backend), DecodeOptions(profile="cli"))
     try:
         texts = [worker.transcribe(noise, f"white-{i}") for i in range(3)]
         described = worker.describe()

@@ -13,7 +13,8 @@ from ..fileio import write_text_atomic
 from ..hashing import file_sha256, sha1_hex
 from ..model_source import CHECKPOINT_MANIFEST, SourceKind, resolve_source
 from ..runtimes.base import DecodeOptions, ModelSpec
-from ..runtimes.decoding import profile_named
+from ..runtimes.decoding import fresh_state_per_item, profile_named
+from ..runtimes.sources import is_whisper_cpp_file
 from .dataset import Dataset
 
 __all__ = ["FigureCache", "HypothesisCache", "MarginCache", "audio_digest", "decode_identity", "source_fingerprint"]
@@ -73,8 +74,6 @@ class IdentityJsonl:
 def decode_identity(profile_name: str) -> dict:
     """The decode profile as a cache key holds it: its name and every backend's settings, so a change of any
     setting starts the hypotheses over."""
-    from ..runtimes.whisper_cpp import fresh_state_per_item
-
     profile = profile_named(profile_name)
     # a whisper.cpp context made afresh per utterance (runtimes/whisper_cpp.py) writes other texts than one
     # long-lived context did: the caches of those runs start over
@@ -82,6 +81,14 @@ def decode_identity(profile_name: str) -> dict:
     return {"profile": profile.name, "whisper_cpp": profile.whisper_cpp, "beam_search": profile.beam_search,
             "torch": {k: list(v) if isinstance(v, tuple) else v for k, v in profile.torch.items()},
             "crispasr_whisper": profile.crispasr_whisper, "transcribe_cpp": profile.transcribe_cpp, **fresh}
+
+
+def crispasr_state(spec: ModelSpec, profile_name: str) -> dict:
+    """CrispASR's whisper backend got its own state per utterance after whisper.cpp's (same RNG, found later): its
+    sampled caches from before start over, every other cache keeps its key."""
+    if spec.backend == "crispasr" and is_whisper_cpp_file(spec.source) and fresh_state_per_item(profile_name):
+        return {"crispasr_state": "fresh per item"}
+    return {}
 
 
 class HypothesisCache(IdentityJsonl):
@@ -95,6 +102,7 @@ class HypothesisCache(IdentityJsonl):
                           "tokenizer": spec.tokenizer if spec.backend == "torch" else None,
                           "threads": options.threads, "max_new_tokens": options.max_new_tokens,
                           "decode": decode_identity(options.profile),
+                          **crispasr_state(spec, options.profile),
                           # English, as every earlier cache decoded, keeps their keys
                           **({"language": options.language} if options.language != "en" else {})})
         self.entries = {(r["id"], r["audio"]): r for r in self.read()}

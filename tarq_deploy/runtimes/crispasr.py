@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ..model_source import ModelSource, resolve_source
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter
 from .child import measure_transcription
-from .decoding import GREEDY, profile_named
+from .decoding import GREEDY, fresh_state_per_item, profile_named
 from .sources import checked_gguf, checked_whisper_cpp, is_gguf_of_arch, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
@@ -156,7 +156,8 @@ class CrispASRTranscriber(WorkerTranscriber):
             return {"loaded_as": "whisper.cpp model file (CrispASR whisper backend)", "runtime": runtime,
                     "threads": self.options.threads, "language": self.options.language, "temperature": 0.0,
                     **WHISPER_THRESHOLDS,
-                    "decode": profile.name, **profile.crispasr_whisper}
+                    "decode": profile.name, **profile.crispasr_whisper,
+                    **({"state": "fresh per item"} if fresh_state_per_item(profile.name) else {})}
         kind = "Voxtral" if is_gguf_of_arch(str(self.model_file), VOXTRAL_ARCH) else "Qwen3-ASR"
         return {"loaded_as": f"CrispASR {kind} GGUF", "runtime": runtime,
                 "threads": self.options.threads, "language": self.options.language, "temperature": 0.0,
@@ -178,9 +179,17 @@ def open_crispasr(spec: ModelSpec, options: DecodeOptions) -> CrispASRTranscribe
 
 def _worker_main(model_file: str, threads: int, max_new_tokens: int, profile_name: str,
                  language: str = LANGUAGE) -> int:
-    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker)."""
-    session = open_session(model_file, threads, max_new_tokens, whisper_profile=profile_name)
-    return serve_worker(lambda audio: session_text(session, audio, language)[0])
+    """Runs in the worker subprocess: load once, then serve utterances (worker.serve_worker). The whisper backend
+    under a profile that samples gets a new session after every utterance (``fresh_state_per_item``: its fallback RNG
+    is seeded once per state, as in whisper.cpp)."""
+    sessions = [open_session(model_file, threads, max_new_tokens, whisper_profile=profile_name)]
+
+    def fresh_session() -> None:
+        sessions[0].close()
+        sessions[0] = open_session(model_file, threads, max_new_tokens, whisper_profile=profile_name)
+
+    fresh = backend_of(model_file) == WHISPER_BACKEND and fresh_state_per_item(profile_name)
+    return serve_worker(lambda audio: session_text(sessions[0], audio, language)[0], fresh_session if fresh else None)
 
 
 # -------------------------------------------------------------------------------------------------- CPU bench

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["CLI", "DECODE_PROFILES", "DEFAULT_DECODE_PROFILE", "DecodeProfile", "GREEDY", "PROFILES", "WHISPER_CLI_PARAMS",
-           "WHISPER_GREEDY_PARAMS", "WHISPER_CLI_FLAGS", "PYWHISPERCPP_ARGUMENTS", "check_profile", "profile_named"]
+           "WHISPER_GREEDY_PARAMS", "WHISPER_CLI_FLAGS", "PYWHISPERCPP_ARGUMENTS", "check_profile", "fresh_state_per_item",
+           "profile_named"]
 
 GREEDY = "greedy"
 CLI = "cli"
@@ -143,3 +144,13 @@ def check_profile(name: str) -> str:
 
 def profile_named(name: str) -> DecodeProfile:
     return PROFILES[check_profile(name)]
+
+
+def fresh_state_per_item(profile_name: str) -> bool:
+    """Whether a whisper.cpp worker (pywhispercpp, or CrispASR's whisper backend, which is whisper.cpp inside)
+    decodes each utterance in a new state. whisper.cpp draws a fallback temperature's samples from an RNG in the
+    state, seeded when the state is made and never again: in one long-lived state an utterance's text would depend on
+    what was decoded before it (tiny.en Q4_0 gave one white-noise clip "" twice, then an invented sentence, in both
+    runtimes). whisper-cli makes one state per file; the workers make one per utterance when the profile samples at
+    all (greedy never does, so it keeps one). transcribe.cpp seeds each run itself (WhisperRunOptions.seed)."""
+    return profile_named(profile_name).whisper_cpp.get("temperature_inc", 0.0) > 0

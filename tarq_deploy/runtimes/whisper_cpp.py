@@ -23,11 +23,11 @@ import numpy as np
 
 from .base import BenchRuntime, DecodeOptions, ModelInfo, ModelSpec, RuntimeAdapter, dist_version
 from .child import measure_transcription
-from .decoding import WHISPER_GREEDY_PARAMS, profile_named
+from .decoding import WHISPER_GREEDY_PARAMS, fresh_state_per_item, profile_named
 from .sources import checked_whisper_cpp, is_whisper_cpp_file
 from .worker import WorkerTranscriber, serve_worker
 
-__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "fresh_state_per_item", "teacher_forced_logits",
+__all__ = ["WHISPER_CPP_PARAMS", "describe_whisper_cpp_file", "teacher_forced_logits",
            "whisper_backbone", "whisper_cpp_model_arguments"]
 
 NAME = "whisper.cpp"
@@ -125,15 +125,6 @@ def _worker_main(model_file: str, threads: int, profile_name: str, language: str
         loaded[0] = Model(model_file, **arguments)
 
     return serve_worker(transcribe, fresh_state if fresh_state_per_item(profile_name) else None)
-
-
-def fresh_state_per_item(profile_name: str) -> bool:
-    """Whether the worker decodes each utterance in a new context. whisper.cpp draws a fallback temperature's samples
-    from an RNG in the context's state, seeded when the state is made and never again: in one long-lived context an
-    utterance's text would depend on what was decoded before it (tiny.en Q4_0 gave one noise clip "" twice, then an
-    invented sentence). whisper-cli makes one state per file; the worker makes one per utterance when the profile
-    samples at all (greedy never does, so it keeps one context)."""
-    return profile_named(profile_name).whisper_cpp.get("temperature_inc", 0.0) > 0
 
 
 # -------------------------------------------------------------------------------------------------- CPU bench
