@@ -147,6 +147,11 @@ class QuantizeArguments:
         "text: the research protocol's), cli (timestamps, and the previous window's tokens after <|startofprev|>: "
         "how whisper-cli decodes a recording) or both, alternating by window; read where a method calibrates on "
         f"a corpus (default {DECODER_SHAPE_BY_DEFAULT}: results/cliform)", choices=DECODER_SHAPES)
+    nonspeech_share: float | None = _option(
+        "--nonspeech-share", "Whisper: add windows of 30 s without speech (silence, low noise, white, pink, babble, "
+        "music), this share of the speech windows in number, whose decoder prompt predicts the end of text at once "
+        "(models/whisper.py); read where a method calibrates on a corpus (default 0: none)", parse=float,
+        metavar="F")
     head_identity_weight: float | None = _option(
         "--head-identity-weight", "mu: weight of the token-lookup role in the tied head's metric (default 1; 4 for "
         "tarq at iq2_s and iq2_xs, where the dev split measured it better)", parse=float)
@@ -292,7 +297,7 @@ NOT_RESULT_KNOBS = ("device", "max_memory", "model", "arguments", "terms", "term
 # Knobs a run without them never recorded: left out of the record (and so of the resume key) at these values.
 UNRECORDED_AT = {"preset": None, "rotate": "none", "compute_dtype": "float32", "refit_scales": False,
                  "lookup_pass": False, "tail": "zipf", "language": DEFAULT_LANGUAGE, "terms_sha256": None,
-                 "decoder_shape": "plain"}
+                 "decoder_shape": "plain", "nonspeech_share": 0.0}
 
 
 @dataclass(frozen=True)
@@ -322,6 +327,7 @@ class QuantizeOptions:
     encoder_tagging: str = "auto"  # "align", "none", or auto: align only where the metric re-weights rare positions
     pack: bool = True
     decoder_shape: str = "plain"  # Whisper: the decoder's calibration token shape (models/whisper_prompts.py)
+    nonspeech_share: float = 0.0  # Whisper: non-speech windows, this share of the speech windows (models/whisper.py)
     head_identity_weight: float = DEFAULT_HEAD_IDENTITY_WEIGHT
     percdamp: float = PERCDAMP
     scale_rule: str = "search"
@@ -442,6 +448,7 @@ class QuantizeOptions:
             max_memory=a.max_memory)
         options = replace(options, rotate=options._rotation_choice(type_name),
                           decoder_shape=options._decoder_shape_choice(),
+                          nonspeech_share=options._nonspeech_share_choice(),
                           lookup_pass=options._lookup_pass_choice(type_name),
                           compute_dtype=options._compute_dtype_choice())
         options.validate()
@@ -562,6 +569,8 @@ class QuantizeOptions:
         self._check_tail()
         if self.decoder_shape != "plain":
             self._check_decoder_shape()
+        if self.nonspeech_share != 0.0:
+            self._check_nonspeech_share()
         return self
 
     def _decoder_shape_choice(self) -> str:
@@ -580,6 +589,20 @@ class QuantizeOptions:
         if self.model is not None and not self.is_whisper:
             raise UserError(f"--decoder-shape {self.decoder_shape}: only Whisper's decoder has timestamp tokens and a "
                             f"carried prompt; --model {self.model.text} is not a Whisper model")
+
+    def _nonspeech_share_choice(self) -> float:
+        """--nonspeech-share as given, else 0; 0 wherever no corpus is read (no calibration window is built)."""
+        given = self.arguments.nonspeech_share if self.arguments is not None else None
+        return 0.0 if given is None or not self.needs_corpus else given
+
+    def _check_nonspeech_share(self) -> None:
+        """--nonspeech-share: a share in [0, 1] (finite), for Whisper, whose decoder predicts the end of text."""
+        if not (0.0 <= self.nonspeech_share <= 1.0):
+            raise UserError(f"--nonspeech-share {self.nonspeech_share}: must be between 0 and 1 (a share of the "
+                            f"speech windows)")
+        if self.model is not None and not self.is_whisper:
+            raise UserError(f"--nonspeech-share {self.nonspeech_share}: non-speech windows are built for Whisper "
+                            f"only; --model {self.model.text} is not a Whisper model")
 
     def _check_tail(self) -> None:
         """--tail and --terms: a tail of terms needs the list, and only a method that re-weights the tail reads it."""

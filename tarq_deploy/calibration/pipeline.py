@@ -197,7 +197,7 @@ class _Windows:
                                                                                None)),
                                              options.tail_rule(), options.pack,
                                              options.frame_tagging(), keep_fp_bytes=reusable_bytes(options),
-                                             compute_dtype=options.compute_dtype, **_decoder_shape(options))
+                                             compute_dtype=options.compute_dtype, **_whisper_only(options))
         start.peak_rss["windows"] = peak_rss_mb()
         start.windows_seconds = time.perf_counter() - began
         key = fingerprint(start.source_sha, [(u.id, u.text) for u in chosen], options.result_knobs(), __version__)
@@ -205,9 +205,13 @@ class _Windows:
                    len({name for window in windows for name in window.fp_stream}))
 
 
-def _decoder_shape(options: QuantizeOptions) -> dict[str, str]:
-    """Whisper's decoder shape where it is not the plain one (the other backbones have no such argument)."""
-    return {} if options.decoder_shape == "plain" else {"decoder_shape": options.decoder_shape}
+def _whisper_only(options: QuantizeOptions) -> dict:
+    """Whisper's window options where they are not at their defaults (the other backbones take no such argument):
+    the decoder shape, and the non-speech windows with the seed that draws them."""
+    shape = {} if options.decoder_shape == "plain" else {"decoder_shape": options.decoder_shape}
+    nonspeech = {} if options.nonspeech_share == 0.0 else {"nonspeech_share": options.nonspeech_share,
+                                                           "seed": options.seed}
+    return {**shape, **nonspeech}
 
 
 def _calibrate(backbone: Backbone, stages: list, windows: list, options: QuantizeOptions, work_dir: WorkDir | None,
@@ -360,6 +364,8 @@ def _round_to_nearest(backbone: Backbone, recipe: TypeRecipe, method: str = "rtn
 
 
 def _calibration_summary(chosen: list[Utterance], stats, windows, options: QuantizeOptions) -> dict:
+    nonspeech = [w for w in windows if "nonspeech" in w.info]
+    windows = [w for w in windows if "nonspeech" not in w.info]  # the speech windows' figures, as before
     frames = sum(w.info["speech_frames"] for w in windows)
     rare_frames = sum(w.info["rare_frames"] for w in windows)
     tokens = sum(w.info["tokens"] for w in windows)
@@ -374,6 +380,7 @@ def _calibration_summary(chosen: list[Utterance], stats, windows, options: Quant
         "padding_frame_share": 1 - frames / max(total_frames, 1),
         **({"tail": {"mode": options.tail, "terms": options.terms.record()}} if options.terms else {}),
         **({"language": options.language} if options.language != DEFAULT_LANGUAGE else {}),
+        **({"nonspeech_windows": [w.info["ids"][0] for w in nonspeech]} if nonspeech else {}),
     }
 
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import LatticeCheckpoint
+from ..data.nonspeech import NONSPEECH_KINDS, NonspeechClip, build_nonspeech_clips
 from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TailRule, decoder_text, rare_token_mask, tail_rule
 from ..quant.backbone import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
@@ -47,6 +48,10 @@ __all__ = ["ENCODER_FRAMES_PER_SECOND", "WhisperBackbone", "cross_attention_weig
            "round_conv_kernels_to_f16", "token_start_frames"]
 
 ENCODER_FRAMES_PER_SECOND = 50
+WINDOW_SECONDS = 30.0
+# the non-speech calibration windows' seed stream: seed + this, so that they share no samples with the clips of
+# `corpus nonspeech --seed` (which draw from the seed itself) -- the held-out non-speech sets are made that way
+NONSPEECH_SEED_BASE = 1_000_003
 MEDIAN_FILTER_WIDTH = 7
 ENCODER_GROUPS = [["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.out_proj"], ["fc1"], ["fc2"]]
 DECODER_GROUPS = [
@@ -112,14 +117,16 @@ class WhisperBackbone:
 
     def build_windows(self, utterances: list[TextAudio], k: float | TailRule = DEFAULT_ZIPF_THRESHOLD, pack: bool = True,
                       encoder_tagging: str = "align", keep_fp_bytes: int = 0,
-                      compute_dtype: str = "float32", decoder_shape: str = "plain") -> list[Window]:
+                      compute_dtype: str = "float32", decoder_shape: str = "plain", nonspeech_share: float = 0.0,
+                      seed: int = 0) -> list[Window]:
         """Calibration windows with their rare tags. ``keep_fp_bytes``: memory the alignment pass may keep. Its
         encoder and decoder are the calibration's full-precision stream through the encoder and decoder blocks, value
         for value (all run in ``compute_dtype``: precision.compute_in, by the stages' own code); when every Linear's
         input for every window fits (``fp_stream_bytes``), the windows keep them (``Window.fp_stream``) and the
         calibration does not run the fp blocks a second time. ``decoder_shape``: the token shape the decoder is
         calibrated on (models/whisper_prompts.py: plain, cli -- timestamps and the previous window's tokens carried,
-        as whisper-cli decodes -- or both, alternating by window)."""
+        as whisper-cli decodes -- or both, alternating by window). ``nonspeech_share``: non-speech windows added, that
+        share of the speech windows in number (``_nonspeech_windows``; ``seed`` draws their samples)."""
         if encoder_tagging not in ("align", "none"):
             raise ValueError(f"encoder tagging must be 'align' or 'none', got {encoder_tagging!r}")
         self.language = tail_rule(k).language
@@ -129,6 +136,7 @@ class WhisperBackbone:
             window = self._window(group, k, shape_of_window(decoder_shape, index), carried)
             carried = None if carried is None else window.carried
             pending.append(window)
+        pending += self._nonspeech_windows(utterances, round(nonspeech_share * len(pending)), seed)
         if encoder_tagging == "align":
             kept = self.fp_stream_bytes(pending)
             # All or nothing, with room for the blocks' working set (about one encoder layer's worth). Keeping some
@@ -177,6 +185,33 @@ class WhisperBackbone:
             info["decoder_shape"] = "cli"
         rare_spans = [(w.token_positions, w.weight) for w in tagged.words if w.rare and w.token_positions]
         return _PendingWindow(window, rare_spans, speech_frames, shaped.text_rows, shaped.carried)
+
+    def _nonspeech_windows(self, utterances: list[TextAudio], count: int, seed: int) -> list[_PendingWindow]:
+        """``count`` windows of 30 s without speech (data/nonspeech.py: silence, low noise, white, pink, babble of the
+        calibration's own speech reversed, music), kinds in turn. Calibration otherwise shows the encoder only speech
+        and the padding's digital silence, and the decoder only text to predict; here the prompt's last position
+        predicts the end of text at once, as F16 does on noise, and cross-attention reads the encoder on noise --
+        where the calibrated files invent words (results/cliform). Their samples come from a seed stream of their
+        own (``NONSPEECH_SEED_BASE``), so they never repeat a `corpus nonspeech` clip of the same seed."""
+        if count <= 0:
+            return []
+        per_kind = -(-count // len(NONSPEECH_KINDS))
+        clips = build_nonspeech_clips(WINDOW_SECONDS, NONSPEECH_SEED_BASE + seed, per_kind,
+                                      babble_sources=[u.audio for u in utterances])
+        in_turn = sorted(clips, key=lambda c: (int(c.id.rsplit("-", 1)[1]), NONSPEECH_KINDS.index(c.kind)))
+        return [self._nonspeech_window(clip) for clip in in_turn[:count]]
+
+    def _nonspeech_window(self, clip: NonspeechClip) -> _PendingWindow:
+        features = self.processor.feature_extractor(clip.audio, sampling_rate=SAMPLE_RATE,
+                                                    return_tensors="pt").input_features
+        ids = torch.tensor(self.prompt_ids())  # teacher forcing: the prompt, whose last position predicts the end
+        n_frames = self.model.config.max_source_positions
+        info = {"ids": [f"nonspeech:{clip.id}"], "seconds": clip.seconds, "speech_frames": 0, "nonspeech": clip.kind,
+                "tokens": int(ids.numel()), "rare_tokens": 0, "rare_frames": 0, "words": 0, "rare_words": 0}
+        window = Window(inputs={"input_features": features, "decoder_input_ids": ids[None]},
+                        masks={"tokens": torch.zeros(ids.numel(), dtype=torch.bool),
+                               "frames": torch.zeros(n_frames, dtype=torch.bool)}, info=info)
+        return _PendingWindow(window, [], 0, [], [])
 
     def _shaped(self, tagged, group: list[TextAudio], carried: list[int]) -> ShapedWindow:
         """``tagged`` (the plain shape) in whisper-cli's shape: each utterance a timestamped segment, ``carried``
