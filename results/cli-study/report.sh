@@ -5,6 +5,7 @@
 # threads and the decode settings, so a hit needs the very bytes the sweep decoded).
 #   results/cli-study/report.sh cli      # after: tarq-deploy sweep results/cli-study/sweep.toml -o runs/cli-study
 #   results/cli-study/report.sh greedy   # after: tarq-deploy sweep results/cli-study/sweep-greedy.toml -o runs/cli-study
+#   EXTRA=runs/cli-study-greedy-tarq results/cli-study/report.sh greedy   # as this study's greedy report was made
 set -euo pipefail
 profile=${1:-cli}
 sweep=runs/cli-study
@@ -21,6 +22,14 @@ for step in "$sweep"/steps/eval/*/; do
     [[ -f $cache ]] || continue
     stem=$(basename "$cache"); label=$(short "${stem%%__*}")
     cp "$cache" "$out/hypotheses/${label}__${stem#*__}"; done_labels+="$label "
+  done
+done
+# EXTRA: eval output folders whose caches stand in for cells the sweep did not finish (their labels are this
+# report's: tarq-q4_0, ...); a cache that is not complete is completed by the eval below, never taken as done
+for extra in ${EXTRA:-}; do
+  for cache in "$extra"/hypotheses/*__"$profile".jsonl; do
+    [[ -f $cache ]] || continue
+    stem=$(basename "$cache"); cp "$cache" "$out/hypotheses/$stem"; done_labels+="${stem%%__*} "
   done
 done
 models=(); have=()

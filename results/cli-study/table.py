@@ -2,6 +2,8 @@
 (runs/cli-study-cli/report.json, runs/cli-study-greedy/report.json) and the files' sizes. Prints markdown.
 
     python results/cli-study/table.py runs/cli-study-cli/report.json runs/cli-study-greedy/report.json
+    python results/cli-study/table.py --pairs runs/cli-study-cli/report.json runs/cli-study-greedy/report.json
+    python results/cli-study/table.py --readme runs/cli-study-cli/report.json runs/cli-study-greedy/report.json
 """
 from __future__ import annotations
 
@@ -93,5 +95,76 @@ def main(cli_path: str, greedy_path: str | None) -> None:
               f"{run['real_time_factor']:.2f} · {g_rtf} |")
 
 
+PAIRS = [("tarq", t, "ggml", t) for t in ("q5_0", "q4_0", "q3_k")] + [("tarq", "q3_k", "ggml", "q4_0"),
+         ("tarq", "q4_0", "ggml", "q5_0")] + [("tarq", t, o, t) for o in ("gptq", "imatrix") for t in ("q5_0", "q4_0", "q3_k")]
+
+
+def retention_difference(ds: dict, a: str, b: str) -> dict | None:
+    for d in ds["retention"].get("differences", []):
+        if d["model"] == f"{a} [whisper.cpp]" and d["versus"] == f"{b} [whisper.cpp]":
+            return d["retention"]
+    return None
+
+
+def pairs(cli_path: str, greedy_path: str | None) -> None:
+    """The paired differences, A − B: test split under cli (and greedy, rare-WER), long recordings as counts."""
+    cli = json.loads(Path(cli_path).read_text())
+    greedy = json.loads(Path(greedy_path).read_text()) if greedy_path else None
+    test, long = dataset(cli, "test"), dataset(cli, "long")
+    g_test = dataset(greedy, "test") if greedy else None
+    runs = by_label(test)
+    print("| A − B | greedy: Δ rare-WER · Δ capped rare-WER | cli: Δ rare-WER | cli: Δ capped rare-WER | cli: Δ WER "
+          "| cli: Δ kept | test loops A / B | long: WER A / B · loops A / B · invented A / B |")
+    print("|---|---|---|---|---|---|---|---|")
+    for ma, ta, mb, tb in PAIRS:
+        a, b = f"{ma}-{ta}", f"{mb}-{tb}"
+        if a not in runs or b not in runs or difference(test, a, b, "wer") is None:
+            continue
+        g = "—"
+        if g_test is not None and difference(g_test, a, b, "rare_wer") is not None:
+            g = f"{interval(difference(g_test, a, b, 'rare_wer'))} · {interval(difference(g_test, a, b, 'capped_rare_wer'))}"
+        kept = retention_difference(test, a, b)
+        la, lb = failure(long, a), failure(long, b)
+        lr = by_label(long)
+        print(f"| {title(a)} − {title(b)} | {g} | {interval(difference(test, a, b, 'rare_wer'))} | "
+              f"{interval(difference(test, a, b, 'capped_rare_wer'))} | {interval(difference(test, a, b, 'wer'))} | "
+              f"{'—' if kept is None else interval(kept)} | {runs[a]['loops']} / {runs[b]['loops']} | "
+              f"{pct(lr[a]['wer']['value'])} / {pct(lr[b]['wer']['value'])} · {la['loops']} / {lb['loops']} · "
+              f"{la['gap_invented_words']} / {lb['gap_invented_words']} |")
+
+
+README_ROWS = ["f16", "ggml-q5_0", "tarq-q5_0", "ggml-q4_0", "imatrix-q4_0", "gptq-q4_0", "tarq-q4_0", "ggml-q3_k",
+               "gptq-q3_k", "tarq-q3_k"]
+
+
+def readme(cli_path: str, greedy_path: str | None) -> None:
+    """The project README's shorter table: its rows, and the columns a user chooses a file by."""
+    cli = json.loads(Path(cli_path).read_text())
+    greedy = json.loads(Path(greedy_path).read_text()) if greedy_path else None
+    test, long = dataset(cli, "test"), dataset(cli, "long")
+    runs, long_runs = by_label(test), by_label(long)
+    g_runs = by_label(dataset(greedy, "test")) if greedy else {}
+    nonspeech = cli["nonspeech"]["models"]
+    print("| file | MiB | test, cli: WER · rare-WER · capped | test, greedy: WER · rare-WER | cli Δ rare-WER vs ggml, "
+          "same type | long: WER · loops | non-speech words/min |")
+    print("|---|---|---|---|---|---|---|")
+    for label in (x for x in README_ROWS if x in runs):
+        run, lrun, g = runs[label], long_runs[label], g_runs.get(label)
+        method, type_name = (label.split("-", 1) + [""])[:2]
+        rare = difference(test, label, f"ggml-{type_name}", "rare_wer") if method not in ("f16", "ggml") else None
+        bold = "**" if method == "tarq" else ""
+        g_text = "—" if g is None else f"{pct(g['wer']['value'])} · {pct(g['rare_wer']['value'])}"
+        ns = nonspeech.get(f"{label} [whisper.cpp]", {}).get("words_per_minute")
+        print(f"| {bold}{title(label)}{bold} | {Path(run['source']).stat().st_size / 2**20:.1f} | "
+              f"{pct(run['wer']['value'])} · {pct(run['rare_wer']['value'])} · {pct(run['capped_rare_wer']['value'])} | "
+              f"{g_text} | {interval(rare) if rare else ''} | {pct(lrun['wer']['value'])} · "
+              f"{lrun['loops']} / {failure(long, label)['items']} | {'—' if ns is None else f'{ns:.1f}'} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    if sys.argv[1] == "--readme":
+        readme(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    elif sys.argv[1] == "--pairs":
+        pairs(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    else:
+        main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
