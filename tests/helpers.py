@@ -461,3 +461,16 @@ def mutated(draw: st.DrawFn, seed: Seed) -> bytes:
 # Any JSON value a hostile manifest line may hold in a field, for the manifest readers' fuzz tests.
 JSON_VALUES = st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats() | st.text(max_size=12) | \
     st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
+
+
+def assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path: Path, corpus: Path, option: list[str],
+                                                   *expected: str) -> None:
+    """`quantize` with a Whisper-only ``option`` on a (config-only) Voxtral folder: exit 2 naming ``expected``, and
+    nothing written beside the folder. The caller has changed into ``tmp_path``."""
+    source = tmp_path / "voxtral"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "voxtral"}))
+    status, _, err = run_cli(capsys, "quantize", "--model", str(source), "--method", "gptq", "--calib", str(corpus),
+                             *option, "--out", "o")
+    assert_user_error(status, err, *expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["voxtral"]

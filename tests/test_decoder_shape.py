@@ -2,13 +2,11 @@
 window's tokens carried after <|startofprev|>), every text token keeping its tail tag (models/whisper_prompts.py)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import assert_user_error, quantize_options_for, run_cli
+from helpers import assert_refused_for_a_model_that_is_not_whisper, quantize_options_for
 
 from tarq_deploy.models.whisper_prompts import shape_of_window, stamped_window
 
@@ -101,13 +99,7 @@ def test_tiny_en_calibration_windows_in_whisper_clis_shape(tiny, real_clips):
 
 def test_decoder_shape_is_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatch, corpus):
     monkeypatch.chdir(tmp_path)
-    source = tmp_path / "voxtral"
-    source.mkdir()
-    (source / "config.json").write_text(json.dumps({"model_type": "voxtral"}))
-    status, _, err = run_cli(capsys, "quantize", "--model", str(source), "--method", "gptq", "--calib", str(corpus),
-                             "--decoder-shape", "cli", "--out", "o")
-    assert_user_error(status, err, "--decoder-shape cli", "not a Whisper model")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["voxtral"]
+    assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, corpus, ["--decoder-shape", "cli"], "--decoder-shape cli", "not a Whisper model")
 
 
 def test_the_shape_is_read_only_where_a_corpus_is():

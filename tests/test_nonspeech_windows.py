@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from helpers import assert_user_error, quantize_options_for, run_cli
+from helpers import (assert_refused_for_a_model_that_is_not_whisper, assert_user_error, quantize_options_for,
+                     run_cli)
 
 
 def test_the_share_adds_nonspeech_windows_kinds_in_turn(tiny, real_clips):
@@ -70,13 +71,7 @@ def test_a_share_outside_0_to_1_is_refused(capsys, tmp_path, monkeypatch, corpus
 
 def test_the_share_is_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatch, corpus):
     monkeypatch.chdir(tmp_path)
-    source = tmp_path / "voxtral"
-    source.mkdir()
-    (source / "config.json").write_text(json.dumps({"model_type": "voxtral"}))
-    status, _, err = run_cli(capsys, "quantize", "--model", str(source), "--method", "gptq", "--calib", str(corpus),
-                             "--nonspeech-share", "0.2", "--out", "o")
-    assert_user_error(status, err, "--nonspeech-share 0.2", "not a Whisper model")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["voxtral"]
+    assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, corpus, ["--nonspeech-share", "0.2"], "--nonspeech-share 0.2", "not a Whisper model")
 
 
 def test_the_share_is_read_only_where_a_corpus_is_and_recorded_only_when_set():

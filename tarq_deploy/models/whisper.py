@@ -39,8 +39,8 @@ from ..data.rarity import DEFAULT_LANGUAGE, DEFAULT_ZIPF_THRESHOLD, TailRule, de
 from ..quant.backbone import STREAM_KIND, Block, Window, input_of, run_capturing_inputs
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.precision import compute_in, widened
-from .common import (GAP_SECONDS, SAMPLE_RATE, HeadStage, TextAudio, checkpoint_from_model, joined, pack_utterances,
-                     saved_files)
+from .common import (GAP_SECONDS, SAMPLE_RATE, WINDOW_SECONDS, HeadStage, TextAudio, checkpoint_from_model, joined,
+                     pack_utterances, saved_files)
 from .whisper_prompts import ShapedWindow, shape_of_window, stamped_window
 from .whisper_rotation import rotate_heads
 
@@ -48,7 +48,6 @@ __all__ = ["ENCODER_FRAMES_PER_SECOND", "WhisperBackbone", "cross_attention_weig
            "round_conv_kernels_to_f16", "token_start_frames"]
 
 ENCODER_FRAMES_PER_SECOND = 50
-WINDOW_SECONDS = 30.0
 # the non-speech calibration windows' seed stream: seed + this, so that they share no samples with the clips of
 # `corpus nonspeech --seed` (which draw from the seed itself) -- the held-out non-speech sets are made that way
 NONSPEECH_SEED_BASE = 1_000_003
@@ -198,7 +197,9 @@ class WhisperBackbone:
         per_kind = -(-count // len(NONSPEECH_KINDS))
         clips = build_nonspeech_clips(WINDOW_SECONDS, NONSPEECH_SEED_BASE + seed, per_kind,
                                       babble_sources=[u.audio for u in utterances])
-        in_turn = sorted(clips, key=lambda c: (int(c.id.rsplit("-", 1)[1]), NONSPEECH_KINDS.index(c.kind)))
+        # build_nonspeech_clips lists them kind by kind; take clip n of every kind before clip n + 1 of any
+        in_turn = [clips[kind * per_kind + number] for number in range(per_kind)
+                   for kind in range(len(NONSPEECH_KINDS))]
         return [self._nonspeech_window(clip) for clip in in_turn[:count]]
 
     def _nonspeech_window(self, clip: NonspeechClip) -> _PendingWindow:
