@@ -268,6 +268,26 @@ def exports_exactly_and_transcribes(bundle, type_name: str, work: Path, jfk_wav:
     return transcribe_whisper_cpp(out, jfk_wav)
 
 
+GRID_CALIBRATION_TIMEOUT_S = 1200
+
+
+def quantize_tarq_of_base(type_name: str, calib: Path, n_calib: int, ckpt: Path) -> None:
+    """``tarq-deploy quantize --method tarq`` of real Whisper base onto ``type_name``, in its own process on torch's
+    default threads (the grid modules run their own work on one)."""
+    run = subprocess.run([sys.executable, "-m", "tarq_deploy.cli", "quantize", "--model", "packaged:base", "--method",
+                          "tarq", "--type", type_name, "--calib", str(calib), "--n-calib", str(n_calib), "--out",
+                          str(ckpt)], capture_output=True, text=True, timeout=GRID_CALIBRATION_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
+def held_out_capped_wer(clips: list, texts: list[str]) -> float:
+    """The eval command's capped WER over ``clips``: word errors under Whisper's normaliser, each clip's capped at its
+    word count (a loop on a two-word clip costs 2, not 100), per reference word."""
+    from tarq_deploy.evaluate.wer import metric_counts, ratio, score_utterance
+
+    return ratio(*metric_counts([score_utterance(c.id, c.text, text) for c, text in zip(clips, texts)])["capped_wer"])
+
+
 def check_tarq_export(capsys, ckpt: Path, out: Path, type_name: str) -> None:
     """A TARQ checkpoint of ``type_name`` (rareBAL ran on its lattice) exports to whisper.cpp and verifies."""
     manifest = json.loads((ckpt / "manifest.json").read_text())

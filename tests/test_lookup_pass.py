@@ -1,9 +1,9 @@
 """The lookup pass (quant/pipeline.py quantize_with_lookup_pass; `quantize --lookup-pass`): Whisper calibrated twice,
 the second time with the first head's lattice as the quantized stream's token lookup, keeping the first head.
 
-Whether it helps is measured in results/lookup-pass (dev split) and checked on jfk in tests/test_grid_whisper_cpp.py
-(IQ2_XS); here: which stream looks up in which table, what each pass contributes to the checkpoint, the work
-directory, and the option's resolution and refusals."""
+Whether it helps is measured in results/lookup-pass (dev split) and checked on the real clips in
+tests/test_grid_whisper_cpp_2bit.py (IQ2_XS); here: which stream looks up in which table, what each pass contributes to
+the checkpoint, the work directory, and the option's resolution and refusals."""
 from __future__ import annotations
 
 import subprocess
