@@ -32,11 +32,10 @@ install: system-packages venv
 demo: install
 	$(PYTHON) -m tarq_deploy.cli demo
 
-# pytest-xdist workers: whole modules per worker, so a module's fixtures are made once; the slow modules first
-# (tests/conftest.py: SLOW_MODULES_FIRST). One more worker than CI's 2 cores: with two, a fifth of the CPU time sat idle
-# (180 % of 200: tests writing model files, waiting on Ray or on a child process); a third fills it. TEST_WORKERS=0 runs
-# the suite in this process alone.
-TEST_WORKERS ?= 3
+# pytest-xdist workers, one per core of CI's 2: whole modules per worker, so a module's fixtures are made once; the slow
+# modules first (tests/conftest.py: SLOW_MODULES_FIRST). A third worker did not help: the suite still got 177 % of the
+# 200 % (2026-12-06, Intel Xeon). TEST_WORKERS=0 runs the suite in this process alone.
+TEST_WORKERS ?= 2
 test: install
 	$(PYTHON) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
