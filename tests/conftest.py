@@ -171,9 +171,9 @@ def shared_temp_root(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-# The modules that take minutes, slowest first (measured: 2-core AMD EPYC and Intel Xeon, `make test` with 2 workers): run first, so
-# that pytest-xdist (`--dist loadfile --no-loadscope-reorder`, see the Makefile) never ends on one long module while the
-# other worker idles. The rest keep their order.
+# The modules that take minutes, slowest first (measured: 2-core AMD EPYC and Intel Xeon, `make test` with 2 workers):
+# run first, so that pytest-xdist (`--dist loadfile --no-loadscope-reorder`, see the Makefile) never ends on one long
+# module while the other worker idles. The rest keep their order.
 SLOW_MODULES_FIRST = ("test_grid_whisper_cpp_2bit.py", "test_sweep.py", "test_eval_e2e.py", "test_long_form_decode.py",
                       "test_whisper_cpp_types.py", "test_grid_whisper_cpp.py", "test_ggml_source.py",
                       "test_qwen3_asr.py", "test_readme.py", "test_quantize_whisper.py", "test_transcribe_cpp.py",

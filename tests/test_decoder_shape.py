@@ -99,7 +99,8 @@ def test_tiny_en_calibration_windows_in_whisper_clis_shape(tiny, real_clips):
 
 def test_decoder_shape_is_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatch, corpus):
     monkeypatch.chdir(tmp_path)
-    assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, corpus, ["--decoder-shape", "cli"], "--decoder-shape cli", "not a Whisper model")
+    assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, corpus, ["--decoder-shape", "cli"],
+                                                   "--decoder-shape cli", "not a Whisper model")
 
 
 def test_the_shape_is_read_only_where_a_corpus_is():

@@ -71,7 +71,8 @@ def test_a_share_outside_0_to_1_is_refused(capsys, tmp_path, monkeypatch, corpus
 
 def test_the_share_is_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, monkeypatch, corpus):
     monkeypatch.chdir(tmp_path)
-    assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, corpus, ["--nonspeech-share", "0.2"], "--nonspeech-share 0.2", "not a Whisper model")
+    assert_refused_for_a_model_that_is_not_whisper(capsys, tmp_path, corpus, ["--nonspeech-share", "0.2"],
+                                                   "--nonspeech-share 0.2", "not a Whisper model")
 
 
 def test_the_share_is_read_only_where_a_corpus_is_and_recorded_only_when_set():

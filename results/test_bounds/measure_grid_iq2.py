@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_quantize import AVX2, ROOT, cpu_model  # noqa: E402
+
 TYPES = ("iq2_s", "iq2_xs")
 
 
@@ -36,14 +37,13 @@ def _cli(*argv: str, env: dict | None = None) -> None:
 
 def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import held_out_capped_wer as capped_wer
-    from helpers import transcribe_whisper_cpp_clips
+    from helpers import held_out_capped_wer, transcribe_whisper_cpp_clips
 
     from tarq_deploy.data.real_clips import all_real_clips
 
     clips = all_real_clips()
     texts = transcribe_whisper_cpp_clips(model_file, [str(c.path) for c in clips])
-    return capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
+    return held_out_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
 
 
 def one(work: Path, type_name: str, n_calib: int, seed: int, threads: int, isa: str) -> dict:
@@ -72,16 +72,14 @@ def main() -> None:
     parser.add_argument("--test-seed", type=int, default=2, help="the seed varied over threads and kernels")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    cpu_flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     runs = [(t, s, 2, "native") for t in TYPES for s in args.seeds]
     runs += [(t, args.test_seed, 1, "native") for t in TYPES]
-    if "avx512f" in cpu_flags:
+    if "avx512f" in Path("/proc/cpuinfo").read_text():
         runs += [(t, args.test_seed, 2, "avx2") for t in TYPES]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [one(Path(tmp), *run[:1], args.n_calib, *run[1:]) for run in runs]
-    model_name = next((line.split(":", 1)[1].strip() for line in cpu_flags.splitlines()
-                       if line.startswith("model name")), platform.processor())
-    result = {"cpu_model": model_name, "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
+        rows = [one(Path(tmp), type_name, args.n_calib, seed, threads, isa)
+                for type_name, seed, threads, isa in runs]
+    result = {"cpu_model": cpu_model(), "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
               "rows": rows}
     text = json.dumps(result, indent=1)
     if args.out:
