@@ -175,3 +175,45 @@ def test_the_compiled_search_is_the_torch_search(t: T) -> None:
     fast, slow = (searched_grid_scales(x, h, divisors, grid, 8, compiled=c) for c in (True, False))
     # the same winner, refitted to float32 rounding (measured: all but a near-tie in 3,000 groups, rel. 6e-7)
     assert ((fast - slow).abs() <= 1e-5 * slow).float().mean() >= 0.99
+
+
+def _numpy_grid_steps(spec):
+    """The per-column steps in NumPy, one Python call per column (what grid_kernels.sweep_grid_columns replaced):
+    the oracle its codes, scales and errors must equal bit for bit."""
+    from tarq_deploy.quant.gptq import sweep_run
+
+    unit = sweep_run(spec)
+
+    def steps(W_block, Err_block, U_block, codes, sT, oT, groups, start, stop) -> None:  # noqa: ANN001
+        for i in range(start, stop):
+            s = sT[groups[i]]
+            if i % unit == 0:
+                weights = np.float32(1.0) / np.square(np.diagonal(U_block[i : i + unit, i : i + unit]))
+                run = sweep_run_codes(W_block[i : i + unit], s, weights, spec.grid)
+            codes[i] = run[i % unit]
+            err = (W_block[i] - run[i % unit] * s) / U_block[i, i]
+            W_block[i:] -= U_block[i, i:, None] * err[None, :]
+            Err_block[i] = err
+
+    return steps
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("t", GRID_TYPES, ids=lambda t: t.name)
+def test_the_compiled_grid_sweep_is_the_numpy_sweep(monkeypatch, t: T, act_order: bool) -> None:
+    """The CPU sweep of a grid type runs its per-column steps in one compiled loop (grid_kernels.sweep_grid_columns);
+    it must give the NumPy steps' codes and scales bit for bit, with and without act order, under both scale rules
+    and with a dead column."""
+    from tarq_deploy.quant import gptq
+
+    spec = spec_for_type(t)
+    W, H = random_weights(31, M), random_metric(32).clone()
+    H[:, 5] = H[5, :] = 0.0
+    metric = prepare_metric(H, act_order=act_order, run=gptq.sweep_run(spec))
+    for rule in ("max", "search"):
+        compiled = gptq_sweep(W, metric, spec, scale_rule=rule)
+        monkeypatch.setattr(gptq, "_grid_steps", _numpy_grid_steps)
+        plain = gptq_sweep(W, metric, spec, scale_rule=rule)
+        monkeypatch.undo()
+        assert torch.equal(compiled.codes, plain.codes), (rule, int((compiled.codes != plain.codes).sum()))
+        assert all(torch.equal(v, plain.params()[k]) for k, v in compiled.params().items()), rule

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from ..errors import all_finite
 from .lattice import CODE_DTYPE, LatticeSpec, QuantizedWeight, effective_scale_offset, round_codes
-from .grid import nearest_points, sweep_run_codes
+from .grid import nearest_points
 from .lattice_fit import fit_params
 from .choices import PERCDAMP
 from .stats import symmetrize_from_upper_
@@ -310,24 +310,19 @@ def _compiled_steps(spec: LatticeSpec):
 
 
 def _grid_steps(spec: LatticeSpec):
-    """A grid type's column steps in NumPy: entering each run of ``sweep_run`` columns, their codes are chosen
-    together (the grid points nearest under the weights 1 / U_jj^2 the sweep gives each column's error); the
-    columns are then swept one by one as any other, each error pushed on the columns after it."""
-    unit = sweep_run(spec)
+    """grid_kernels.sweep_grid_columns with the type's grid bound in: entering each run of ``sweep_run`` columns,
+    their codes are chosen together (the grid points nearest under the weights 1 / U_jj^2 the sweep gives each
+    column's error); the columns are then swept one by one as any other, each error pushed on the columns after it."""
+    from .grid import grid_sweep_tables
+    from .grid_kernels import sweep_grid_columns  # numba: compiled on first use, then read from its cache
+
+    if spec.affine:
+        raise ValueError(f"{spec.scheme}: a grid type has no offsets")
+    unit, (boundaries, candidates) = sweep_run(spec), grid_sweep_tables(spec.grid)
 
     def steps(W_block, Err_block, U_block, codes, sT, oT, groups, start, stop) -> None:  # noqa: ANN001
-        for i in range(start, stop):
-            s = sT[groups[i]]
-            w = W_block[i]
-            if i % unit == 0:
-                weights = np.float32(1.0) / np.square(np.diagonal(U_block[i : i + unit, i : i + unit]))
-                run_codes = sweep_run_codes(W_block[i : i + unit], s, weights, spec.grid)
-            q = run_codes[i % unit]
-            codes[i] = q
-            value = q * s + oT[groups[i]] if oT.shape[0] else q * s
-            err = (w - value) / U_block[i, i]
-            W_block[i:] -= U_block[i, i:, None] * err[None, :]
-            Err_block[i] = err
+        sweep_grid_columns(W_block, Err_block, U_block, codes, sT, groups, start, stop, unit, boundaries, candidates,
+                           spec.grid.implied_sign)
 
     return steps
 

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from gguf import quants as gguf_quants
 
-__all__ = ["GRIDS", "GridCodebook", "SCALE_CODE_MAX", "SIGN_RUN", "check_codes", "grid_indices", "nearest_points",
-           "scale_multipliers", "searched_grid_scales", "sweep_run_codes"]
+__all__ = ["GRIDS", "GridCodebook", "SCALE_CODE_MAX", "SIGN_RUN", "check_codes", "grid_indices", "grid_sweep_tables",
+           "nearest_points", "scale_multipliers", "searched_grid_scales", "sweep_run_codes"]
 
 NEIGHBOURS = 32  # grid points searched per run: those nearest to its element-wise rounding
 SIGN_RUN = 8  # values per sign byte
@@ -102,12 +102,18 @@ def _index_table(type_name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def grid_indices(codes: np.ndarray, grid: GridCodebook) -> np.ndarray:
     """The grid index of every run of ``grid.dim`` codes (int8 [..., n] -> int64 [..., n / dim]); -1 for a run of
-    magnitudes that is no grid point (or holds a magnitude the grid never uses)."""
+    magnitudes that is no grid point (or holds a magnitude the grid never uses). One compiled pass
+    (grid_kernels.point_indices): the NumPy form made int64 temporaries eight times the codes' size, seconds for
+    Whisper's output head."""
+    from .grid_kernels import point_indices
+
     position, table = _index_table(grid.type_name)
-    runs = np.abs(codes.astype(np.int16)).reshape(*codes.shape[:-1], -1, grid.dim)
-    places = position[np.clip(runs, 0, 127)]
-    keys = (places * len(grid.magnitudes) ** np.arange(grid.dim)).sum(axis=-1)
-    return np.where((places < 0).any(axis=-1), -1, table[np.clip(keys, 0, len(table) - 1)])
+    if codes.dtype != np.int8:  # a magnitude past 127 is none of any grid's, as 127 is not
+        codes = np.clip(codes, -128, 127).astype(np.int8)
+    flat = np.ascontiguousarray(codes).reshape(-1, codes.shape[-1])
+    out = np.empty((flat.shape[0], flat.shape[1] // grid.dim), dtype=np.int64)
+    point_indices(flat, position, table, out)
+    return out.reshape(*codes.shape[:-1], -1)
 
 
 def check_codes(codes: np.ndarray, grid: GridCodebook) -> None:
@@ -172,6 +178,11 @@ def sweep_run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, grid: GridCodeb
               np.ascontiguousarray(h, dtype=np.float32), _boundaries(grid.type_name),
               _candidate_array(grid.type_name, NEIGHBOURS), grid.implied_sign, out)
     return out
+
+
+def grid_sweep_tables(grid: GridCodebook) -> tuple[np.ndarray, np.ndarray]:
+    """(boundaries, candidates) as the compiled sweep takes them (grid_kernels.sweep_grid_columns)."""
+    return _boundaries(grid.type_name), _candidate_array(grid.type_name, NEIGHBOURS)
 
 
 def searched_grid_scales(x: torch.Tensor, h: torch.Tensor, divisors: tuple[float, ...], grid: GridCodebook,

@@ -30,6 +30,10 @@ __all__ = ["refit_sub_codes"]
 
 PASSES = 2
 ROW_CHUNK = 2048  # rows refitted together: E and E H of a chunk (4 MB each at 512 inputs) stay in cache
+# The product that updates E H runs on the moved rows alone from this many: each row of a matrix product came out the
+# same as in the product over all rows from two rows up, but not for one (a vector product), measured on the Intel
+# Xeon here; the rows that did not move add an exact zero.
+MIN_MOVED_ROWS = 2
 
 
 @dataclass
@@ -114,5 +118,9 @@ def _refit_group(A: torch.Tensor, step: torch.Tensor, sub_codes: torch.Tensor, c
     sub_codes += torch.where(take, k, torch.zeros_like(k)).to(sub_codes.dtype)
     delta = change[:, None] * A
     E[:, cols] -= delta
-    R -= delta @ H[cols, :]
-    return int(take.sum())
+    rows = take.nonzero().squeeze(1)
+    if rows.numel() >= MIN_MOVED_ROWS:  # only the moved rows' R changes: a tenth of the rows, typically
+        R[rows] -= delta[rows] @ H[cols, :]
+    else:
+        R -= delta @ H[cols, :]
+    return int(rows.numel())
