@@ -20,7 +20,8 @@ with margin, and still far below an uncalibrated or misexported model; IQ2_S's s
 
 The corpus stays at 128 utterances: with 32 (to save time; results/test_bounds/grid-iq2-32-intel.json, Intel Xeon,
 2026-12-06) IQ2_S gave 0.248 / 0.162 / 0.205 / 0.453 over seeds 0-3 and IQ2_XS 0.727 from seed 0, past both bounds,
-while calibrating only about a quarter faster (the solver, not the data, takes most of the time).
+while calibrating only about a quarter faster (the solver, not the data, takes most of the time); with 64
+(grid-iq2-64-intel.json, 2026-12-07) IQ2_XS gave 0.692 from seed 0, loops on two clips.
 """
 from __future__ import annotations
 
