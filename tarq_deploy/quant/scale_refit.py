@@ -30,9 +30,10 @@ __all__ = ["refit_sub_codes"]
 
 PASSES = 2
 ROW_CHUNK = 2048  # rows refitted together: E and E H of a chunk (4 MB each at 512 inputs) stay in cache
-# The product that updates E H runs on the moved rows alone from this many: each row of a matrix product came out the
-# same as in the product over all rows from two rows up, but not for one (a vector product), measured on the Intel
-# Xeon here; the rows that did not move add an exact zero.
+# The product that updates E H runs on the moved rows alone (a tenth of them, typically) from this many: the rows that
+# did not move add an exact zero, and each row of a product of two or more rows came out bit for bit as in the product
+# over all rows on the Intel Xeon measured (a single row takes BLAS's vector product, which rounds otherwise, so one
+# moved row updates every row as before). A processor whose BLAS rounds otherwise still gives the same bytes each run.
 MIN_MOVED_ROWS = 2
 
 
