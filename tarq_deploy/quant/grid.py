@@ -112,7 +112,7 @@ def grid_indices(codes: np.ndarray, grid: GridCodebook) -> np.ndarray:
         codes = np.clip(codes, -128, 127).astype(np.int8)
     flat = np.ascontiguousarray(codes).reshape(-1, codes.shape[-1])
     out = np.empty((flat.shape[0], flat.shape[1] // grid.dim), dtype=np.int64)
-    point_indices(flat, position, table, out)
+    point_indices(flat, position, len(grid.magnitudes), table, out)
     return out.reshape(*codes.shape[:-1], -1)
 
 

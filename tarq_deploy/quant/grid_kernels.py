@@ -18,6 +18,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from .sweep_kernel import push_column_error
+
 __all__ = ["nearest_runs", "point_indices", "run_codes", "scale_search", "sweep_grid_columns"]
 
 PARALLEL_FROM = 1 << 16  # values per call from which the rows are shared among the cores
@@ -107,28 +109,23 @@ def _scale_search(x: np.ndarray, h: np.ndarray, divisors: np.ndarray, boundaries
         out[r] = best_scale
 
 
-def _point_indices(codes: np.ndarray, position: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+def _point_indices(codes: np.ndarray, position: np.ndarray, base: int, table: np.ndarray, out: np.ndarray) -> None:
     """For int8 codes [R, u], out [R, u / dim] int64 = the grid index of each run of dim codes' magnitudes: the key
-    sum_j position[|c_j|] B^j looked up in ``table`` (B = the count of magnitudes), -1 where a magnitude is none of
-    the grid's (position -1) or the run is no grid point (table -1). |-128| counts as 127, as no grid has either."""
-    rows = codes.shape[0]
+    sum_j position[|c_j|] base^j looked up in ``table`` (base: the count of magnitudes), -1 where a magnitude is none
+    of the grid's (position -1) or the run is no grid point (table -1). |-128| counts as 127, as no grid has either."""
     runs = out.shape[1]
     dim = codes.shape[1] // runs
-    base = np.int64(0)
-    for v in range(position.shape[0]):
-        base += position[v] >= 0
-    for r in numba.prange(rows):
+    for r in numba.prange(codes.shape[0]):
         for k in range(runs):
-            key, power, index = np.int64(0), np.int64(1), np.int64(0)
+            key, power = np.int64(0), np.int64(1)
             for j in range(dim):
-                magnitude = min(abs(np.int64(codes[r, k * dim + j])), 127)
-                place = position[magnitude]
+                place = position[min(abs(np.int64(codes[r, k * dim + j])), 127)]
                 if place < 0:
-                    index = -1
+                    key = -1
                     break
                 key += place * power
                 power *= base
-            out[r, k] = table[key] if index == 0 else index
+            out[r, k] = table[key] if key >= 0 else -1
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
@@ -172,7 +169,7 @@ def sweep_grid_columns(W_block: np.ndarray, Err_block: np.ndarray, U_block: np.n
     weights 1 / U_jj^2 (``_run_codes``); each column is then swept as any other: err = (w - q s) / U[i, i], and
     W[k] -= U[i, k] err for the block's columns k >= i. The same float32 operations in the same order as the NumPy
     steps this loop replaced (a Python call per column cost more than its arithmetic at IQ2's runs of 8)."""
-    m, b = W_block.shape[1], W_block.shape[0]
+    m = W_block.shape[1]
     run = np.empty((unit, m), dtype=np.float32)
     weights = np.empty(unit, dtype=np.float32)
     for i in range(start, stop):
@@ -187,10 +184,7 @@ def sweep_grid_columns(W_block: np.ndarray, Err_block: np.ndarray, U_block: np.n
             q = run[i % unit, r]
             codes[i, r] = np.int8(q)
             Err_block[i, r] = (W_block[i, r] - q * sT[g, r]) / d
-        for k in range(i, b):
-            u = U_block[i, k]
-            for r in range(m):
-                W_block[k, r] -= u * Err_block[i, r]
+        push_column_error(W_block, Err_block, U_block, i)
 
 
 def nearest_runs(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
@@ -205,9 +199,9 @@ def run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, boundaries: np.ndarra
     (parallel if x.size >= PARALLEL_FROM else serial)(x, s, h, boundaries, candidates, implied_sign, out)
 
 
-def point_indices(codes: np.ndarray, position: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+def point_indices(codes: np.ndarray, position: np.ndarray, base: int, table: np.ndarray, out: np.ndarray) -> None:
     serial, parallel = _KERNELS["point_indices"]
-    (parallel if codes.size >= PARALLEL_FROM else serial)(codes, position, table, out)
+    (parallel if codes.size >= PARALLEL_FROM else serial)(codes, position, base, table, out)
 
 
 def scale_search(x: np.ndarray, h: np.ndarray, divisors: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["sweep_block_columns"]
+__all__ = ["push_column_error", "sweep_block_columns"]
 
 _compile = numba.njit(nogil=True, cache=True, boundscheck=False)
 
@@ -52,7 +52,6 @@ def sweep_block_columns(W_block: np.ndarray, Err_block: np.ndarray, U_block: np.
     [groups, m] (each group's scale and offset per row; oT with no rows: no offsets), groups [b] (each column's
     group)."""
     m = W_block.shape[1]
-    b = W_block.shape[0]
     affine = oT.shape[0] > 0
     for i in range(start, stop):
         g = groups[i]
@@ -65,7 +64,14 @@ def sweep_block_columns(W_block: np.ndarray, Err_block: np.ndarray, U_block: np.
             codes[i, r] = np.int8(q)
             value = q * s + oT[g, r] if affine else q * s
             Err_block[i, r] = (w - value) / d
-        for k in range(i, b):
-            u = U_block[i, k]
-            for r in range(m):
-                W_block[k, r] -= u * Err_block[i, r]
+        push_column_error(W_block, Err_block, U_block, i)
+
+
+@_compile
+def push_column_error(W_block: np.ndarray, Err_block: np.ndarray, U_block: np.ndarray, i: int) -> None:
+    """W[k] -= U[i, k] err_i for the block's columns k >= i: column i's normalised error pushed on the columns after
+    it (the grid types' sweep, grid_kernels.sweep_grid_columns, shares it)."""
+    for k in range(i, W_block.shape[0]):
+        u = U_block[i, k]
+        for r in range(W_block.shape[1]):
+            W_block[k, r] -= u * Err_block[i, r]
