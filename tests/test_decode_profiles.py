@@ -219,3 +219,39 @@ def test_cli_decodes_an_item_the_same_whatever_the_worker_decoded_before(tiny_q4
         worker.close()
     assert len(set(texts)) == 1, texts
     assert described["state"] == "fresh per item"
+
+
+def test_beam_search_skips_only_a_cross_attention_reorder_that_changes_nothing(tiny, jfk_wav):
+    """runtimes/torch_whisper.reorder_beams: beam search with it gives transformers' own beams token for token; it
+    leaves the cross-attention cache unreordered for one utterance (every beam's rows the same bits) and reorders
+    it for a batch of two different utterances, where the rows differ."""
+    import torch
+    from transformers.cache_utils import EncoderDecoderCache
+
+    from tarq_deploy.runtimes.torch_whisper import reorder_beams
+
+    model, processor, generation_config = tiny
+    audio = load_audio(jfk_wav)
+    single = processor.feature_extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+    pair = torch.cat([single, processor.feature_extractor(audio[::-1].copy(), sampling_rate=16000,
+                                                          return_tensors="pt").input_features])
+    verdicts: list[bool] = []
+    original = EncoderDecoderCache.reorder_cache
+
+    def hook(cache, beam_idx):
+        cache = reorder_beams(cache, beam_idx)
+        verdicts.append(cache._tarq_cross_rows_shared)
+        return cache
+
+    for features in (single, pair):
+        with torch.inference_mode():
+            plain = model.generate(features, num_beams=5, max_new_tokens=10)
+            model._reorder_cache = hook
+            try:
+                hooked = model.generate(features, num_beams=5, max_new_tokens=10)
+            finally:
+                del model._reorder_cache
+        assert torch.equal(plain, hooked)
+    assert EncoderDecoderCache.reorder_cache is original  # nothing patched beyond the model instance
+    assert True in verdicts and False in verdicts  # skipped for one utterance, done for the differing pair
+    assert verdicts.index(False) > verdicts.index(True) and all(verdicts[:verdicts.index(False)])
