@@ -164,7 +164,7 @@ def _nearest_runs_compiled(y: torch.Tensor, h: torch.Tensor, grid: GridCodebook,
 
     out = np.empty(tuple(y.shape), dtype=np.float32)
     nearest_runs(np.ascontiguousarray(y.numpy()), np.ascontiguousarray(h.numpy()), _boundaries(grid.type_name),
-                 _candidate_array(grid.type_name, neighbours), out)
+                 _candidate_columns(grid.type_name, neighbours), out)
     return torch.from_numpy(out)
 
 
@@ -176,13 +176,13 @@ def sweep_run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, grid: GridCodeb
     out = np.empty(x.shape, dtype=np.float32)
     run_codes(np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(s, dtype=np.float32),
               np.ascontiguousarray(h, dtype=np.float32), _boundaries(grid.type_name),
-              _candidate_array(grid.type_name, NEIGHBOURS), grid.implied_sign, out)
+              _candidate_columns(grid.type_name, NEIGHBOURS), grid.implied_sign, out)
     return out
 
 
 def grid_sweep_tables(grid: GridCodebook) -> tuple[np.ndarray, np.ndarray]:
     """(boundaries, candidates) as the compiled sweep takes them (grid_kernels.sweep_grid_columns)."""
-    return _boundaries(grid.type_name), _candidate_array(grid.type_name, NEIGHBOURS)
+    return _boundaries(grid.type_name), _candidate_columns(grid.type_name, NEIGHBOURS)
 
 
 def searched_grid_scales(x: torch.Tensor, h: torch.Tensor, divisors: tuple[float, ...], grid: GridCodebook,
@@ -196,7 +196,7 @@ def searched_grid_scales(x: torch.Tensor, h: torch.Tensor, divisors: tuple[float
         out = np.empty(x.shape[0], dtype=np.float32)
         scale_search(np.ascontiguousarray(x.float().numpy()), np.ascontiguousarray(h.float().numpy()),
                      np.asarray(divisors, dtype=np.float32), _boundaries(grid.type_name),
-                     _candidate_array(grid.type_name, neighbours), grid.implied_sign, out)
+                     _candidate_columns(grid.type_name, neighbours), grid.implied_sign, out)
         return torch.from_numpy(out)
     peak = x.abs().amax(dim=1)
     best_error, best_scale = torch.full_like(peak, float("inf")), peak / divisors[0]
@@ -248,6 +248,13 @@ def _candidate_array(type_name: str, neighbours: int) -> np.ndarray:
     distances = ((runs[:, None, :] - points[None, :, :]) ** 2).sum(axis=2)
     nearest = np.argsort(distances, axis=1, kind="stable")[:, :neighbours]
     return np.ascontiguousarray(points[nearest])
+
+
+@functools.cache
+def _candidate_columns(type_name: str, neighbours: int) -> np.ndarray:
+    """_candidate_array coordinate by coordinate, float32 [B^dim, dim, neighbours]: the compiled loops' layout, in
+    which a run's candidates are scored side by side (grid_kernels._best_candidate)."""
+    return np.ascontiguousarray(_candidate_array(type_name, neighbours).transpose(0, 2, 1))
 
 
 def _even_negatives(negative: torch.Tensor, flip_cost: torch.Tensor) -> torch.Tensor:

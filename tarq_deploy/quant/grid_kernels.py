@@ -28,15 +28,17 @@ PARALLEL_FROM = 1 << 16  # values per call from which the rows are shared among 
 def _nearest_runs(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
                   out: np.ndarray) -> None:
     """For y, h float32 [R, u] (u a multiple of dim), fill out [R, u] with, for each run of dim values, the candidate
-    of its key (candidates float32 [B^dim, N, dim]) of least sum_j h_j (c_j - y_j)^2 (the first of equals). A value's
+    of its key (``candidates``: see _best_candidate) of least sum_j h_j (c_j - y_j)^2 (the first of equals). A value's
     place is the count of ``boundaries`` (the midpoints between the B magnitudes) below it, as torch.bucketize."""
     rows, width = y.shape
-    dim = candidates.shape[2]
+    dim = candidates.shape[1]
     for r in numba.prange(rows):
+        errors = np.empty(candidates.shape[2], dtype=np.float32)
         for start in range(0, width, dim):
-            chosen, key = _best_candidate(y[r, start:start + dim], h[r, start:start + dim], boundaries, candidates)
+            chosen, key = _best_candidate(y[r, start:start + dim], h[r, start:start + dim], boundaries, candidates,
+                                          errors)
             for j in range(dim):
-                out[r, start + j] = candidates[key, chosen, j]
+                out[r, start + j] = candidates[key, j, chosen]
 
 
 def _run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
@@ -45,15 +47,16 @@ def _run_codes(x: np.ndarray, s: np.ndarray, h: np.ndarray, boundaries: np.ndarr
     out [u, m] with the signed codes: per row and run of dim columns the best candidate for |x| / s, signs from x,
     and where the type implies a sign, in each 8 with an odd count of negatives the cheapest sign flipped."""
     u, rows = x.shape
-    dim = candidates.shape[2]
+    dim = candidates.shape[1]
     for r in numba.prange(rows):
         y = np.empty(u, dtype=np.float32)
+        errors = np.empty(candidates.shape[2], dtype=np.float32)
         for j in range(u):
             y[j] = abs(x[j, r]) / s[r] if s[r] > 0 else np.float32(0.0)
         for start in range(0, u, dim):
-            chosen, key = _best_candidate(y[start:start + dim], h[start:start + dim], boundaries, candidates)
+            chosen, key = _best_candidate(y[start:start + dim], h[start:start + dim], boundaries, candidates, errors)
             for j in range(dim):
-                g = candidates[key, chosen, j]
+                g = candidates[key, j, chosen]
                 out[start + j, r] = -g if x[start + j, r] < 0 else g
         if implied_sign:
             for start in range(0, u, 8):
@@ -74,8 +77,9 @@ def _scale_search(x: np.ndarray, h: np.ndarray, divisors: np.ndarray, boundaries
     the type implies a sign, the cheapest flip in each 8 with an odd count of negatives, as the sweep does). A group
     of zeros, or one whose refit is not positive, keeps the candidate itself."""
     rows, width = x.shape
-    dim = candidates.shape[2]
+    dim = candidates.shape[1]
     for r in numba.prange(rows):
+        errors = np.empty(candidates.shape[2], dtype=np.float32)
         peak = np.float32(0.0)
         for j in range(width):
             peak = max(peak, abs(x[r, j]))
@@ -88,9 +92,9 @@ def _scale_search(x: np.ndarray, h: np.ndarray, divisors: np.ndarray, boundaries
             for start in range(0, width, dim):
                 for j in range(dim):
                     y[j] = abs(x[r, start + j]) / scale if scale > 0 else np.float32(0.0)
-                chosen, key = _best_candidate(y, h[r, start:start + dim], boundaries, candidates)
+                chosen, key = _best_candidate(y, h[r, start:start + dim], boundaries, candidates, errors)
                 for j in range(dim):
-                    g, a, w = candidates[key, chosen, j], abs(x[r, start + j]), h[r, start + j]
+                    g, a, w = candidates[key, j, chosen], abs(x[r, start + j]), h[r, start + j]
                     sum_hxg += w * a * g
                     sum_hgg += w * g * g
                     sum_hxx += w * a * a
@@ -129,26 +133,36 @@ def _point_indices(codes: np.ndarray, position: np.ndarray, base: int, table: np
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False, inline="always")
-def _best_candidate(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray,
-                    candidates: np.ndarray) -> tuple[int, int]:
-    """(index among its key's candidates, key) of the run y [dim] under weights h [dim]."""
+def _best_candidate(y: np.ndarray, h: np.ndarray, boundaries: np.ndarray, candidates: np.ndarray,
+                    errors: np.ndarray) -> tuple[int, int]:
+    """(index among its key's candidates, key) of the run y [dim] under weights h [dim]. ``candidates`` float32
+    [B^dim, dim, N] holds each key's N candidates coordinate by coordinate (grid.py's _candidate_columns), so that the
+    N errors (scratch ``errors`` [N]) grow side by side, one coordinate at a time, each still summed over j in
+    order as a loop over the candidates one by one sums it; the key and the least error are found without
+    data-dependent branches. The same choices as the candidate-by-candidate loop this replaced, bit for bit; the
+    scale search 20-25 % faster (IQ2_XS 0.161 -> 0.129 s, IQ3_S 0.383 -> 0.301 s for 100,000 groups, one thread,
+    Intel Xeon)."""
     levels = boundaries.shape[0] + 1
-    dim = candidates.shape[2]
+    dim, count = candidates.shape[1], candidates.shape[2]
     key, power = 0, 1
     for j in range(dim):
-        place = 0
-        while place < levels - 1 and boundaries[place] < y[j]:
-            place += 1
+        place = 0  # the count of boundaries below y_j (they ascend), without a data-dependent branch
+        for b in range(levels - 1):
+            place += boundaries[b] < y[j]
         key += place * power
         power *= levels
+    for c in range(count):
+        errors[c] = np.float32(0.0)
+    for j in range(dim):
+        value, weight = y[j], h[j]
+        for c in range(count):
+            gap = candidates[key, j, c] - value
+            errors[c] += weight * gap * gap
     best, chosen = np.inf, 0
-    for c in range(candidates.shape[1]):
-        error = np.float32(0.0)
-        for j in range(dim):
-            gap = candidates[key, c, j] - y[j]
-            error += h[j] * gap * gap
-        if error < best:
-            best, chosen = error, c
+    for c in range(count):
+        better = errors[c] < best  # the first of equals, as a select rather than a branch
+        chosen = c if better else chosen
+        best = errors[c] if better else best
     return chosen, key
 
 
