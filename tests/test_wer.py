@@ -205,3 +205,30 @@ def test_report_tables_differences_agreement_and_recovery():
     markdown = render_markdown(report)
     assert "| RTN | torch | 58.3 [" in markdown  # (2 + 0 + 5) errors / 12 words
     assert "### Rare-word recovery" in markdown and "✗ RTN [torch]: the _quick_" in markdown
+
+
+def test_the_normalisers_are_transformers_own_without_importing_transformers():
+    """data/normalize.py runs transformers' english_normalizer.py on its own (the package __init__ costs a second a
+    process): in a fresh interpreter it leaves transformers unimported and normalises exactly as the module imported
+    the usual way."""
+    import json
+    import subprocess
+    import sys
+
+    texts = ["Mr. O'Neil's colour: 1,234 twenty-five [noise] can't (laughs) £5 2nd", "Grüße, Welt! ½ ¿qué?", "東京へ行く。"]
+    code = ("import json, sys; from tarq_deploy.data.normalize import normalizer_for; "
+            f"texts = {texts!r}; out = [normalizer_for(l)(t) for l in ('en', 'de', 'ja') for t in texts]; "
+            "print(json.dumps({'out': out, 'transformers': 'transformers' in sys.modules}))")
+    fresh = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                      timeout=120).stdout.strip().splitlines()[-1])
+    assert fresh["transformers"] is False
+    from transformers.models.whisper.english_normalizer import BasicTextNormalizer, EnglishTextNormalizer
+
+    from tarq_deploy.data.normalize import english_spelling_mapping
+    from tarq_deploy.data.rarity import UNSPACED_LANGUAGES
+
+    english = EnglishTextNormalizer(english_spelling_mapping()[0])
+    expected = [english(t) for t in texts] + [BasicTextNormalizer(remove_diacritics=False, split_letters=lang in
+                                                                  UNSPACED_LANGUAGES)(t)
+                                              for lang in ("de", "ja") for t in texts]
+    assert fresh["out"] == expected

@@ -29,11 +29,14 @@ import importlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .. import hub
 from ..checks import Output, check_outputs_apart
 from ..errors import UserError
 from .options import EXIT_CHECK_FAILED, add_out, add_positional_out, require
+
+if TYPE_CHECKING:  # run() imports it: huggingface_hub takes a quarter second, and every command's parser is built
+    from .. import hub
 
 HELP = "stage runtime files and a model card with the measured numbers, and upload them to the Hugging Face Hub"
 EXIT_OK, EXIT_UPLOAD_FAILED = 0, 1
@@ -73,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import hub
+
     # OUT_DIR is built beside itself and renamed over itself: a published file inside it would go with it.
     out_dir = require(args, "out", "-o/--out (or OUT_DIR)")
     check_outputs_apart([Output("-o/--out", out_dir)],

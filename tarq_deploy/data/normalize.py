@@ -14,8 +14,12 @@ lowercase, bracketed text and punctuation removed, diacritics kept); a language 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 __all__ = ["Normalizer", "english_spelling_mapping", "normalized_words", "normalizer_description", "normalizer_for",
@@ -41,9 +45,29 @@ def english_spelling_mapping() -> tuple[dict[str, str], str]:
 
 @functools.lru_cache(maxsize=1)
 def whisper_english_normalizer() -> Normalizer:
-    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+    return _whisper_normalizers().EnglishTextNormalizer(english_spelling_mapping()[0])
 
-    return EnglishTextNormalizer(english_spelling_mapping()[0])
+
+NORMALIZER_MODULE = "transformers.models.whisper.english_normalizer"
+
+
+@functools.lru_cache(maxsize=1)
+def _whisper_normalizers() -> ModuleType:
+    """transformers' module of Whisper's normalisers. It needs only re, unicodedata, fractions and regex, but an
+    import by name first runs transformers' package __init__ (a second a process: the scoring of a whisper.cpp
+    file has no other use for transformers). So, unless transformers is loaded already, its file is run on its
+    own, from the installed package: the same code, the same normalisation."""
+    if NORMALIZER_MODULE in sys.modules or "transformers" in sys.modules:
+        return importlib.import_module(NORMALIZER_MODULE)
+    package = importlib.util.find_spec("transformers")  # locates the package without running it
+    path = Path(package.origin).parent.joinpath(*NORMALIZER_MODULE.split(".")[1:]).with_suffix(".py") \
+        if package is not None and package.origin else None
+    if path is None or not path.is_file():
+        return importlib.import_module(NORMALIZER_MODULE)
+    spec = importlib.util.spec_from_file_location(f"{__name__}._whisper_normalizers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.lru_cache(maxsize=32)
@@ -54,9 +78,8 @@ def normalizer_for(language: str = "en") -> Normalizer:
 
     if language == "en":
         return whisper_english_normalizer()
-    from transformers.models.whisper.english_normalizer import BasicTextNormalizer
-
-    return BasicTextNormalizer(remove_diacritics=False, split_letters=language in UNSPACED_LANGUAGES)
+    return _whisper_normalizers().BasicTextNormalizer(remove_diacritics=False,
+                                                      split_letters=language in UNSPACED_LANGUAGES)
 
 
 def normalizer_description(language: str = "en") -> str:
