@@ -22,6 +22,8 @@ from .decoding import GREEDY, profile_named
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
+    from transformers.cache_utils import Cache, DynamicCache
 
 __all__ = ["NAME", "load_torch_bundle"]
 
@@ -133,7 +135,7 @@ class TorchTranscriber:
         self.backbone = None  # type: ignore[assignment]
 
 
-def reorder_beams(cache, beam_idx):
+def reorder_beams(cache: "Cache", beam_idx: "torch.Tensor") -> "Cache":
     """Beam search's cache reorder (transformers calls a model's ``_reorder_cache`` instead of the cache's own):
     the self-attention cache follows the beams; the cross-attention cache is left as it is when every row of it is
     the same bits, which makes picking rows among them a no-op. It is so for one utterance at a time (our only
@@ -156,7 +158,7 @@ def reorder_beams(cache, beam_idx):
     return cache
 
 
-def _rows_are_one(cross_cache) -> bool:
+def _rows_are_one(cross_cache: "DynamicCache") -> bool:
     """Whether every layer's cross-attention keys and values hold the same bits in every batch row."""
     import torch
 
