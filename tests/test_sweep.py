@@ -1,4 +1,7 @@
-"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): real Whisper tiny.en, 2
+"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): a tiny random Whisper (tests/
+helpers.tiny_random_whisper: 1+1 layers, d_model 32, tiny.en's own tokenizer, feature extractor and generation config;
+what is tested here is the orchestration, which no weight value changes, and real tiny.en made each GPTQ step 16 s
+where this one takes 7, in a module that runs some thirty steps), 2
 methods (ggml's rounding and GPTQ) × 2 calibration corpora, one of them with a corrupt clip, through whisper.cpp, at
 Q4_0 (the plan is also checked for two types; the runs keep one, for time), calibrating on the CPU the sweep file
 names.
@@ -46,7 +49,7 @@ baseline = "gptq"
 steps = ["quantize", "export", "verify", "eval"]
 
 [models]
-"tiny.en" = "packaged:tiny.en"
+"tiny" = "MODEL_SOURCE"
 
 [calibration]
 clips = { manifest = "calib.jsonl", n = 2 }
@@ -64,7 +67,7 @@ resamples = 200
 """
 KILL_TIMEOUT_S = 600
 SWEEP_TIMEOUT_S = 900
-BROKEN_CELL = "tiny.en/broken/gptq/q4_0"
+BROKEN_CELL = "tiny/broken/gptq/q4_0"
 
 
 def _manifest(path: Path, rows: list[dict]) -> None:
@@ -72,7 +75,7 @@ def _manifest(path: Path, rows: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def sweep_file(tmp_path_factory, real_clips) -> Path:
+def sweep_file(tmp_path_factory, real_clips, models) -> Path:
     root = tmp_path_factory.mktemp("sweep")
     clips = {c.id: c for c in real_clips}
     calib = [clips["librivox-sense_and_sensibility_01_austen_64kb-0870"],
@@ -81,7 +84,7 @@ def sweep_file(tmp_path_factory, real_clips) -> Path:
     _manifest(root / "eval.jsonl", [{"id": "jfk", "audio": clips["jfk"].path, "text": clips["jfk"].text}])
     (root / "corrupt.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt " + b"\x07" * 40)  # a header, then garbage
     _manifest(root / "broken.jsonl", [{"id": "corrupt", "audio": "corrupt.wav", "text": "a clip that will not decode"}])
-    (root / "sweep.toml").write_text(SWEEP)
+    (root / "sweep.toml").write_text(SWEEP.replace("MODEL_SOURCE", str(models["clean"])))
     return root / "sweep.toml"
 
 
@@ -113,14 +116,14 @@ def test_plan_shares_steps_and_checks_the_file(sweep_file: Path, tmp_path: Path)
     from tarq_deploy.errors import UserError
     from tarq_deploy.sweep.driver import plan
 
-    two_types = SWEEP.replace('types = ["q4_0"]', 'types = ["q4_0", "q8_0"]')
+    two_types = sweep_file.read_text().replace('types = ["q4_0"]', 'types = ["q4_0", "q8_0"]')
     grid = tmp_path / "grid.toml"
     grid.write_text(two_types)
     for manifest in ("calib.jsonl", "broken.jsonl", "eval.jsonl"):
         grid.with_name(manifest).write_text(sweep_file.with_name(manifest).read_text())
     cells, steps = plan(load_sweep(grid))
     names = [c.name for c in cells]
-    assert names[0] == "tiny.en/-/f16/f16" and len(names) == 1 + 2 * 2 + 2 * 2 - 2  # rtn reads no corpus: 2 cells
+    assert names[0] == "tiny/-/f16/f16" and len(names) == 1 + 2 * 2 + 2 * 2 - 2  # rtn reads no corpus: 2 cells
     assert len({c.steps["quantize"] for c in cells if "quantize" in c.steps}) == 6
     only_quantize = tmp_path / "quantize.toml"
     only_quantize.write_text(two_types.replace('steps = ["quantize", "export", "verify", "eval"]',
@@ -128,7 +131,7 @@ def test_plan_shares_steps_and_checks_the_file(sweep_file: Path, tmp_path: Path)
     cells, steps = plan(load_sweep(only_quantize))
     assert {s.kind for s in steps.values()} == {"quantize"} and len(steps) == 6  # no export or verify scheduled
     bad = tmp_path / "bad.toml"
-    bad.write_text(SWEEP.replace('"q4_0"]', '"q3_x"]'))
+    bad.write_text(sweep_file.read_text().replace('"q4_0"]', '"q3_x"]'))
     with pytest.raises(UserError, match="q3_x"):
         load_sweep(bad)
 
@@ -188,16 +191,16 @@ def test_a_corrupt_clip_fails_its_cells_only(uninterrupted: Path):
     evaluated = [row["label"] for row in report["models"][0]["evaluation"]["datasets"][0]["models"]]
     assert evaluated == [n for n in cells if n not in failed]
     differences = {(d["model"], d["versus"]) for d in report["models"][0]["evaluation"]["datasets"][0]["differences"]}
-    assert ("tiny.en/-/rtn/q4_0", "tiny.en/clips/gptq/q4_0") in differences
+    assert ("tiny/-/rtn/q4_0", "tiny/clips/gptq/q4_0") in differences
     sizes = {p["cell"]: p["file_mib"] for p in report["size_quality"]}
-    assert sizes["tiny.en/-/rtn/q4_0"] == sizes["tiny.en/clips/gptq/q4_0"] < sizes["tiny.en/-/f16/f16"] / 2
+    assert sizes["tiny/-/rtn/q4_0"] == sizes["tiny/clips/gptq/q4_0"] < sizes["tiny/-/f16/f16"] / 2
 
 
 # ------------------------------------------------------------------------------------- on a two-node cluster
 def test_a_gpu_calibration_goes_to_the_node_that_declares_a_gpu(cluster: Cluster, sweep_file: Path):
     """Runs first, while node B (the one with a GPU) is up."""
     gpu_file = sweep_file.with_name("gpu.toml")
-    gpu_file.write_text(SWEEP.replace('broken = "broken.jsonl"\n', "").replace('device = "cpu"', 'device = "cuda"')
+    gpu_file.write_text(sweep_file.read_text().replace('broken = "broken.jsonl"\n', "").replace('device = "cpu"', 'device = "cuda"')
                         .replace('methods = ["rtn", "gptq"]', 'methods = ["gptq"]')
                         .replace('steps = ["quantize", "export", "verify", "eval"]', 'steps = ["quantize"]'))
     out = sweep_file.parent / "run-gpu"
