@@ -1,10 +1,9 @@
-"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): a tiny random Whisper (tests/
-helpers.tiny_random_whisper: 1+1 layers, d_model 32, tiny.en's own tokenizer, feature extractor and generation config;
-what is tested here is the orchestration, which no weight value changes, and real tiny.en made each GPTQ step 16 s
-where this one takes 7, in a module that runs some thirty steps), 2
+"""`tarq-deploy sweep` on a real local Ray and on a real two-node Ray cluster (issue 31): a tiny random Whisper, 2
 methods (ggml's rounding and GPTQ) × 2 calibration corpora, one of them with a corrupt clip, through whisper.cpp, at
 Q4_0 (the plan is also checked for two types; the runs keep one, for time), calibrating on the CPU the sweep file
-names.
+names. The model is helpers.tiny_random_whisper (1+1 layers, d_model 32, tiny.en's own tokenizer, feature extractor and
+generation config): what is tested is the orchestration, which no weight value changes, and real tiny.en made each
+GPTQ step 16 s where this one takes 7, in a module that runs some thirty steps.
 
 One uninterrupted sweep on an embedded Ray makes the reference report for both kinds of interruption below. A second
 sweep of the same file into another folder is killed (SIGKILL to its whole process group: driver, Ray head and
@@ -200,7 +199,8 @@ def test_a_corrupt_clip_fails_its_cells_only(uninterrupted: Path):
 def test_a_gpu_calibration_goes_to_the_node_that_declares_a_gpu(cluster: Cluster, sweep_file: Path):
     """Runs first, while node B (the one with a GPU) is up."""
     gpu_file = sweep_file.with_name("gpu.toml")
-    gpu_file.write_text(sweep_file.read_text().replace('broken = "broken.jsonl"\n', "").replace('device = "cpu"', 'device = "cuda"')
+    gpu_file.write_text(sweep_file.read_text().replace('broken = "broken.jsonl"\n', "")
+                        .replace('device = "cpu"', 'device = "cuda"')
                         .replace('methods = ["rtn", "gptq"]', 'methods = ["gptq"]')
                         .replace('steps = ["quantize", "export", "verify", "eval"]', 'steps = ["quantize"]'))
     out = sweep_file.parent / "run-gpu"

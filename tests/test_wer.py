@@ -215,7 +215,8 @@ def test_the_normalisers_are_transformers_own_without_importing_transformers():
     import subprocess
     import sys
 
-    texts = ["Mr. O'Neil's colour: 1,234 twenty-five [noise] can't (laughs) £5 2nd", "Grüße, Welt! ½ ¿qué?", "東京へ行く。"]
+    texts = ["Mr. O'Neil's colour: 1,234 twenty-five [noise] can't (laughs) £5 2nd", "Grüße, Welt! ½ ¿qué?",
+             "東京へ行く。"]
     code = ("import json, sys; from tarq_deploy.data.normalize import normalizer_for; "
             f"texts = {texts!r}; out = [normalizer_for(l)(t) for l in ('en', 'de', 'ja') for t in texts]; "
             "print(json.dumps({'out': out, 'transformers': 'transformers' in sys.modules}))")

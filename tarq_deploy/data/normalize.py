@@ -57,7 +57,7 @@ def _whisper_normalizers() -> ModuleType:
     import by name first runs transformers' package __init__ (a second a process: the scoring of a whisper.cpp
     file has no other use for transformers). So, unless transformers is loaded already, its file is run on its
     own, from the installed package: the same code, the same normalisation."""
-    if NORMALIZER_MODULE in sys.modules or "transformers" in sys.modules:
+    if "transformers" in sys.modules:
         return importlib.import_module(NORMALIZER_MODULE)
     package = importlib.util.find_spec("transformers")  # locates the package without running it
     path = Path(package.origin).parent.joinpath(*NORMALIZER_MODULE.split(".")[1:]).with_suffix(".py") \
