@@ -155,7 +155,8 @@ def test_rerun_reads_the_cache_and_reproduces_the_report(evaluated: Path, corpor
 
 def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
     """--reference/--teacher-forced: the F16 whisper.cpp file holds the F16 model's very values, so against it KLD and
-    delta-NLL are 0 and top-1 agrees everywhere; the 4-bit models move away from it; imatrix runs end to end."""
+    delta-NLL are 0 and top-1 agrees everywhere; the 4-bit models move away from it; imatrix runs end to end. The
+    decoding (for retention) is greedy: nothing here depends on the profile, which test_decode_profiles.py covers."""
     imatrix = work / "ckpt-imatrix"
     _cli("quantize", "--model", "packaged:tiny.en", "--calib", corpora["calib"], "--method", "imatrix",
          "--n-calib", N_SYNTH_CALIB, "--out", imatrix)
@@ -163,7 +164,7 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
     _cli("verify", work / "imatrix-q4_0.bin", "--against", imatrix)
     out = work / "eval-tf"
     argv = ["eval", "--data", str(corpora["synth"]), "--out", str(out), "--resamples", "100", "--quiet",
-            "--tokenizer", "packaged:tiny.en", "--model", "F16=packaged:tiny.en", "--backend", "torch",
+            "--decode", "greedy", "--tokenizer", "packaged:tiny.en", "--model", "F16=packaged:tiny.en", "--backend", "torch",
             "--model", f"F16 file={work / 'f16.bin'}", "--backend", "whisper.cpp",
             "--model", f"RTN={work / 'rtn-q4_0.bin'}", "--backend", "whisper.cpp",
             "--model", f"IMATRIX={work / 'imatrix-q4_0.bin'}", "--backend", "whisper.cpp",

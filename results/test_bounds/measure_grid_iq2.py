@@ -1,10 +1,12 @@
 """Spread of the held-out capped WER that tests/test_grid_whisper_cpp_2bit.py bounds at IQ2_S and IQ2_XS, over what
 legitimately varies between runs, for a given size of the synthetic calibration corpus.
 
-    python results/test_bounds/measure_grid_iq2.py --n-calib 32 [--seeds 0 1 2 3] [--out FILE.json]
+    python results/test_bounds/measure_grid_iq2.py --n-calib 32 [--corpus 128] [--types iq2_s] [--seeds 0 1 2 3]
+        [--out FILE.json]
 
-Each configuration is the test's own chain of commands in fresh processes: `corpus synth --n 1 --n-calib N --seed S`
-(voices slt and joe), `quantize --method tarq --type T` of real Whisper base on it, `export`, `verify`, then
+Each configuration is the test's own chain of commands in fresh processes: `corpus synth --n 1 --n-calib C --seed S`
+(voices slt and joe; C is --corpus, by default N), `quantize --method tarq --type T --n-calib N` of real Whisper base
+on it (N < C: quantize's own draw of N of the C utterances), `export`, `verify`, then
 whisper.cpp (pywhispercpp, greedy, 2 threads) on the 12 real clips, scored by the test's capped WER. Varied: the
 corpus seed; torch threads 2 (the test's: the quantize child runs on torch's default) and 1; on an AVX-512 processor
 the AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) for the test's seed.
@@ -46,10 +48,11 @@ def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
     return held_out_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
 
 
-def one(work: Path, type_name: str, n_calib: int, seed: int, threads: int, isa: str) -> dict:
-    corpus = work / f"synth-{n_calib}-{seed}"
+def one(work: Path, type_name: str, n_calib: int, seed: int, threads: int, isa: str, size: int = 0) -> dict:
+    size = size or n_calib
+    corpus = work / f"synth-{size}-{seed}"
     if not (corpus / "calib.jsonl").exists():
-        _cli("corpus", "synth", "--out", str(corpus), "--n", "1", "--n-calib", str(n_calib), "--seed", str(seed))
+        _cli("corpus", "synth", "--out", str(corpus), "--n", "1", "--n-calib", str(size), "--seed", str(seed))
     tag = f"{type_name}-{n_calib}-{seed}-t{threads}-{isa}"
     env = {"OMP_NUM_THREADS": str(threads), **(AVX2 if isa == "avx2" else {})}
     started = time.monotonic()
@@ -59,7 +62,7 @@ def one(work: Path, type_name: str, n_calib: int, seed: int, threads: int, isa: 
     _cli("export", "--target", "whisper.cpp", str(work / tag), "-o", str(work / f"{tag}.bin"), "--quiet")
     _cli("verify", str(work / f"{tag}.bin"), "--against", str(work / tag))
     wer, texts = capped_wer_of(work / f"{tag}.bin")
-    row = {"type": type_name, "n_calib": n_calib, "seed": seed, "torch_threads": threads, "isa": isa,
+    row = {"type": type_name, "n_calib": n_calib, "corpus": size, "seed": seed, "torch_threads": threads, "isa": isa,
            "capped_wer": round(wer, 4), "quantize_seconds": round(seconds, 1), "texts": texts}
     print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
     return row
@@ -68,16 +71,18 @@ def one(work: Path, type_name: str, n_calib: int, seed: int, threads: int, isa: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-calib", type=int, required=True)
+    parser.add_argument("--corpus", type=int, default=0, help="utterances synthesized (default: --n-calib)")
+    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--test-seed", type=int, default=2, help="the seed varied over threads and kernels")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    runs = [(t, s, 2, "native") for t in TYPES for s in args.seeds]
-    runs += [(t, args.test_seed, 1, "native") for t in TYPES]
+    runs = [(t, s, 2, "native") for t in args.types for s in args.seeds]
+    runs += [(t, args.test_seed, 1, "native") for t in args.types]
     if "avx512f" in Path("/proc/cpuinfo").read_text():
-        runs += [(t, args.test_seed, 2, "avx2") for t in TYPES]
+        runs += [(t, args.test_seed, 2, "avx2") for t in args.types]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [one(Path(tmp), type_name, args.n_calib, seed, threads, isa)
+        rows = [one(Path(tmp), type_name, args.n_calib, seed, threads, isa, args.corpus)
                 for type_name, seed, threads, isa in runs]
     result = {"cpu_model": cpu_model(), "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
               "rows": rows}
