@@ -164,7 +164,8 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
     _cli("verify", work / "imatrix-q4_0.bin", "--against", imatrix)
     out = work / "eval-tf"
     argv = ["eval", "--data", str(corpora["synth"]), "--out", str(out), "--resamples", "100", "--quiet",
-            "--decode", "greedy", "--tokenizer", "packaged:tiny.en", "--model", "F16=packaged:tiny.en", "--backend", "torch",
+            "--decode", "greedy", "--tokenizer", "packaged:tiny.en",
+            "--model", "F16=packaged:tiny.en", "--backend", "torch",
             "--model", f"F16 file={work / 'f16.bin'}", "--backend", "whisper.cpp",
             "--model", f"RTN={work / 'rtn-q4_0.bin'}", "--backend", "whisper.cpp",
             "--model", f"IMATRIX={work / 'imatrix-q4_0.bin'}", "--backend", "whisper.cpp",
