@@ -6,10 +6,10 @@ legitimately varies between runs, for a given size of the synthetic calibration 
 
 Each configuration is the test's own chain of commands in fresh processes: `corpus synth --n 1 --n-calib C --seed S`
 (voices slt and joe; C is --corpus, by default N), `quantize --method tarq --type T --n-calib N` of real Whisper base
-on it (N < C: quantize's own draw of N of the C utterances), `export`, `verify`, then
-whisper.cpp (pywhispercpp, greedy, 2 threads) on the 12 real clips, scored by the test's capped WER. Varied: the
-corpus seed; torch threads 2 (the test's: the quantize child runs on torch's default) and 1; on an AVX-512 processor
-the AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) for the test's seed.
+on it (N < C: quantize's own draw of N of the C utterances), `export`, `verify`, then whisper.cpp (pywhispercpp,
+greedy, 2 threads) on the 12 real clips, scored by the test's capped WER. Varied: the corpus seed; torch threads 2
+(the test's: the quantize child runs on torch's default) and 1; on an AVX-512 processor the AVX2 kernels
+(ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2) for the test's seed.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
     return held_out_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
 
 
-def one(work: Path, type_name: str, n_calib: int, seed: int, threads: int, isa: str, size: int = 0) -> dict:
-    size = size or n_calib
+def one(work: Path, type_name: str, n_calib: int, size: int, seed: int, threads: int, isa: str) -> dict:
+    """One configuration: N = ``n_calib`` of a synthetic corpus of ``size`` utterances (made once per size and seed)."""
     corpus = work / f"synth-{size}-{seed}"
     if not (corpus / "calib.jsonl").exists():
         _cli("corpus", "synth", "--out", str(corpus), "--n", "1", "--n-calib", str(size), "--seed", str(seed))
@@ -77,12 +77,15 @@ def main() -> None:
     parser.add_argument("--test-seed", type=int, default=2, help="the seed varied over threads and kernels")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    size = args.corpus or args.n_calib
+    if size < args.n_calib:
+        parser.error(f"--corpus {size}: fewer utterances than --n-calib {args.n_calib} draws")
     runs = [(t, s, 2, "native") for t in args.types for s in args.seeds]
     runs += [(t, args.test_seed, 1, "native") for t in args.types]
     if "avx512f" in Path("/proc/cpuinfo").read_text():
         runs += [(t, args.test_seed, 2, "avx2") for t in args.types]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [one(Path(tmp), type_name, args.n_calib, seed, threads, isa, args.corpus)
+        rows = [one(Path(tmp), type_name, args.n_calib, size, seed, threads, isa)
                 for type_name, seed, threads, isa in runs]
     result = {"cpu_model": cpu_model(), "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
               "rows": rows}
