@@ -28,7 +28,7 @@ from ..quant.choices import DATA_FREE_METHODS
 from ..quant.ggml_quants import ggml_quantize
 from ..quant.lattice import LatticeSpec, QuantizedWeight
 from ..quant.lattice_fit import quantize_rtn
-from ..quant.precision import NARROW_DTYPES, float32_compute, release_mapped_pages, return_freed_memory
+from ..quant.precision import NARROW_DTYPES, float32_compute, freed_memory_returned, release_mapped_pages
 from ..quant.recipe import TypeRecipe
 from .driver import CalibrationConfig, CalibrationResult, SequentialCalibrator
 from .options import Importance, QuantizeOptions
@@ -130,6 +130,15 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     takes its ``importance`` ready-made (an imatrix file read by the caller: no calibration at all, as llama.cpp's
     quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
     not resume from a work directory, whose finished blocks would be missing from it)."""
+    with freed_memory_returned():  # for the calibration's tensors only: whatever the process does next is left alone
+        return _quantize(backbone, utterances, options, source_id, work_path, log, milestone, importance,
+                         importance_sink)
+
+
+def _quantize(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions, source_id: str,
+              work_path: Path | None, log: Callable[[str], None], milestone: Callable[[str], None] | None,
+              importance: Importance | None, importance_sink: dict[str, tuple[torch.Tensor, float]] | None,
+              ) -> tuple[LatticeCheckpoint, dict]:
     start = _Start.of(backbone, options)
     calibration: dict = {}
     fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
@@ -165,7 +174,6 @@ class _Start:
     def of(cls, backbone: Backbone, options: QuantizeOptions) -> "_Start":
         """Seed, hash the source weights, then rotate them when asked (the same rotation for the same seed)."""
         torch.manual_seed(options.seed)
-        return_freed_memory()
         peak_rss = {"model": peak_rss_mb()}
         source_sha = state_sha256(backbone.model)
         return cls(source_sha, _rotated(backbone, options), peak_rss)
