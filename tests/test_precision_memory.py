@@ -96,12 +96,13 @@ def test_a_mapped_source_is_hashed_without_staying_resident_and_hashes_as_its_fl
 
 # In a process of its own: the thresholds are process-wide, and this test's own must not reach the other tests.
 REALLOCATING = """
-import json, resource, sys
+import ctypes, json, resource, sys
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, whatever the machine's THP setting
 import torch
 from tarq_deploy.cli import main
 from tarq_deploy.quant.precision import freed_memory_returned
 
-def faults_of_reallocating(times=30, settled=10, mib=16):
+def faults_of_reallocating(times=40, settled=10, mib=16):
     # page faults of the last `settled` allocations: glibc's heap takes a few to settle (without any threshold too)
     faults = []
     for _ in range(times):
@@ -123,7 +124,7 @@ print(json.dumps({"applied": applied, "inside": inside, "between": between, "aft
 def test_the_4_mb_mmap_threshold_holds_during_a_calibration_only(models, tmp_path):
     """Inside the block every freed 16 MiB tensor goes back to the system, so the next one faults all its pages in
     again; after it -- and after a whole `quantize` -- the heap settles and reuses them, as in a process that never
-    set a threshold (there: 8 of 30 fault, then none; PyTorch beam search after the threshold ran 1.8 times as long:
+    set a threshold (there: the first 8 fault, then none; PyTorch beam search after the threshold ran 1.8 times as long:
     precision.py)."""
     done = subprocess.run([sys.executable, "-c", REALLOCATING, str(models["clean"]), str(tmp_path / "ck")],
                           capture_output=True, text=True, timeout=300)
@@ -132,4 +133,4 @@ def test_the_4_mb_mmap_threshold_holds_during_a_calibration_only(models, tmp_pat
     assert faults["applied"], faults
     pages_each = 16 * MIB // os.sysconf("SC_PAGE_SIZE")
     assert faults["inside"] >= 10 * pages_each * 0.9, faults  # the last 10: each a fresh mapping
-    assert faults["between"] <= pages_each and faults["after"] <= pages_each, faults  # settled: none
+    assert faults["between"] <= 2 * pages_each and faults["after"] <= 2 * pages_each, faults  # settled: none seen
