@@ -131,34 +131,26 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
     not resume from a work directory, whose finished blocks would be missing from it)."""
     with freed_memory_returned():  # for the calibration's tensors only: whatever the process does next is left alone
-        return _quantize(backbone, utterances, options, source_id, work_path, log, milestone, importance,
-                         importance_sink)
-
-
-def _quantize(backbone: Backbone, utterances: list[Utterance], options: QuantizeOptions, source_id: str,
-              work_path: Path | None, log: Callable[[str], None], milestone: Callable[[str], None] | None,
-              importance: Importance | None, importance_sink: dict[str, tuple[torch.Tensor, float]] | None,
-              ) -> tuple[LatticeCheckpoint, dict]:
-    start = _Start.of(backbone, options)
-    calibration: dict = {}
-    fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
-    if options.method in DATA_FREE_METHODS or importance is not None:
-        began = time.perf_counter()
-        lattice = _round_to_nearest(backbone, options.recipe(), options.method, importance)
-        result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
-                                             for n in lattice], time.perf_counter() - began)
-        if importance is not None:
-            calibration = {"importance": importance.origin}
-    else:
-        prepared = _Windows.of(backbone, utterances, options, start)
-        fp_blocks_reused = prepared.fp_blocks_reused
-        if milestone:
-            milestone("windows")
-        calibration = prepared.summary
-        work_dir = _work_dir(work_path if importance_sink is None else None, prepared.key)
-        result = _calibrate(backbone, backbone.stages(), prepared.windows, options, work_dir, log, milestone,
-                            importance_sink=importance_sink)
-    return _finished(backbone, result, options, source_id, start, calibration, fp_blocks_reused)
+        start = _Start.of(backbone, options)
+        calibration: dict = {}
+        fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
+        if options.method in DATA_FREE_METHODS or importance is not None:
+            began = time.perf_counter()
+            lattice = _round_to_nearest(backbone, options.recipe(), options.method, importance)
+            result = CalibrationResult(lattice, [{"name": n.removesuffix(".weight"), "method": options.method}
+                                                 for n in lattice], time.perf_counter() - began)
+            if importance is not None:
+                calibration = {"importance": importance.origin}
+        else:
+            prepared = _Windows.of(backbone, utterances, options, start)
+            fp_blocks_reused = prepared.fp_blocks_reused
+            if milestone:
+                milestone("windows")
+            calibration = prepared.summary
+            work_dir = _work_dir(work_path if importance_sink is None else None, prepared.key)
+            result = _calibrate(backbone, backbone.stages(), prepared.windows, options, work_dir, log, milestone,
+                                importance_sink=importance_sink)
+        return _finished(backbone, result, options, source_id, start, calibration, fp_blocks_reused)
 
 
 @dataclass
