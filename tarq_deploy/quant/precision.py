@@ -237,8 +237,9 @@ def freed_memory_returned() -> Iterator[bool]:
 
     Only within the block: every such block is then a fresh mapping whose pages fault in one by one, which a
     calibration pays for its memory but decoding should not. PyTorch beam search of base on four clips after the
-    4 MB threshold took 70-71 s against 39-42 s (sys 31 s against 1-3 s, 19 M page faults against 0.7-1.9 M; Intel
-    Xeon, one thread); with the thresholds set after the block as below, 39-40 s, like a process that never set one."""
+    4 MB threshold took 70-71 s against 39-42 s (sys 31 s against 1-3 s, 19 M page faults against 0.7-1.9 M; 2-core
+    AMD EPYC, family 25, one thread); with the thresholds set after the block as below, 39-40 s, like a process that
+    never set one."""
     libc = _glibc()
     applied = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
     try:
