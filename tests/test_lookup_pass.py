@@ -19,7 +19,9 @@ from tarq_deploy.formats.model_loader import load_whisper
 from tarq_deploy.models.whisper import WhisperBackbone
 from tarq_deploy.quant.backbone import STREAM_KIND, Window
 from tarq_deploy.calibration.options import QuantizeOptions
+from tarq_deploy.calibration import pipeline
 from tarq_deploy.calibration.pipeline import quantize_backbone, quantize_with_lookup_pass
+from tarq_deploy.quant.precision import freed_memory_held
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 HEAD = WhisperBackbone.tied_head
@@ -44,10 +46,11 @@ def test_only_the_quantized_stream_looks_up_in_the_quantized_table() -> None:
         assert torch.equal(decoder.enter(window, stream).float(), own)
 
 
-def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_path: Path) -> None:
+def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_path: Path, monkeypatch) -> None:
     """The checkpoint: the encoder as one pass makes it (the lookup does not reach it), the decoder blocks of the
     second pass (calibrated against another lookup, so other codes), the head of the first pass (which is what one
-    pass makes, with its log record); each pass resumes from its own folder of the work directory."""
+    pass makes, with its log record); each pass resumes from its own folder of the work directory; both passes
+    calibrate under glibc's 4 MB mmap threshold, as quantize_backbone's one does (precision.freed_memory_returned)."""
     clips = [Utterance(c.id, str(c.path), c.text) for c in all_real_clips()[:3]]
     options = QuantizeOptions(method="tarq", n_calib=3)
     single, _ = quantize_backbone(tiny_en(), clips, options, "packaged:tiny.en", log=lambda _: None)
@@ -58,9 +61,18 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
         return loads[-1]
 
     work = tmp_path / "out.partial"
+    threshold_held = []
+
+    def calibrate(*args, **kwargs):
+        threshold_held.append(freed_memory_held())
+        return calibrate_as_is(*args, **kwargs)
+
+    calibrate_as_is = pipeline._calibrate
+    monkeypatch.setattr(pipeline, "_calibrate", calibrate)
     twice, timing = quantize_with_lookup_pass(load, clips, QuantizeOptions(method="tarq", n_calib=3, lookup_pass=True),
                                               "packaged:tiny.en", work, log=lambda _: None)
     assert len(loads) == 2 and loads[0].quantized_lookup is None
+    assert threshold_held == [True, True] and not freed_memory_held()
     assert torch.equal(loads[1].quantized_lookup, single.quantized[HEAD].dequantize())
     assert sorted(p.name for p in work.iterdir()) == ["pass1", "pass2"]
     codes = {name: torch.equal(q.codes, single.quantized[name].codes) for name, q in twice.quantized.items()}

@@ -16,7 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from tarq_deploy.quant.precision import float32_compute, is_memory_mapped, release_mapped_pages, widened
+from tarq_deploy.quant.precision import (float32_compute, freed_memory_held, freed_memory_returned, is_memory_mapped,
+                                         release_mapped_pages, widened)
 
 MIB = 2**20
 ROWS = COLUMNS = 4096  # 32 MiB in bfloat16: far above the page noise of a Python process
@@ -134,3 +135,26 @@ def test_the_4_mb_mmap_threshold_holds_during_a_calibration_only(models, tmp_pat
     pages_each = 16 * MIB // os.sysconf("SC_PAGE_SIZE")
     assert faults["inside"] >= 10 * pages_each * 0.9, faults  # the last 10: each a fresh mapping
     assert faults["between"] <= 2 * pages_each and faults["after"] <= 2 * pages_each, faults  # settled: none seen
+
+
+def test_threshold_blocks_nest_and_only_the_outermost_puts_glibcs_thresholds_back(monkeypatch):
+    """A calibration inside another's block (the lookup pass runs two) must not end the outer block's threshold."""
+    from tarq_deploy.quant import precision
+
+    calls = []
+    libc = precision._glibc()
+    assert libc is not None  # these machines run glibc: the blocks below must take effect
+
+    class Recording:
+        def mallopt(self, parameter: int, value: int) -> int:
+            calls.append((parameter, value))
+            return libc.mallopt(parameter, value)
+
+    monkeypatch.setattr(precision, "_glibc", Recording)
+    with freed_memory_returned() as outer:
+        with freed_memory_returned() as inner:
+            assert outer and inner and freed_memory_held()
+        assert freed_memory_held() and calls == [(precision._M_MMAP_THRESHOLD, precision.MMAP_THRESHOLD_BYTES)]
+    assert not freed_memory_held()
+    assert calls[1:] == [(precision._M_MMAP_THRESHOLD, precision.MMAP_THRESHOLD_AFTER_BYTES),
+                         (precision._M_TRIM_THRESHOLD, precision.TRIM_THRESHOLD_AFTER_BYTES)]

@@ -267,35 +267,36 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
     the first left at the encoder's end (its windows, the encoder's lattice, both streams' encoder output): the
     bytes of a whole second calibration, without its alignment pass and encoder. Each pass resumes from its own
     part of the work directory. ``load`` gives a fresh backbone each call."""
-    first_dir, second_dir = (work_path / f"pass{n}" if work_path else None for n in (1, 2))
-    backbone = load()
-    start = _Start.of(backbone, options)
-    prepared = _Windows.of(backbone, utterances, options, start)
-    stages = backbone.stages()
-    log("lookup pass: the first calibration")
-    first = _calibrate(backbone, stages, prepared.windows, options, _work_dir(first_dir, prepared.key), log,
-                       keep_streams_after=stages[0].name)
-    head = backbone.tied_head
-    first_head = first.lattice[head]
-    del backbone, stages  # its blocks hold lattice values now; the second pass takes a fresh copy
-    second_backbone = load()
-    _rotated(second_backbone, options)  # the same rotation as the first copy's
-    second_backbone.quantized_lookup = first_head.dequantize()
-    redone = [stage for stage in second_backbone.stages()[1:] if not _holds(stage, head)]
-    log("lookup pass: the decoder again, looking its tokens up in the first head's lattice")
-    second = _calibrate(second_backbone, redone, prepared.windows, options,
-                        _work_dir(second_dir, fingerprint(prepared.key, "after the first pass's encoder")), log,
-                        streams=first.streams)
-    redone_records = {r["name"]: r for r in second.records}
-    result = CalibrationResult({**first.lattice, **second.lattice},
-                               [redone_records.get(r["name"], r) for r in first.records],
-                               first.seconds + second.seconds)
-    checkpoint, timing = _finished(second_backbone, result, options, source_id, start, prepared.summary,
-                                   prepared.fp_blocks_reused,
-                                   {"lookup_pass": {"head": "the first calibration's",
-                                                    "recalibrated": [stage.name for stage in redone]}})
-    timing["lookup_pass"] = {"first_pass": {"seconds": first.seconds}, "second_pass": {"seconds": second.seconds}}
-    return checkpoint, timing
+    with freed_memory_returned():  # both calibrations, as quantize_backbone's one
+        first_dir, second_dir = (work_path / f"pass{n}" if work_path else None for n in (1, 2))
+        backbone = load()
+        start = _Start.of(backbone, options)
+        prepared = _Windows.of(backbone, utterances, options, start)
+        stages = backbone.stages()
+        log("lookup pass: the first calibration")
+        first = _calibrate(backbone, stages, prepared.windows, options, _work_dir(first_dir, prepared.key), log,
+                           keep_streams_after=stages[0].name)
+        head = backbone.tied_head
+        first_head = first.lattice[head]
+        del backbone, stages  # its blocks hold lattice values now; the second pass takes a fresh copy
+        second_backbone = load()
+        _rotated(second_backbone, options)  # the same rotation as the first copy's
+        second_backbone.quantized_lookup = first_head.dequantize()
+        redone = [stage for stage in second_backbone.stages()[1:] if not _holds(stage, head)]
+        log("lookup pass: the decoder again, looking its tokens up in the first head's lattice")
+        second = _calibrate(second_backbone, redone, prepared.windows, options,
+                            _work_dir(second_dir, fingerprint(prepared.key, "after the first pass's encoder")), log,
+                            streams=first.streams)
+        redone_records = {r["name"]: r for r in second.records}
+        result = CalibrationResult({**first.lattice, **second.lattice},
+                                   [redone_records.get(r["name"], r) for r in first.records],
+                                   first.seconds + second.seconds)
+        checkpoint, timing = _finished(second_backbone, result, options, source_id, start, prepared.summary,
+                                       prepared.fp_blocks_reused,
+                                       {"lookup_pass": {"head": "the first calibration's",
+                                                        "recalibrated": [stage.name for stage in redone]}})
+        timing["lookup_pass"] = {"first_pass": {"seconds": first.seconds}, "second_pass": {"seconds": second.seconds}}
+        return checkpoint, timing
 
 
 def _work_dir(path: Path | None, key: str) -> WorkDir | None:

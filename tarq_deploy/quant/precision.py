@@ -31,6 +31,7 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
@@ -38,7 +39,7 @@ from torch import nn
 
 from ..machine import cpu_isa
 
-__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "freed_memory_returned", "full_precision",
+__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "freed_memory_held", "freed_memory_returned", "full_precision",
            "is_memory_mapped", "release_mapped_pages", "resolve_compute_dtype", "widened"]
 
 NARROW_DTYPES = (torch.float16, torch.bfloat16)
@@ -224,6 +225,17 @@ TRIM_THRESHOLD_AFTER_BYTES = 2 * MMAP_THRESHOLD_AFTER_BYTES
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
+@dataclass
+class _ThresholdState:
+    """The process-wide state of freed_memory_returned: glibc's thresholds are per process, so this is too."""
+
+    depth: int = 0  # how many blocks are open
+    applied: bool = False  # whether glibc took the outermost block's threshold
+
+
+_THRESHOLD = _ThresholdState()
+
+
 @contextlib.contextmanager
 def freed_memory_returned() -> Iterator[bool]:
     """Within the block, have glibc give large freed blocks back to the system (Linux; yields False where this is not
@@ -239,17 +251,31 @@ def freed_memory_returned() -> Iterator[bool]:
     calibration pays for its memory but decoding should not. PyTorch beam search of base on four clips after the
     4 MB threshold took 70-71 s against 39-42 s (sys 31 s against 1-3 s, 19 M page faults against 0.7-1.9 M; 2-core
     AMD EPYC, family 25, one thread); with the thresholds set after the block as below, 39-40 s, like a process that
-    never set one."""
-    libc = _glibc()
-    applied = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    never set one.
+
+    Blocks nest: only the outermost sets the threshold and puts glibc's settled ones back, so a calibration called
+    from inside another's block (the lookup pass's two) leaves the threshold in place for the rest of the outer one."""
+    if _THRESHOLD.depth == 0:
+        libc = _glibc()
+        _THRESHOLD.applied = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    _THRESHOLD.depth += 1
     try:
-        yield applied
+        yield _THRESHOLD.applied
     finally:
-        if applied:
+        _THRESHOLD.depth -= 1
+        if _THRESHOLD.depth == 0 and _THRESHOLD.applied:
+            libc = _glibc()
             libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_AFTER_BYTES)
             libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_AFTER_BYTES)
+            _THRESHOLD.applied = False
 
 
+def freed_memory_held() -> bool:
+    """Whether this process is inside a freed_memory_returned block whose threshold glibc took."""
+    return _THRESHOLD.applied
+
+
+@functools.cache  # find_library runs ldconfig: once per process
 def _glibc() -> ctypes.CDLL | None:
     """The C library, where it is glibc on Linux (mallopt with glibc's parameter numbers); else None."""
     if not sys.platform.startswith("linux"):
