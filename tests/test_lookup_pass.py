@@ -50,7 +50,8 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
     """The checkpoint: the encoder as one pass makes it (the lookup does not reach it), the decoder blocks of the
     second pass (calibrated against another lookup, so other codes), the head of the first pass (which is what one
     pass makes, with its log record); each pass resumes from its own folder of the work directory; both passes
-    calibrate under glibc's 4 MB mmap threshold, as quantize_backbone's one does (precision.freed_memory_returned)."""
+    calibrate inside one precision.freed_memory_returned block, which takes glibc's 4 MB mmap threshold once resident
+    memory passes its mark (set to 1 byte here: at the first check, after the windows) and keeps it for both."""
     clips = [Utterance(c.id, str(c.path), c.text) for c in all_real_clips()[:3]]
     options = QuantizeOptions(method="tarq", n_calib=3)
     single, _ = quantize_backbone(tiny_en(), clips, options, "packaged:tiny.en", log=lambda _: None)
@@ -61,7 +62,7 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
         return loads[-1]
 
     work = tmp_path / "out.partial"
-    threshold_held = []
+    threshold_held, said = [], []
 
     def calibrate(*args, **kwargs):
         threshold_held.append(freed_memory_held())
@@ -69,10 +70,13 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
 
     calibrate_as_is = pipeline._calibrate
     monkeypatch.setattr(pipeline, "_calibrate", calibrate)
+    monkeypatch.setattr(pipeline, "_scarce_from", lambda _options: 1)  # tiny.en never nears half the budget
     twice, timing = quantize_with_lookup_pass(load, clips, QuantizeOptions(method="tarq", n_calib=3, lookup_pass=True),
-                                              "packaged:tiny.en", work, log=lambda _: None)
+                                              "packaged:tiny.en", work, log=said.append)
     assert len(loads) == 2 and loads[0].quantized_lookup is None
     assert threshold_held == [True, True] and not freed_memory_held()
+    assert [line.split(" after ")[1] for line in said if "resident memory past the mark" in line] == [
+        "windows: freed tensors go back to the system from here on (glibc's 4 MB mmap threshold)"]
     assert torch.equal(loads[1].quantized_lookup, single.quantized[HEAD].dequantize())
     assert sorted(p.name for p in work.iterdir()) == ["pass1", "pass2"]
     codes = {name: torch.equal(q.codes, single.quantized[name].codes) for name, q in twice.quantized.items()}

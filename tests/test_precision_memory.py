@@ -113,7 +113,8 @@ def faults_of_reallocating(times=40, settled=10, mib=16):
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     return sum(faults[-settled:])
 
-with freed_memory_returned() as applied:
+with freed_memory_returned() as held:
+    applied = held()
     inside = faults_of_reallocating()
 between = faults_of_reallocating()
 assert main(["quantize", "--model", sys.argv[1], "--method", "rtn", "--out", sys.argv[2]]) == 0
@@ -137,8 +138,10 @@ def test_the_4_mb_mmap_threshold_holds_during_a_calibration_only(models, tmp_pat
     assert faults["between"] <= 2 * pages_each and faults["after"] <= 2 * pages_each, faults  # settled: none seen
 
 
-def test_threshold_blocks_nest_and_only_the_outermost_puts_glibcs_thresholds_back(monkeypatch):
-    """A calibration inside another's block (the lookup pass runs two) must not end the outer block's threshold."""
+def test_the_threshold_waits_for_its_mark_and_blocks_nest(monkeypatch):
+    """The threshold costs a calibration 13-31 % of its time (precision.py), so a block sets it only once resident
+    memory passes the block's mark, then hands the heap's free pages back; a calibration inside another's block (the
+    lookup pass runs two) must not end the outer block's threshold, and only the outermost puts glibc's back."""
     from tarq_deploy.quant import precision
 
     calls = []
@@ -150,11 +153,24 @@ def test_threshold_blocks_nest_and_only_the_outermost_puts_glibcs_thresholds_bac
             calls.append((parameter, value))
             return libc.mallopt(parameter, value)
 
+        def malloc_trim(self, pad: int) -> int:
+            calls.append(("trim", pad))
+            return libc.malloc_trim(pad)
+
     monkeypatch.setattr(precision, "_glibc", Recording)
-    with freed_memory_returned() as outer:
+    resident = precision.resident_bytes()
+    with freed_memory_returned(from_resident_bytes=2 * resident) as check:
+        assert not check() and not freed_memory_held() and calls == []
+        monkeypatch.setattr(precision, "resident_bytes", lambda: 2 * resident)  # the mark is reached
+        assert check() and freed_memory_held()
         with freed_memory_returned() as inner:
-            assert outer and inner and freed_memory_held()
-        assert freed_memory_held() and calls == [(precision._M_MMAP_THRESHOLD, precision.MMAP_THRESHOLD_BYTES)]
-    assert not freed_memory_held()
-    assert calls[1:] == [(precision._M_MMAP_THRESHOLD, precision.MMAP_THRESHOLD_AFTER_BYTES),
+            assert inner() and freed_memory_held()
+        assert freed_memory_held()
+        assert calls == [(precision._M_MMAP_THRESHOLD, precision.MMAP_THRESHOLD_BYTES), ("trim", 0)]
+    assert not freed_memory_held() and not precision.hold_threshold_once_memory_is_scarce()
+    assert calls[2:] == [(precision._M_MMAP_THRESHOLD, precision.MMAP_THRESHOLD_AFTER_BYTES),
                          (precision._M_TRIM_THRESHOLD, precision.TRIM_THRESHOLD_AFTER_BYTES)]
+    calls.clear()
+    with freed_memory_returned(from_resident_bytes=4 * resident) as check:  # never reached: glibc left alone
+        assert not check()
+    assert calls == []

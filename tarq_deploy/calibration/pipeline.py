@@ -130,7 +130,9 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     takes its ``importance`` ready-made (an imatrix file read by the caller: no calibration at all, as llama.cpp's
     quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
     not resume from a work directory, whose finished blocks would be missing from it)."""
-    with freed_memory_returned():  # for the calibration's tensors only: whatever the process does next is left alone
+    # for the calibration's tensors only, once memory is scarce: whatever the process does next is left alone
+    with freed_memory_returned(_scarce_from(options)) as check_memory:
+        milestone = _checking_memory(check_memory, milestone, log)
         start = _Start.of(backbone, options)
         calibration: dict = {}
         fp_blocks_reused = 0  # blocks whose fp stream the windows brought along (Window.fp_stream): timing log only
@@ -144,8 +146,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
         else:
             prepared = _Windows.of(backbone, utterances, options, start)
             fp_blocks_reused = prepared.fp_blocks_reused
-            if milestone:
-                milestone("windows")
+            milestone("windows")
             calibration = prepared.summary
             work_dir = _work_dir(work_path if importance_sink is None else None, prepared.key)
             result = _calibrate(backbone, backbone.stages(), prepared.windows, options, work_dir, log, milestone,
@@ -267,15 +268,17 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
     the first left at the encoder's end (its windows, the encoder's lattice, both streams' encoder output): the
     bytes of a whole second calibration, without its alignment pass and encoder. Each pass resumes from its own
     part of the work directory. ``load`` gives a fresh backbone each call."""
-    with freed_memory_returned():  # both calibrations, as quantize_backbone's one
+    with freed_memory_returned(_scarce_from(options)) as check_memory:  # both calibrations, as quantize_backbone's one
         first_dir, second_dir = (work_path / f"pass{n}" if work_path else None for n in (1, 2))
         backbone = load()
         start = _Start.of(backbone, options)
         prepared = _Windows.of(backbone, utterances, options, start)
         stages = backbone.stages()
         log("lookup pass: the first calibration")
+        milestone = _checking_memory(check_memory, log=log)
+        milestone("windows")
         first = _calibrate(backbone, stages, prepared.windows, options, _work_dir(first_dir, prepared.key), log,
-                           keep_streams_after=stages[0].name)
+                           milestone, keep_streams_after=stages[0].name)
         head = backbone.tied_head
         first_head = first.lattice[head]
         del backbone, stages  # its blocks hold lattice values now; the second pass takes a fresh copy
@@ -286,7 +289,7 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
         log("lookup pass: the decoder again, looking its tokens up in the first head's lattice")
         second = _calibrate(second_backbone, redone, prepared.windows, options,
                             _work_dir(second_dir, fingerprint(prepared.key, "after the first pass's encoder")), log,
-                            streams=first.streams)
+                            milestone, streams=first.streams)
         redone_records = {r["name"]: r for r in second.records}
         result = CalibrationResult({**first.lattice, **second.lattice},
                                    [redone_records.get(r["name"], r) for r in first.records],
@@ -297,6 +300,29 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
                                                         "recalibrated": [stage.name for stage in redone]}})
         timing["lookup_pass"] = {"first_pass": {"seconds": first.seconds}, "second_pass": {"seconds": second.seconds}}
         return checkpoint, timing
+
+
+def _scarce_from(options: QuantizeOptions) -> int:
+    """Resident memory past which the calibration has glibc return freed blocks (precision.freed_memory_returned:
+    it costs time, 13-31 % of a calibration of base or tiny.en): half the memory budget."""
+    return max_memory_bytes(options) // 2
+
+
+def _checking_memory(check_memory: Callable[[], bool], milestone: Callable[[str], None] | None = None,
+                     log: Callable[[str], None] = print) -> Callable[[str], None]:
+    """``milestone``, checking resident memory first at each (after the windows and after every block); says once
+    where the threshold took over (the calibration runs slower from there)."""
+    said = False
+
+    def at(where: str) -> None:
+        nonlocal said
+        if check_memory() and not said:
+            said = True
+            log(f"resident memory past the mark ({(resident_bytes() or 0) / 1e9:.1f} GB) after {where}: "
+                "freed tensors go back to the system from here on (glibc's 4 MB mmap threshold)")
+        if milestone:
+            milestone(where)
+    return at
 
 
 def _work_dir(path: Path | None, key: str) -> WorkDir | None:

@@ -32,14 +32,14 @@ import ctypes.util
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
-from ..machine import cpu_isa
+from ..machine import cpu_isa, resident_bytes
 
-__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "freed_memory_held", "freed_memory_returned", "full_precision",
+__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "freed_memory_held", "freed_memory_returned", "hold_threshold_once_memory_is_scarce", "full_precision",
            "is_memory_mapped", "release_mapped_pages", "resolve_compute_dtype", "widened"]
 
 NARROW_DTYPES = (torch.float16, torch.bfloat16)
@@ -230,16 +230,19 @@ class _ThresholdState:
     """The process-wide state of freed_memory_returned: glibc's thresholds are per process, so this is too."""
 
     depth: int = 0  # how many blocks are open
-    applied: bool = False  # whether glibc took the outermost block's threshold
+    applied: bool = False  # whether glibc holds the threshold now
+    from_resident_bytes: int = 0  # the outermost block's mark: resident memory past which the threshold is set
 
 
 _THRESHOLD = _ThresholdState()
 
 
 @contextlib.contextmanager
-def freed_memory_returned() -> Iterator[bool]:
-    """Within the block, have glibc give large freed blocks back to the system (Linux; yields False where this is not
-    glibc).
+def freed_memory_returned(from_resident_bytes: int = 0) -> Iterator[Callable[[], bool]]:
+    """Within the block, have glibc give large freed blocks back to the system once the process's resident memory has
+    passed ``from_resident_bytes`` (0: from the start; Linux with glibc only). Yields ``check``: call it where the
+    work is between steps (the calibration does after each block); it sets the threshold once the mark is passed and
+    says whether the threshold is held.
 
     glibc raises its mmap threshold each time a large block is freed (up to 32 MB), after which blocks of that
     size come from the heap, where a freed one stays resident as long as anything above it lives. Calibration makes
@@ -247,20 +250,23 @@ def freed_memory_returned() -> Iterator[bool]:
     large-v3-turbo the freed ones held 2-3 GB of resident memory. A fixed threshold of 4 MB maps every larger block on
     its own and unmaps it when freed; the values computed are the same.
 
-    Only within the block: every such block is then a fresh mapping whose pages fault in one by one, which a
-    calibration pays for its memory but decoding should not. PyTorch beam search of base on four clips after the
-    4 MB threshold took 70-71 s against 39-42 s (sys 31 s against 1-3 s, 19 M page faults against 0.7-1.9 M; 2-core
-    AMD EPYC, family 25, one thread); with the thresholds set after the block as below, 39-40 s, like a process that
-    never set one.
+    It costs time: every such block is then a fresh mapping whose pages fault in one by one. A calibration of tiny.en
+    (TARQ Q5_1, 3 clips, one thread) took 28.7 s under it against 19.8 s without, for 1.19 against 1.29 GB; base
+    (TARQ IQ2_S, 128 utterances, two threads) 111 s against 97 s, for 6.7 against 7.3 GB (2-core AMD EPYC, family
+    25). So the calibration sets it only once memory is getting scarce (pipeline.py: half the memory budget), and
+    hands the heap's free pages back then (malloc_trim). PyTorch beam search of base on four clips after the threshold
+    took 70-71 s against 39-42 s (sys 31 s against 1-3 s): so only within the block, after which glibc's thresholds
+    are set where its dynamic ones settle (39-40 s then, like a process that never set one).
 
-    Blocks nest: only the outermost sets the threshold and puts glibc's settled ones back, so a calibration called
-    from inside another's block (the lookup pass's two) leaves the threshold in place for the rest of the outer one."""
+    Blocks nest: only the outermost sets the mark and puts glibc's settled thresholds back, so a calibration called
+    from inside another's block (the lookup pass runs two) leaves the threshold in place for the rest of the outer
+    one."""
     if _THRESHOLD.depth == 0:
-        libc = _glibc()
-        _THRESHOLD.applied = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+        _THRESHOLD.from_resident_bytes = from_resident_bytes
     _THRESHOLD.depth += 1
     try:
-        yield _THRESHOLD.applied
+        hold_threshold_once_memory_is_scarce()
+        yield hold_threshold_once_memory_is_scarce
     finally:
         _THRESHOLD.depth -= 1
         if _THRESHOLD.depth == 0 and _THRESHOLD.applied:
@@ -270,8 +276,22 @@ def freed_memory_returned() -> Iterator[bool]:
             _THRESHOLD.applied = False
 
 
+def hold_threshold_once_memory_is_scarce() -> bool:
+    """Inside a freed_memory_returned block: set glibc's 4 MB mmap threshold if resident memory has passed the
+    block's mark (and give the heap's free pages back, which the dynamic threshold kept resident until now); whether
+    the threshold is held. Outside any block: nothing, False."""
+    state = _THRESHOLD
+    if state.depth == 0 or state.applied or (resident_bytes() or 0) < state.from_resident_bytes:
+        return state.applied
+    libc = _glibc()
+    state.applied = libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    if state.applied and state.from_resident_bytes:
+        libc.malloc_trim(0)
+    return state.applied
+
+
 def freed_memory_held() -> bool:
-    """Whether this process is inside a freed_memory_returned block whose threshold glibc took."""
+    """Whether this process is inside a freed_memory_returned block whose threshold glibc holds."""
     return _THRESHOLD.applied
 
 
