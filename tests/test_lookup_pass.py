@@ -70,7 +70,7 @@ def test_the_second_pass_recalibrates_the_decoder_against_the_first_head(tmp_pat
 
     calibrate_as_is = pipeline._calibrate
     monkeypatch.setattr(pipeline, "_calibrate", calibrate)
-    monkeypatch.setattr(pipeline, "_scarce_from", lambda _options: 1)  # tiny.en never nears half the budget
+    monkeypatch.setattr(pipeline, "_scarce_from", lambda _model, _options: 1)  # tiny.en never nears half the budget
     twice, timing = quantize_with_lookup_pass(load, clips, QuantizeOptions(method="tarq", n_calib=3, lookup_pass=True),
                                               "packaged:tiny.en", work, log=said.append)
     assert len(loads) == 2 and loads[0].quantized_lookup is None

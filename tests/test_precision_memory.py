@@ -174,3 +174,16 @@ def test_the_threshold_waits_for_its_mark_and_blocks_nest(monkeypatch):
     with freed_memory_returned(from_resident_bytes=4 * resident) as check:  # never reached: glibc left alone
         assert not check()
     assert calls == []
+
+
+def test_large_models_take_the_threshold_from_the_start_small_ones_at_half_the_budget():
+    """large-v3-turbo's 5.7 GB peak (bench/results/scale) was measured with the threshold from the start; tiny.en and
+    base run faster without it until memory is scarce (precision.py)."""
+    from tarq_deploy.calibration.options import QuantizeOptions
+    from tarq_deploy.calibration.pipeline import THRESHOLD_FROM_THE_START_PARAMETERS, _scarce_from
+
+    options = QuantizeOptions(method="tarq", max_memory=6 << 30)
+    large = nn.Linear(25_000, THRESHOLD_FROM_THE_START_PARAMETERS // 25_000, bias=False, device="meta")
+    small = nn.Linear(25_000, THRESHOLD_FROM_THE_START_PARAMETERS // 25_000 - 1, device="meta")
+    assert _scarce_from(large, options) == 0
+    assert _scarce_from(small, options) == 3 << 30

@@ -131,7 +131,7 @@ def quantize_backbone(backbone: Backbone, utterances: list[Utterance], options: 
     quantize --imatrix) or fills ``importance_sink`` with what it gathered (for the caller to save; such a run does
     not resume from a work directory, whose finished blocks would be missing from it)."""
     # for the calibration's tensors only, once memory is scarce: whatever the process does next is left alone
-    with freed_memory_returned(_scarce_from(options)) as check_memory:
+    with freed_memory_returned(_scarce_from(backbone.model, options)) as check_memory:
         milestone = _checking_memory(check_memory, milestone, log)
         start = _Start.of(backbone, options)
         calibration: dict = {}
@@ -268,9 +268,9 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
     the first left at the encoder's end (its windows, the encoder's lattice, both streams' encoder output): the
     bytes of a whole second calibration, without its alignment pass and encoder. Each pass resumes from its own
     part of the work directory. ``load`` gives a fresh backbone each call."""
-    with freed_memory_returned(_scarce_from(options)) as check_memory:  # both calibrations, as quantize_backbone's one
-        first_dir, second_dir = (work_path / f"pass{n}" if work_path else None for n in (1, 2))
-        backbone = load()
+    first_dir, second_dir = (work_path / f"pass{n}" if work_path else None for n in (1, 2))
+    backbone = load()
+    with freed_memory_returned(_scarce_from(backbone.model, options)) as check_memory:  # both passes, as one
         start = _Start.of(backbone, options)
         prepared = _Windows.of(backbone, utterances, options, start)
         stages = backbone.stages()
@@ -302,9 +302,17 @@ def quantize_with_lookup_pass(load: Callable[[], Backbone], utterances: list[Utt
         return checkpoint, timing
 
 
-def _scarce_from(options: QuantizeOptions) -> int:
-    """Resident memory past which the calibration has glibc return freed blocks (precision.freed_memory_returned:
-    it costs time, 13-31 % of a calibration of base or tiny.en): half the memory budget."""
+# Models this large take the threshold from the start: large-v3-turbo's first encoder block took it from 2.9 to 5.4 GB
+# with it (bench/results/scale), and nothing between the windows and that block's end would check the mark.
+THRESHOLD_FROM_THE_START_PARAMETERS = 500_000_000
+
+
+def _scarce_from(model: torch.nn.Module, options: QuantizeOptions) -> int:
+    """Resident memory past which the calibration has glibc return freed blocks (precision.freed_memory_returned;
+    it costs 13-31 % of the calibration's time on base and tiny.en): half the memory budget, or from the start for
+    a model of THRESHOLD_FROM_THE_START_PARAMETERS or more (Whisper medium and the large ones, Qwen3-ASR, Voxtral)."""
+    if sum(p.numel() for p in model.parameters()) >= THRESHOLD_FROM_THE_START_PARAMETERS:
+        return 0
     return max_memory_bytes(options) // 2
 
 
