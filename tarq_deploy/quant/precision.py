@@ -39,8 +39,9 @@ from torch import nn
 
 from ..machine import cpu_isa, resident_bytes
 
-__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "freed_memory_held", "freed_memory_returned", "hold_threshold_once_memory_is_scarce", "full_precision",
-           "is_memory_mapped", "release_mapped_pages", "resolve_compute_dtype", "widened"]
+__all__ = ["NARROW_DTYPES", "compute_in", "float32_compute", "freed_memory_held", "freed_memory_returned",
+           "full_precision", "hold_threshold_once_memory_is_scarce", "is_memory_mapped", "release_mapped_pages",
+           "resolve_compute_dtype", "widened"]
 
 NARROW_DTYPES = (torch.float16, torch.bfloat16)
 TORCH_COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # --compute-dtype, less auto
