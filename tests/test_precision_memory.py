@@ -140,8 +140,8 @@ def test_the_4_mb_mmap_threshold_holds_during_a_calibration_only(models, tmp_pat
 
 def test_the_threshold_waits_for_its_mark_and_blocks_nest(monkeypatch):
     """The threshold costs a calibration 13-31 % of its time (precision.py), so a block sets it only once resident
-    memory passes the block's mark, then hands the heap's free pages back; a calibration inside another's block (the
-    lookup pass runs two) must not end the outer block's threshold, and only the outermost puts glibc's back."""
+    memory passes the block's mark, then hands the heap's free pages back; a calibration run inside a caller's own
+    block must not end the outer block's threshold, and only the outermost puts glibc's back."""
     from tarq_deploy.quant import precision
 
     calls = []

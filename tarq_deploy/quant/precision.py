@@ -259,9 +259,9 @@ def freed_memory_returned(from_resident_bytes: int = 0) -> Iterator[Callable[[],
     took 70-71 s against 39-42 s (sys 31 s against 1-3 s): so only within the block, after which glibc's thresholds
     are set where its dynamic ones settle (39-40 s then, like a process that never set one).
 
-    Blocks nest: only the outermost sets the mark and puts glibc's settled thresholds back, so a calibration called
-    from inside another's block (the lookup pass runs two) leaves the threshold in place for the rest of the outer
-    one."""
+    Blocks nest: only the outermost sets the mark and puts glibc's settled thresholds back, so a caller that runs a
+    calibration inside a block of its own keeps the threshold after the calibration's block ends. (The lookup pass
+    runs its two calibrations inside one block.)"""
     if _THRESHOLD.depth == 0:
         _THRESHOLD.from_resident_bytes = from_resident_bytes
     _THRESHOLD.depth += 1
@@ -296,13 +296,14 @@ def freed_memory_held() -> bool:
     return _THRESHOLD.applied
 
 
-@functools.cache  # find_library runs ldconfig: once per process
+@functools.cache  # a C library that fails to load is not looked for again at every block
 def _glibc() -> ctypes.CDLL | None:
-    """The C library, where it is glibc on Linux (mallopt with glibc's parameter numbers); else None."""
+    """The C library (_libc's, the one madvise goes through), where it is glibc on Linux (mallopt with glibc's
+    parameter numbers); else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "mallopt") else None
+        libc = _libc()
     except OSError:
         return None
+    return libc if hasattr(libc, "mallopt") else None
