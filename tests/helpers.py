@@ -191,6 +191,13 @@ def calibration_clips() -> list:
     return [c for c in all_real_clips() if c.id != "jfk"][:3]
 
 
+def in_sample_2bit_clips() -> list:
+    """jfk and the calibration clips: what tests/test_grid_whisper_cpp_2bit.py calibrates on and transcribes."""
+    from tarq_deploy.data.real_clips import all_real_clips
+
+    return [c for c in all_real_clips() if c.id == "jfk"] + calibration_clips()
+
+
 N_THREADS = 2
 RUNTIME_TIMEOUT_S = 180
 
@@ -280,7 +287,7 @@ def quantize_tarq_of_base(type_name: str, calib: Path, n_calib: int, ckpt: Path)
     assert run.returncode == 0, run.stderr[-2000:]
 
 
-def held_out_capped_wer(clips: list, texts: list[str]) -> float:
+def clips_capped_wer(clips: list, texts: list[str]) -> float:
     """The eval command's capped WER over ``clips``: word errors under Whisper's normaliser, each clip's capped at its
     word count (a loop on a two-word clip costs 2, not 100), per reference word."""
     from tarq_deploy.evaluate.wer import metric_counts, ratio, score_utterance

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import (calibration_clips, check_tarq_export, held_out_capped_wer, quantize_tarq_of_base, run_cli,
+from helpers import (calibration_clips, check_tarq_export, clips_capped_wer, quantize_tarq_of_base, run_cli,
                      transcribe_whisper_cpp_clips)
 
 from tarq_deploy.data.corpus import Utterance, write_manifest
@@ -43,7 +43,7 @@ def test_tarq_on_a_3_bit_grid_type_of_base_transcribes_held_out_clips_in_whisper
     calibrated_on = {clip.id for clip in calibration_clips()}
     held_out = [clip for clip in all_real_clips() if clip.id not in calibrated_on]
     texts = transcribe_whisper_cpp_clips(out, [str(c.path) for c in held_out])
-    assert held_out_capped_wer(held_out, texts) <= HELD_OUT_CAPPED_WER[type_name], \
+    assert clips_capped_wer(held_out, texts) <= HELD_OUT_CAPPED_WER[type_name], \
         list(zip([c.id for c in held_out], texts))
 
 

@@ -1,5 +1,6 @@
-"""Spread of the held-out capped WER that tests/test_grid_whisper_cpp_2bit.py bounds at IQ2_S and IQ2_XS, over what
-legitimately varies between runs, for a given size of the synthetic calibration corpus.
+"""Spread of the held-out capped WER of TARQ IQ2_S and IQ2_XS of base (what tests/test_grid_whisper_cpp_2bit.py
+bounded until 2026-12-07; now a measurement only), over what legitimately varies between runs, for a given size of
+the synthetic calibration corpus.
 
     python results/test_bounds/measure_grid_iq2.py --n-calib 32 [--corpus 128] [--types iq2_s] [--seeds 0 1 2 3]
         [--out FILE.json]
@@ -39,13 +40,13 @@ def _cli(*argv: str, env: dict | None = None) -> None:
 
 def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import held_out_capped_wer, transcribe_whisper_cpp_clips
+    from helpers import clips_capped_wer, transcribe_whisper_cpp_clips
 
     from tarq_deploy.data.real_clips import all_real_clips
 
     clips = all_real_clips()
     texts = transcribe_whisper_cpp_clips(model_file, [str(c.path) for c in clips])
-    return held_out_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
+    return clips_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
 
 
 def one(work: Path, type_name: str, n_calib: int, size: int, seed: int, threads: int, isa: str) -> dict:

@@ -1,0 +1,88 @@
+"""Spread of the capped WER that tests/test_grid_whisper_cpp_2bit.py bounds: TARQ of real Whisper base at IQ2_S and
+IQ2_XS, calibrated on four real clips (jfk and the three of tests/helpers.calibration_clips) and transcribed by
+whisper.cpp on those same four clips, over what legitimately varies between runs; and the same chain with the
+uncalibrated nearest grid points (``--method rtn``), which the bound must refuse.
+
+    python results/test_bounds/measure_grid_iq2_in_sample.py [--types iq2_s iq2_xs] [--out FILE.json]
+
+Each configuration is the test's own chain of commands in fresh processes: `quantize --method tarq --type T --calib
+<the four clips> --n-calib 4 --seed S`, `export`, `verify`, then whisper.cpp (pywhispercpp, greedy, 2 threads) on
+the four clips, scored by the test's capped WER. Varied: quantize's seed 0 (the test's) and 1 (the order in which
+the clips are packed into windows); torch threads 2 (the test's) and 1; on an AVX-512 processor the AVX2 kernels
+(ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_grid_iq2 import TYPES, _cli  # noqa: E402
+from measure_quantize import AVX2, ROOT, cpu_model  # noqa: E402
+
+
+def calibrated_clips():
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import in_sample_2bit_clips
+
+    return in_sample_2bit_clips()
+
+
+def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
+    from helpers import clips_capped_wer, transcribe_whisper_cpp_clips
+
+    clips = calibrated_clips()
+    texts = transcribe_whisper_cpp_clips(model_file, [str(c.path) for c in clips])
+    return clips_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
+
+
+def one(work: Path, manifest: Path, type_name: str, method: str, seed: int, threads: int, isa: str) -> dict:
+    tag = f"{type_name}-{method}-{seed}-t{threads}-{isa}"
+    env = {"OMP_NUM_THREADS": str(threads), **(AVX2 if isa == "avx2" else {})}
+    started = time.monotonic()
+    _cli("quantize", "--model", "packaged:base", "--method", method, "--type", type_name, "--calib", str(manifest),
+         "--n-calib", "4", "--seed", str(seed), "--out", str(work / tag), env=env)
+    seconds = time.monotonic() - started
+    _cli("export", "--target", "whisper.cpp", str(work / tag), "-o", str(work / f"{tag}.bin"), "--quiet")
+    _cli("verify", str(work / f"{tag}.bin"), "--against", str(work / tag))
+    wer, texts = capped_wer_of(work / f"{tag}.bin")
+    row = {"type": type_name, "method": method, "seed": seed, "torch_threads": threads, "isa": isa,
+           "capped_wer": round(wer, 4), "quantize_seconds": round(seconds, 1), "texts": texts}
+    print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    runs = [(t, "tarq", s, 2, "native") for t in args.types for s in (0, 1)]
+    runs += [(t, "tarq", 0, 1, "native") for t in args.types]
+    if "avx512f" in Path("/proc/cpuinfo").read_text():
+        runs += [(t, "tarq", 0, 2, "avx2") for t in args.types]
+    runs += [(t, "rtn", 0, 2, "native") for t in args.types]
+    with tempfile.TemporaryDirectory() as tmp:
+        from tarq_deploy.data.corpus import Utterance, write_manifest
+
+        manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibrated_clips()],
+                                  Path(tmp) / "calib.jsonl")
+        rows = [one(Path(tmp), manifest, *run) for run in runs]
+    result = {"cpu_model": cpu_model(), "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
+              "rows": rows}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()
