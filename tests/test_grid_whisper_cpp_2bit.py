@@ -20,7 +20,7 @@ Capped WER on the four clips (results/test_bounds/grid-iq2-in-sample-intel.json,
 |---|---|---|---|---|---|
 | TARQ IQ2_S | 0.061 | 0.045 | 0.045 | 0.030 | 0.30 |
 | TARQ IQ2_XS (lookup pass) | 0.136 | 0.167 | 0.242 | 0.121 | 0.50 |
-| nearest grid points (`--method rtn`), which the bound must refuse | IQ2_S 0.864, IQ2_XS 1.000 (loops) | | | | |
+| nearest grid points (`--method rtn`), which the bound must refuse | IQ2_S 0.864, IQ2_XS 1.000 (both loop on jfk) | | | | |
 
 IQ2_XS's bound is twice its worst run (a rounding-level change moved a 2-bit greedy decode by 0.27 on held-out
 clips before: bench/results/scale), IQ2_S's five times, both 0.5 below the nearest points.
