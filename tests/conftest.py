@@ -24,7 +24,7 @@ if _no_cuda_device():
 from pathlib import Path
 
 import pytest
-from helpers import NAN_TENSOR, calibration_clips, save_whisper, tiny_random_whisper, write_wav
+from helpers import NAN_TENSOR, calibration_clips, clips_manifest, save_whisper, tiny_random_whisper, write_wav
 
 from tarq_deploy.data.real_clips import Clip, RealClipError, all_real_clips, jfk_wav_path, librivox_clips as _librivox
 
@@ -112,14 +112,12 @@ def tarq_base_q3_k(tmp_path_factory) -> Path:
     from filelock import FileLock
 
     from tarq_deploy.cli import main
-    from tarq_deploy.data.corpus import Utterance, write_manifest
 
     root = shared_temp_root(tmp_path_factory) / "tarq_base_q3_k"
     with FileLock(str(root) + ".lock"):
         if not (root / "ck" / "manifest.json").is_file():
             root.mkdir(exist_ok=True)
-            manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibration_clips()],
-                                      root / "calib.jsonl")
+            manifest = clips_manifest(calibration_clips(), root / "calib.jsonl")
             argv = ["quantize", "--model", "packaged:base", "--method", "tarq", "--type", "q3_k", "--calib",
                     str(manifest), "--n-calib", "3", "--out", str(root / "ck")]
             assert main(argv) == 0, argv

@@ -193,9 +193,16 @@ def calibration_clips() -> list:
 
 def in_sample_2bit_clips() -> list:
     """jfk and the calibration clips: what tests/test_grid_whisper_cpp_2bit.py calibrates on and transcribes."""
-    from tarq_deploy.data.real_clips import all_real_clips
+    from tarq_deploy.data.real_clips import jfk_clip
 
-    return [c for c in all_real_clips() if c.id == "jfk"] + calibration_clips()
+    return [jfk_clip()] + calibration_clips()
+
+
+def clips_manifest(clips: list, path: Path) -> Path:
+    """A JSONL manifest of real clips (real_clips.Clip), written to ``path``."""
+    from tarq_deploy.data.corpus import Utterance, write_manifest
+
+    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips], path)
 
 
 N_THREADS = 2

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import clips_manifest
 
 from tarq_deploy.cli import main
-from tarq_deploy.data.corpus import Utterance, write_manifest
 from tarq_deploy.data.real_clips import all_real_clips
 from tarq_deploy.quant import precision
 from tarq_deploy.quant.precision import compute_in, resolve_compute_dtype
@@ -77,7 +77,7 @@ def test_compute_in_float32_leaves_autocast_off():
 @pytest.fixture(scope="module")
 def calib(tmp_path_factory) -> Path:
     clip = next(c for c in all_real_clips() if c.id != "jfk")
-    return write_manifest([Utterance(clip.id, str(clip.path), clip.text)], tmp_path_factory.mktemp("cd") / "c.jsonl")
+    return clips_manifest([clip], tmp_path_factory.mktemp("cd") / "c.jsonl")
 
 
 def _quantize(calib: Path, out: Path, *extra: str) -> dict:

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from tarq_deploy.checkpoint import save_checkpoint
-from tarq_deploy.data.corpus import Utterance, write_manifest
 from tarq_deploy.data.real_clips import JFK_TEXT, all_real_clips
 from tarq_deploy.formats.ggml_blocks import GGMLType, ggml_rtn
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
@@ -28,7 +27,7 @@ from tarq_deploy.runtimes.base import DecodeOptions, ModelSpec
 from tarq_deploy.runtimes.child import read_wav_float32
 from tarq_deploy.runtimes.crispasr import describe_crispasr_file, is_crispasr_file
 from tarq_deploy.runtimes.registry import infer_runtime, open_transcriber
-from helpers import RUNTIME_TIMEOUT_S, calibration_clips, lattice_checkpoint, run_cli, words
+from helpers import RUNTIME_TIMEOUT_S, calibration_clips, clips_manifest, lattice_checkpoint, run_cli, words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -177,8 +176,7 @@ def held_out_manifest(tmp_path_factory) -> Path:
     """The 9 real clips the shared TARQ checkpoint was not calibrated on (jfk among them)."""
     calibrated = {c.id for c in calibration_clips()}
     held_out = [c for c in all_real_clips() if c.id not in calibrated]
-    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in held_out],
-                          tmp_path_factory.mktemp("real") / "eval.jsonl")
+    return clips_manifest(held_out, tmp_path_factory.mktemp("real") / "eval.jsonl")
 
 
 def test_tarq_q3_k_of_base_exports_exactly_for_crispasr(tmp_path, capsys, tarq_base_q3_k):

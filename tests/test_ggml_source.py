@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import Seed, fresh_path, mutated, parses_or_refuses
+from helpers import Seed, clips_manifest, fresh_path, mutated, parses_or_refuses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -180,7 +180,7 @@ def test_float32_values_in_the_f32_tensors_keep_the_model_in_float32(packaged, w
 @pytest.fixture(scope="module")
 def calib_manifest(work) -> Path:
     clips = [c for c in all_real_clips() if c.id != "jfk"][:1]  # one: base runs twice (161 s with two, shared CPU)
-    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips], work / "calib.jsonl")
+    return clips_manifest(clips, work / "calib.jsonl")
 
 
 def test_quantize_from_the_ggml_file_writes_the_same_lattice(f16_files, calib_manifest, work):

@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import (calibration_clips, check_tarq_export, clips_capped_wer, quantize_tarq_of_base, run_cli,
-                     transcribe_whisper_cpp_clips)
+from helpers import (calibration_clips, check_tarq_export, clips_capped_wer, clips_manifest, quantize_tarq_of_base,
+                     run_cli, transcribe_whisper_cpp_clips)
 
-from tarq_deploy.data.corpus import Utterance, write_manifest
 from tarq_deploy.data.real_clips import all_real_clips
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
@@ -26,8 +25,7 @@ HELD_OUT_CAPPED_WER = {"iq3_s": 0.25, "iq3_xxs": 0.30}  # measured: see above
 
 @pytest.fixture(scope="module")
 def real_calib(tmp_path_factory) -> Path:
-    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibration_clips()],
-                          tmp_path_factory.mktemp("calib") / "calib.jsonl")
+    return clips_manifest(calibration_clips(), tmp_path_factory.mktemp("calib") / "calib.jsonl")
 
 
 @pytest.mark.parametrize("type_name", ["iq3_s", "iq3_xxs"])

@@ -20,7 +20,7 @@ Capped WER on the four clips (results/test_bounds/grid-iq2-in-sample-intel.json,
 |---|---|---|---|---|---|
 | TARQ IQ2_S | 0.061 | 0.045 | 0.045 | 0.030 | 0.30 |
 | TARQ IQ2_XS (lookup pass) | 0.136 | 0.167 | 0.242 | 0.121 | 0.50 |
-| nearest grid points (`--method rtn`), which the bound must refuse | IQ2_S 0.864, IQ2_XS 1.000 (both loop on jfk) | | | | |
+| nearest grid points (`--method rtn`), to be refused | IQ2_S 0.864, IQ2_XS 1.000 (both loop on jfk) | | | | |
 
 IQ2_XS's bound is twice its worst run (a rounding-level change moved a 2-bit greedy decode by 0.27 on held-out
 clips before: bench/results/scale), IQ2_S's five times, both 0.5 below the nearest points.
@@ -31,10 +31,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import (check_tarq_export, clips_capped_wer, in_sample_2bit_clips, quantize_tarq_of_base,
+from helpers import (check_tarq_export, clips_capped_wer, clips_manifest, in_sample_2bit_clips, quantize_tarq_of_base,
                      transcribe_whisper_cpp_clips)
 
-from tarq_deploy.data.corpus import Utterance, write_manifest
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
 
@@ -44,9 +43,7 @@ IN_SAMPLE_CAPPED_WER = {"iq2_s": 0.30, "iq2_xs": 0.50}  # measured: see the modu
 
 @pytest.fixture(scope="module")
 def calibration(tmp_path_factory) -> Path:
-    clips = in_sample_2bit_clips()
-    return write_manifest([Utterance(c.id, str(c.path), c.text) for c in clips],
-                          tmp_path_factory.mktemp("calib") / "calib.jsonl")
+    return clips_manifest(in_sample_2bit_clips(), tmp_path_factory.mktemp("calib") / "calib.jsonl")
 
 
 @pytest.mark.parametrize("type_name", ["iq2_s", "iq2_xs"])
