@@ -38,13 +38,14 @@ def _cli(*argv: str, env: dict | None = None) -> None:
         raise SystemExit(f"{' '.join(argv[:2])} failed: {run.stderr[-1500:]}")
 
 
-def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
+def capped_wer_of(model_file: Path, clips: list | None = None) -> tuple[float, list[tuple[str, str]]]:
+    """The test's capped WER of whisper.cpp's transcripts of ``clips`` (default: the 12 real clips), with the texts."""
     sys.path.insert(0, str(ROOT / "tests"))
     from helpers import clips_capped_wer, transcribe_whisper_cpp_clips
 
     from tarq_deploy.data.real_clips import all_real_clips
 
-    clips = all_real_clips()
+    clips = all_real_clips() if clips is None else clips
     texts = transcribe_whisper_cpp_clips(model_file, [str(c.path) for c in clips])
     return clips_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
 
@@ -88,11 +89,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [one(Path(tmp), type_name, args.n_calib, size, seed, threads, isa)
                 for type_name, seed, threads, isa in runs]
+    write_result(rows, args.out)
+
+
+def write_result(rows: list[dict], out: Path | None) -> None:
+    """The rows with the machine they ran on, as JSON to ``out`` (stdout without one)."""
     result = {"cpu_model": cpu_model(), "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
               "rows": rows}
     text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
+    if out:
+        out.write_text(text + "\n")
     else:
         print(text)
 

@@ -16,31 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_grid_iq2 import TYPES, _cli  # noqa: E402
-from measure_quantize import AVX2, ROOT, cpu_model  # noqa: E402
+from measure_grid_iq2 import TYPES, _cli, capped_wer_of, write_result  # noqa: E402
+from measure_quantize import AVX2, ROOT  # noqa: E402
 
-
-def calibrated_clips():
-    sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import in_sample_2bit_clips
-
-    return in_sample_2bit_clips()
-
-
-def capped_wer_of(model_file: Path) -> tuple[float, list[tuple[str, str]]]:
-    from helpers import clips_capped_wer, transcribe_whisper_cpp_clips
-
-    clips = calibrated_clips()
-    texts = transcribe_whisper_cpp_clips(model_file, [str(c.path) for c in clips])
-    return clips_capped_wer(clips, texts), [(c.id, t) for c, t in zip(clips, texts)]
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers import clips_manifest, in_sample_2bit_clips  # noqa: E402
 
 
 def one(work: Path, manifest: Path, type_name: str, method: str, seed: int, threads: int, isa: str) -> dict:
@@ -52,7 +38,7 @@ def one(work: Path, manifest: Path, type_name: str, method: str, seed: int, thre
     seconds = time.monotonic() - started
     _cli("export", "--target", "whisper.cpp", str(work / tag), "-o", str(work / f"{tag}.bin"), "--quiet")
     _cli("verify", str(work / f"{tag}.bin"), "--against", str(work / tag))
-    wer, texts = capped_wer_of(work / f"{tag}.bin")
+    wer, texts = capped_wer_of(work / f"{tag}.bin", in_sample_2bit_clips())
     row = {"type": type_name, "method": method, "seed": seed, "torch_threads": threads, "isa": isa,
            "capped_wer": round(wer, 4), "quantize_seconds": round(seconds, 1), "texts": texts}
     print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
@@ -70,18 +56,9 @@ def main() -> None:
         runs += [(t, "tarq", 0, 2, "avx2") for t in args.types]
     runs += [(t, "rtn", 0, 2, "native") for t in args.types]
     with tempfile.TemporaryDirectory() as tmp:
-        from tarq_deploy.data.corpus import Utterance, write_manifest
-
-        manifest = write_manifest([Utterance(c.id, str(c.path), c.text) for c in calibrated_clips()],
-                                  Path(tmp) / "calib.jsonl")
+        manifest = clips_manifest(in_sample_2bit_clips(), Path(tmp) / "calib.jsonl")
         rows = [one(Path(tmp), manifest, *run) for run in runs]
-    result = {"cpu_model": cpu_model(), "machine": platform.machine(), "load_average_at_end": os.getloadavg(),
-              "rows": rows}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    else:
-        print(text)
+    write_result(rows, args.out)
 
 
 if __name__ == "__main__":
