@@ -192,7 +192,7 @@ def calibration_clips() -> list:
 
 
 def in_sample_2bit_clips() -> list:
-    """jfk and the calibration clips: what tests/test_grid_whisper_cpp_2bit.py calibrates on and transcribes."""
+    """jfk and the calibration clips: what tests/test_grid_whisper_cpp_2bit.py calibrates on (it transcribes jfk)."""
     from tarq_deploy.data.real_clips import jfk_clip
 
     return [jfk_clip()] + calibration_clips()

@@ -153,16 +153,22 @@ def test_rerun_reads_the_cache_and_reproduces_the_report(evaluated: Path, corpor
     assert (again / "report.json").read_bytes() == (evaluated / "report.json").read_bytes()
 
 
-def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
+def test_teacher_forced_figures_and_retention(work: Path, corpora, models, evaluated: Path):
     """--reference/--teacher-forced: the F16 whisper.cpp file holds the F16 model's very values, so against it KLD and
     delta-NLL are 0 and top-1 agrees everywhere; the 4-bit models move away from it; imatrix runs end to end. The
-    decoding (for retention) is greedy: nothing here depends on the profile, which test_decode_profiles.py covers."""
+    decoding (for retention) is greedy: nothing here depends on the profile, which test_decode_profiles.py covers.
+    The two whisper.cpp files the main run decoded on this dataset, with the same settings, start from its hypothesis
+    caches under this run's labels (a cache's identity is the file's bytes and the settings, not the label)."""
     imatrix = work / "ckpt-imatrix"
     _cli("quantize", "--model", "packaged:tiny.en", "--calib", corpora["calib"], "--method", "imatrix",
          "--n-calib", N_SYNTH_CALIB, "--out", imatrix)
     _cli("export", "--target", "whisper.cpp", imatrix, "-o", work / "imatrix-q4_0.bin", "--quiet")
     _cli("verify", work / "imatrix-q4_0.bin", "--against", imatrix)
     out = work / "eval-tf"
+    for label, ours in (("F16", "F16_file"), ("RTN_Q4_0", "RTN")):
+        cache = f"{label}__whisper.cpp__synth__greedy.jsonl"
+        (out / "hypotheses").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(evaluated / "hypotheses" / cache, out / "hypotheses" / cache.replace(label, ours, 1))
     argv = ["eval", "--data", str(corpora["synth"]), "--out", str(out), "--resamples", "100", "--quiet",
             "--decode", "greedy", "--tokenizer", "packaged:tiny.en",
             "--model", "F16=packaged:tiny.en", "--backend", "torch",
@@ -171,6 +177,10 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models):
             "--model", f"IMATRIX={work / 'imatrix-q4_0.bin'}", "--backend", "whisper.cpp",
             "--reference", "F16", "--teacher-forced", "--compare", "IMATRIX:RTN"]
     _cli(*argv)
+    for label, ours in (("F16", "F16_file"), ("RTN_Q4_0", "RTN")):  # reused as they were: nothing decoded again
+        cache = f"{label}__whisper.cpp__synth__greedy.jsonl"
+        assert (out / "hypotheses" / cache.replace(label, ours, 1)).read_bytes() == \
+            (evaluated / "hypotheses" / cache).read_bytes()
     dataset = json.loads((out / "report.json").read_text())["datasets"][0]
     tf = {m["label"]: m for m in dataset["teacher_forced"]["models"]}
     assert set(tf) == {"F16 file", "RTN", "IMATRIX"}

@@ -1,11 +1,25 @@
 """The 3-bit grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ3_S and IQ3_XXS from 3
-real clips through the CLI; the export is bit-exact (verify) and whisper.cpp (pywhispercpp) transcribes the 9 real
-clips the calibration did not see within a capped-WER bound. What ggml cannot quantize is refused in one line. The
-2-bit types: tests/test_grid_whisper_cpp_2bit.py.
+real clips through the CLI; the export is bit-exact (verify) and whisper.cpp (pywhispercpp) transcribes jfk, which the
+calibration did not see, within a capped-WER bound. What ggml cannot quantize is refused in one line. The 2-bit
+types: tests/test_grid_whisper_cpp_2bit.py.
 
-Capped WER on the 9 clips (whisper.cpp, greedy; 2-core AMD EPYC family 25, 2026-11-29; `tarq-deploy eval`'s scoring):
-TARQ IQ3_S 0.096, IQ3_XXS 0.151 (the same on one and two torch threads); the float model 0.043 on all 12. The bounds
-sit 0.15 above those runs, far below an uncalibrated or misexported model."""
+Capped WER of the files this test makes (results/test_bounds/grid-iq3-intel.json, `measure_grid_iq3.py`; 2-core
+Intel Xeon, AVX-512, 2026-12-07; whisper.cpp greedy, 2 threads), on jfk and on the nine real clips the calibration
+did not see (jfk among them):
+
+| file | seed 0 (this test's) | seed 1 | one torch thread | AVX2 kernels | bound (jfk) |
+|---|---|---|---|---|---|
+| TARQ IQ3_S | 0.000 (nine clips 0.110) | 0.045 (0.096) | 0.045 (0.123) | 0.045 (0.082) | 0.25 |
+| TARQ IQ3_XXS | 0.227 (0.219) | 0.000 (0.123) | 0.136 (0.151) | 0.045 (0.082) | 0.50 |
+| nearest grid points (`--method rtn`) | IQ3_S 0.000 (0.205), IQ3_XXS 0.045 (0.110) | | | | |
+
+Until 2026-12-07 the test transcribed all nine clips (bounds 0.25 and 0.30). The measurement showed that bound could
+not tell calibration from rounding: at 3 bits the nearest grid points transcribe the held-out clips about as well as
+TARQ from three clips (IQ3_XXS: 0.110 against 0.082-0.219), and each clip costs whisper.cpp a whole 30-s encoder
+window. So the test guards the chain -- grid solver, implied signs, exporter, ggml's dequantization -- on jfk, held
+out, with bounds twice the worst run or more (a broken chain garbles or loops: 1.0), and verify's bit-exact check;
+whether calibration helps at 3 bits is a question for the rare-word corpora, not three clips.
+"""
 from __future__ import annotations
 
 import json
@@ -15,12 +29,12 @@ import pytest
 from helpers import (calibration_clips, check_tarq_export, clips_capped_wer, clips_manifest, quantize_tarq_of_base,
                      run_cli, transcribe_whisper_cpp_clips)
 
-from tarq_deploy.data.real_clips import all_real_clips
+from tarq_deploy.data.real_clips import jfk_clip
 from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-HELD_OUT_CAPPED_WER = {"iq3_s": 0.25, "iq3_xxs": 0.30}  # measured: see above
+JFK_CAPPED_WER = {"iq3_s": 0.25, "iq3_xxs": 0.50}  # measured: see above
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +43,8 @@ def real_calib(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("type_name", ["iq3_s", "iq3_xxs"])
-def test_tarq_on_a_3_bit_grid_type_of_base_transcribes_held_out_clips_in_whisper_cpp(capsys, tmp_path, real_calib,
-                                                                                     type_name):
+def test_tarq_on_a_3_bit_grid_type_of_base_transcribes_held_out_jfk_in_whisper_cpp(capsys, tmp_path, real_calib,
+                                                                                   type_name):
     ckpt, out = tmp_path / "ck", tmp_path / f"{type_name}.bin"
     quantize_tarq_of_base(type_name, real_calib, len(calibration_clips()), ckpt)
     check_tarq_export(capsys, ckpt, out, type_name)
@@ -38,11 +52,10 @@ def test_tarq_on_a_3_bit_grid_type_of_base_transcribes_held_out_clips_in_whisper
     assert model.tensors["decoder.token_embedding.weight"].ggml_type == type_by_name(type_name)
     knobs = json.loads((ckpt / "manifest.json").read_text())["method"]
     assert not knobs.get("lookup_pass", False)  # --lookup-pass auto: IQ2_XS only
-    calibrated_on = {clip.id for clip in calibration_clips()}
-    held_out = [clip for clip in all_real_clips() if clip.id not in calibrated_on]
-    texts = transcribe_whisper_cpp_clips(out, [str(c.path) for c in held_out])
-    assert clips_capped_wer(held_out, texts) <= HELD_OUT_CAPPED_WER[type_name], \
-        list(zip([c.id for c in held_out], texts))
+    jfk = [jfk_clip()]
+    assert jfk[0].id not in {clip.id for clip in calibration_clips()}
+    texts = transcribe_whisper_cpp_clips(out, [str(jfk[0].path)])
+    assert clips_capped_wer(jfk, texts) <= JFK_CAPPED_WER[type_name], texts
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -1,6 +1,6 @@
 """The 2-bit grid types in stock whisper.cpp (issue 38): TARQ calibrates real Whisper base onto IQ2_S and IQ2_XS
 through the CLI (IQ2_XS with its lookup pass, as `--lookup-pass auto` chooses), the export is bit-exact (verify), and
-whisper.cpp (pywhispercpp) transcribes jfk and the three other clips it was calibrated on, within a capped-WER bound.
+whisper.cpp (pywhispercpp) transcribes jfk, one of the four clips it was calibrated on, within a capped-WER bound.
 The 3-bit types: tests/test_grid_whisper_cpp.py.
 
 What this guards is the chain at 2 bits -- the grid solver, the implied signs, the lookup pass, the exporter, ggml's
@@ -11,19 +11,22 @@ IQ2_XS over four corpora (2-core AMD EPYC, 2026-11-29), from 32 or 64 up to 0.45
 until 2026-12-07; it then cost a fifth of the suite's work (658 of 3142 worker-seconds on the 2-core Intel Xeon, where
 the suite took 26:40), and the 128-utterance calibrations, the synthesis and the 12 transcriptions are what cost it.
 The held-out figure is a measurement, `measure_grid_iq2.py` makes it; here the calibration set is four real clips,
-about a minute of speech, and the clips checked are those four.
+about a minute of speech, and the clip checked is jfk (each clip is a whole 30-s encoder window for whisper.cpp: the
+other three cost as much again for no other property; their figures stay in the measurement).
 
-Capped WER on the four clips (results/test_bounds/grid-iq2-in-sample-intel.json, `measure_grid_iq2_in_sample.py`;
-2-core Intel Xeon, AVX-512, 2026-12-07; whisper.cpp greedy, 2 threads):
+Capped WER on jfk, and on all four clips, of the files the test makes
+(results/test_bounds/grid-iq2-in-sample-intel.json, `measure_grid_iq2_in_sample.py`; 2-core Intel Xeon, AVX-512,
+2026-12-07; whisper.cpp greedy, 2 threads):
 
-| file | seed 0 (this test's) | seed 1 | one torch thread | AVX2 kernels | bound |
+| file | seed 0 (this test's) | seed 1 | one torch thread | AVX2 kernels | bound (jfk) |
 |---|---|---|---|---|---|
-| TARQ IQ2_S | 0.061 | 0.045 | 0.045 | 0.030 | 0.30 |
-| TARQ IQ2_XS (lookup pass) | 0.136 | 0.167 | 0.242 | 0.121 | 0.50 |
-| nearest grid points (`--method rtn`), to be refused | IQ2_S 0.864, IQ2_XS 1.000 (both loop on jfk) | | | | |
+| TARQ IQ2_S | 0.045 (four clips 0.061) | 0.000 (0.045) | 0.045 (0.045) | 0.000 (0.030) | 0.30 |
+| TARQ IQ2_XS (lookup pass) | 0.000 (0.136) | 0.000 (0.167) | 0.000 (0.242) | 0.000 (0.121) | 0.50 |
+| nearest grid points (`--method rtn`), to be refused | IQ2_S 1.000, IQ2_XS 1.000 (both loop on jfk) | | | | |
 
-IQ2_XS's bound is twice its worst run (a rounding-level change moved a 2-bit greedy decode by 0.27 on held-out
-clips before: bench/results/scale), IQ2_S's five times, both 0.5 below the nearest points.
+The bounds were set on the four clips (IQ2_XS's twice its worst run there: a rounding-level change moved a 2-bit
+greedy decode by 0.27 on held-out clips before, bench/results/scale) and are kept for jfk alone, where the nearest
+points sit at 1.0.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from tarq_deploy.formats.ggml_file import read_whisper_cpp
 from tarq_deploy.quant.ggml_types import type_by_name
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-IN_SAMPLE_CAPPED_WER = {"iq2_s": 0.30, "iq2_xs": 0.50}  # measured: see the module docstring
+JFK_CAPPED_WER = {"iq2_s": 0.30, "iq2_xs": 0.50}  # measured: see the module docstring
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +60,6 @@ def test_tarq_on_a_2_bit_grid_type_of_base_runs_in_whisper_cpp(capsys, tmp_path,
     assert model.tensors["encoder.blocks.0.mlp.0.weight"].ggml_type == type_by_name(type_name)
     knobs = json.loads((ckpt / "manifest.json").read_text())["method"]
     assert knobs.get("lookup_pass", False) == (type_name == "iq2_xs")  # --lookup-pass auto
-    texts = transcribe_whisper_cpp_clips(out, [str(c.path) for c in clips])
-    assert clips_capped_wer(clips, texts) <= IN_SAMPLE_CAPPED_WER[type_name], \
-        list(zip([c.id for c in clips], texts))
+    jfk = [clips[0]]
+    texts = transcribe_whisper_cpp_clips(out, [str(jfk[0].path)])
+    assert clips_capped_wer(jfk, texts) <= JFK_CAPPED_WER[type_name], texts

@@ -25,6 +25,7 @@ from tarq_deploy.evaluate.wer import normalized_words
 
 BOUND = 0.08  # |whole-recording WER - per-utterance WER|, as a fraction
 MIN_MINUTES = 3.0
+MAX_MINUTES = 3.1  # 3.04 min, 26 of the 36 utterances (a 3.0-3.3 range gave 3.29 min and 28: the same checks, more work)
 
 
 def _cli(*argv: str) -> None:
@@ -36,7 +37,7 @@ def evaluated(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("long_form")
     _cli("corpus", "synth", "--out", str(work / "synth"), "--n", "36", "--n-calib", "1", "--seed", "3")
     _cli("corpus", "long", "--data", str(work / "synth" / "eval.jsonl"), "-o", str(work / "long"),
-         "--minutes", f"{MIN_MINUTES},3.3", "--n", "1", "--seed", "0")
+         "--minutes", f"{MIN_MINUTES},{MAX_MINUTES}", "--n", "1", "--seed", "0")
     (spans,) = load_long_spans(work / "long" / "long.jsonl").values()
     inside = {s.utterance_id for s in spans if s.kind == "speech"}  # decoded one by one: only what the recording holds
     write_manifest([u for u in load_corpus(work / "synth" / "eval.jsonl") if u.id in inside], work / "utts.jsonl")

@@ -1,7 +1,8 @@
 """Spread of the capped WER that tests/test_grid_whisper_cpp_2bit.py bounds: TARQ of real Whisper base at IQ2_S and
 IQ2_XS, calibrated on four real clips (jfk and the three of tests/helpers.calibration_clips) and transcribed by
-whisper.cpp on those same four clips, over what legitimately varies between runs; and the same chain with the
-uncalibrated nearest grid points (``--method rtn``), which the bound must refuse.
+whisper.cpp on those same four clips (the test now bounds jfk's alone: the texts are in the rows), over what
+legitimately varies between runs; and the same chain with the uncalibrated nearest grid points (``--method rtn``),
+which the bound must refuse.
 
     python results/test_bounds/measure_grid_iq2_in_sample.py [--types iq2_s iq2_xs] [--out FILE.json]
 
