@@ -1,9 +1,12 @@
 """`tarq-deploy corpus` and `tarq-deploy eval` end to end on real Whisper tiny.en.
 
-One eval run scores F16, ggml's own RTN Q4_0, a GPTQ lattice at group 128 and a TARQ one at 32, each through PyTorch and
-through whisper.cpp (pywhispercpp), on the real clips and on a small synthetic rare-word corpus made here by offline
-TTS; calibration uses that corpus's disjoint calibration split. The sizes are small to keep the test short; the full
-run (200 utterances, 128 calibration utterances) is in results/eval/README.md.
+One eval run scores F16, ggml's own RTN Q4_0 and a TARQ lattice at group 32, each through PyTorch and through
+whisper.cpp (pywhispercpp), on the real clips and on a small synthetic rare-word corpus made here by offline TTS;
+calibration uses that corpus's disjoint calibration split. The sizes are small to keep the test short; the full run
+(200 utterances, 128 calibration utterances) is in results/eval/README.md. A GPTQ lattice at group 128 was a fourth
+model until 2026-12-07: calibrated on 4 utterances it could loop, so only its rows' presence was checked, at a sixth
+of the module's time; GPTQ's solver is tests/test_quantize_whisper.py's, group 128 in whisper.cpp
+tests/test_whisper_cpp_export.py's, and eval treats every lattice checkpoint alike.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 N_SYNTH_EVAL, N_SYNTH_CALIB = 6, 4
 N_REAL_EVAL = 6  # of the 12 real clips: jfk and 5 LibriVox clips (rare words among them), for time
-LATTICES = [("GPTQ g128", "gptq", 128), ("TARQ g32", "tarq", 32)]  # both solvers and both group-size paths
+LATTICES = [("TARQ g32", "tarq", 32)]
 
 
 def _cli(*argv: str) -> None:
@@ -42,7 +45,7 @@ def corpora(work: Path) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def models(work: Path, corpora: dict[str, Path]) -> list[tuple[str, str, str]]:
-    """(label, source, backend) for the 8 columns: every model in PyTorch and in whisper.cpp."""
+    """(label, source, backend) for the 6 columns: every model in PyTorch and in whisper.cpp."""
     _cli("export", "--target", "whisper.cpp", "--model", "packaged:tiny.en", "-o", work / "f16.bin", "--quiet")
     _cli("export", "--target", "whisper.cpp", "--model", "packaged:tiny.en", "--baseline", "rtn", "--type", "q4_0",
          "-o", work / "rtn-q4_0.bin", "--quiet")
@@ -111,7 +114,7 @@ def test_report_has_every_model_on_every_dataset(evaluated: Path, models):
         for row in dataset["models"]:
             assert 0.0 <= row["wer"]["low"] <= row["wer"]["value"] <= row["wer"]["high"]
             assert row["rare_wer"]["value"] == row["rare_wer"]["value"]  # defined: both datasets have rare words
-        assert len(dataset["differences"]) == 6  # 3 quantized models against F16, per backend
+        assert len(dataset["differences"]) == 4  # 2 quantized models against F16, per backend
         assert "summary" in dataset["recovery"] and "examples" in dataset["recovery"]
     markdown = (evaluated / "report.md").read_text()
     for heading in ("## real", "## synth", "### Rare-word recovery", "Paired differences"):
@@ -136,12 +139,10 @@ def test_whisper_cpp_and_torch_agree_on_f16_text(evaluated: Path):
 
 
 def test_quantized_models_still_transcribe_real_speech(evaluated: Path):
-    """F16, ggml's RTN and the group-32 lattice stay usable on real speech. Group 128 calibrated on 4 utterances may
-    collapse into loops (as the measured pitfalls predict), so for it only the rows must be there."""
+    """F16, ggml's RTN and the group-32 lattice stay usable on real speech."""
     real = json.loads((evaluated / "report.json").read_text())["datasets"][0]
-    for row in real["models"]:
-        if not row["label"].endswith("g128"):  # measured: F16 0.051, RTN 0.060, TARQ g32 0.085-0.120 (eval-intel.json)
-            assert row["capped_wer"]["value"] < 0.5, row["key"]
+    for row in real["models"]:  # measured: F16 0.051, RTN 0.060, TARQ g32 0.085-0.120 (eval-intel.json)
+        assert row["capped_wer"]["value"] < 0.5, row["key"]
 
 
 def test_rerun_reads_the_cache_and_reproduces_the_report(evaluated: Path, corpora, models, work: Path):

@@ -2,8 +2,8 @@
 
     python results/test_bounds/measure_eval.py [--out results/test_bounds/eval-<cpu>.json]
 
-The test's own commands (same corpora, sizes and options), minus the GPTQ g128 column, whose rows the test only
-checks for presence: F16, ggml's RTN Q4_0 and a TARQ g32 lattice calibrated on 4 synthetic utterances, each through
+The test's own commands (same corpora, sizes and options; its GPTQ g128 column, whose rows it only checked for
+presence, left it on 2026-12-07): F16, ggml's RTN Q4_0 and a TARQ g32 lattice calibrated on 4 synthetic utterances, each through
 PyTorch and whisper.cpp, on the 12 real clips and 8 synthetic utterances. Varied: threads 1 and 2 (`eval --threads`
 and torch's threads in `quantize`), the calibration seed 0 and 1, and on AVX-512 processors torch forced to AVX2.
 Figures: the F16 torch / whisper.cpp agreement (identical normalised text, near-ties aside) and each row's capped
