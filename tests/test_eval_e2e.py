@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 N_SYNTH_EVAL, N_SYNTH_CALIB = 6, 4
 N_REAL_EVAL = 6  # of the 12 real clips: jfk and 5 LibriVox clips (rare words among them), for time
 LATTICES = [("TARQ g32", "tarq", 32)]
+REUSED_CACHES = (("F16", "F16_file"), ("RTN_Q4_0", "RTN"))  # the main run's label -> the teacher-forced run's
 
 
 def _cli(*argv: str) -> None:
@@ -166,10 +167,9 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models, evalu
     _cli("export", "--target", "whisper.cpp", imatrix, "-o", work / "imatrix-q4_0.bin", "--quiet")
     _cli("verify", work / "imatrix-q4_0.bin", "--against", imatrix)
     out = work / "eval-tf"
-    for label, ours in (("F16", "F16_file"), ("RTN_Q4_0", "RTN")):
-        cache = f"{label}__whisper.cpp__synth__greedy.jsonl"
-        (out / "hypotheses").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(evaluated / "hypotheses" / cache, out / "hypotheses" / cache.replace(label, ours, 1))
+    (out / "hypotheses").mkdir(parents=True)
+    for main_run, ours in _reused_caches(evaluated, out):
+        shutil.copyfile(main_run, ours)
     argv = ["eval", "--data", str(corpora["synth"]), "--out", str(out), "--resamples", "100", "--quiet",
             "--decode", "greedy", "--tokenizer", "packaged:tiny.en",
             "--model", "F16=packaged:tiny.en", "--backend", "torch",
@@ -178,10 +178,8 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models, evalu
             "--model", f"IMATRIX={work / 'imatrix-q4_0.bin'}", "--backend", "whisper.cpp",
             "--reference", "F16", "--teacher-forced", "--compare", "IMATRIX:RTN"]
     _cli(*argv)
-    for label, ours in (("F16", "F16_file"), ("RTN_Q4_0", "RTN")):  # reused as they were: nothing decoded again
-        cache = f"{label}__whisper.cpp__synth__greedy.jsonl"
-        assert (out / "hypotheses" / cache.replace(label, ours, 1)).read_bytes() == \
-            (evaluated / "hypotheses" / cache).read_bytes()
+    for main_run, ours in _reused_caches(evaluated, out):  # reused as they were: nothing decoded again
+        assert ours.read_bytes() == main_run.read_bytes(), ours.name
     dataset = json.loads((out / "report.json").read_text())["datasets"][0]
     tf = {m["label"]: m for m in dataset["teacher_forced"]["models"]}
     assert set(tf) == {"F16 file", "RTN", "IMATRIX"}
@@ -202,6 +200,13 @@ def test_teacher_forced_figures_and_retention(work: Path, corpora, models, evalu
     _cli(*[a if a != str(out) else str(only) for a in argv], "--teacher-forced-only")
     quick = json.loads((only / "report.json").read_text())["datasets"][0]["teacher_forced"]
     assert quick == dataset["teacher_forced"]
+
+
+def _reused_caches(evaluated: Path, out: Path) -> list[tuple[Path, Path]]:
+    """(the main run's hypothesis cache, the same cache under the teacher-forced run's label) of each reused file."""
+    stems = [(f"{label}__whisper.cpp__synth__greedy", f"{ours}__whisper.cpp__synth__greedy")
+             for label, ours in REUSED_CACHES]
+    return [(evaluated / "hypotheses" / f"{a}.jsonl", out / "hypotheses" / f"{b}.jsonl") for a, b in stems]
 
 
 # ----------------------------------------------------------------------------------------------------- refusals

@@ -17,8 +17,8 @@ Until 2026-12-07 the test transcribed all nine clips (bounds 0.25 and 0.30). The
 not tell calibration from rounding: at 3 bits the nearest grid points transcribe the held-out clips about as well as
 TARQ from three clips (IQ3_XXS: 0.110 against 0.082-0.219), and each clip costs whisper.cpp a whole 30-s encoder
 window. So the test guards the chain -- grid solver, implied signs, exporter, ggml's dequantization -- on jfk, held
-out, with bounds twice the worst run or more (a broken chain garbles or loops: 1.0), and verify's bit-exact check;
-whether calibration helps at 3 bits is a question for the rare-word corpora, not three clips.
+out, with bounds twice the worst run or more (a garbled or looping decode scores near 1.0), and verify's bit-exact
+check; whether calibration helps at 3 bits is a question for the rare-word corpora, not three clips.
 """
 from __future__ import annotations
 
