@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_grid_iq2 import TYPES, _cli, capped_wer_of, write_result  # noqa: E402
@@ -29,19 +30,39 @@ from measure_quantize import AVX2, ROOT  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers import clips_manifest, in_sample_2bit_clips  # noqa: E402
 
+Figures = Callable[[float, list[tuple[str, str]]], dict]  # (capped WER of the scored clips, their texts) -> row fields
 
-def one(work: Path, manifest: Path, type_name: str, method: str, seed: int, threads: int, isa: str) -> dict:
+
+def variant_runs(types: list[str]) -> list[tuple[str, str, int, int, str]]:
+    """(type, method, seed, torch threads, isa) of every configuration: seeds 0/1, one thread, AVX2 kernels on an
+    AVX-512 processor, then the nearest grid points."""
+    runs = [(t, "tarq", s, 2, "native") for t in types for s in (0, 1)]
+    runs += [(t, "tarq", 0, 1, "native") for t in types]
+    if "avx512f" in Path("/proc/cpuinfo").read_text():
+        runs += [(t, "tarq", 0, 2, "avx2") for t in types]
+    return runs + [(t, "rtn", 0, 2, "native") for t in types]
+
+
+def measure_rows(types: list[str], calibration: list, scored: list, figures: Figures) -> list[dict]:
+    """Every configuration of ``types``: base calibrated on the clips ``calibration``, whisper.cpp on ``scored``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = clips_manifest(calibration, Path(tmp) / "calib.jsonl")
+        return [one(Path(tmp), manifest, len(calibration), scored, figures, *run) for run in variant_runs(types)]
+
+
+def one(work: Path, manifest: Path, n_calib: int, scored: list, figures: Figures, type_name: str, method: str,
+        seed: int, threads: int, isa: str) -> dict:
     tag = f"{type_name}-{method}-{seed}-t{threads}-{isa}"
     env = {"OMP_NUM_THREADS": str(threads), **(AVX2 if isa == "avx2" else {})}
     started = time.monotonic()
     _cli("quantize", "--model", "packaged:base", "--method", method, "--type", type_name, "--calib", str(manifest),
-         "--n-calib", "4", "--seed", str(seed), "--out", str(work / tag), env=env)
+         "--n-calib", str(n_calib), "--seed", str(seed), "--out", str(work / tag), env=env)
     seconds = time.monotonic() - started
     _cli("export", "--target", "whisper.cpp", str(work / tag), "-o", str(work / f"{tag}.bin"), "--quiet")
     _cli("verify", str(work / f"{tag}.bin"), "--against", str(work / tag))
-    wer, texts = capped_wer_of(work / f"{tag}.bin", in_sample_2bit_clips())
+    wer, texts = capped_wer_of(work / f"{tag}.bin", scored)
     row = {"type": type_name, "method": method, "seed": seed, "torch_threads": threads, "isa": isa,
-           "capped_wer": round(wer, 4), "quantize_seconds": round(seconds, 1), "texts": texts}
+           **figures(wer, texts), "quantize_seconds": round(seconds, 1), "texts": texts}
     print(json.dumps({k: v for k, v in row.items() if k != "texts"}), flush=True)
     return row
 
@@ -51,15 +72,8 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    runs = [(t, "tarq", s, 2, "native") for t in args.types for s in (0, 1)]
-    runs += [(t, "tarq", 0, 1, "native") for t in args.types]
-    if "avx512f" in Path("/proc/cpuinfo").read_text():
-        runs += [(t, "tarq", 0, 2, "avx2") for t in args.types]
-    runs += [(t, "rtn", 0, 2, "native") for t in args.types]
-    with tempfile.TemporaryDirectory() as tmp:
-        manifest = clips_manifest(in_sample_2bit_clips(), Path(tmp) / "calib.jsonl")
-        rows = [one(Path(tmp), manifest, *run) for run in runs]
-    write_result(rows, args.out)
+    clips = in_sample_2bit_clips()
+    write_result(measure_rows(args.types, clips, clips, lambda wer, _: {"capped_wer": round(wer, 4)}), args.out)
 
 
 if __name__ == "__main__":
