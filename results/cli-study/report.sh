@@ -6,14 +6,17 @@
 #   results/cli-study/report.sh cli      # after: tarq-deploy sweep results/cli-study/sweep.toml -o runs/cli-study
 #   results/cli-study/report.sh greedy   # after: tarq-deploy sweep results/cli-study/sweep-greedy.toml -o runs/cli-study
 #   EXTRA=runs/cli-study-greedy-tarq results/cli-study/report.sh greedy   # as this study's greedy report was made
+#   SWEEP=runs/cli-study-tiny MODEL=tiny.en results/cli-study/report.sh cli  # the tiny.en half (results/cli-study-tiny)
 set -euo pipefail
 profile=${1:-cli}
-sweep=runs/cli-study
-out=runs/cli-study-$profile
-files=runs/cli-study-files
+sweep=${SWEEP:-runs/cli-study}
+model=${MODEL:-base}
+out=$sweep-$profile
+files=$sweep-files
 mkdir -p "$out/hypotheses" "$files"
+m=${model//./\\.}  # the model's name as a sed pattern (tiny.en)
 short() {  # a sweep label or file stem (base_-_ggml_q4_0 / base---ggml-q4_0) -> ggml-q4_0
-  sed -E -e 's/^base(_-_|---)f16(_|-)f16/f16/' -e 's/^base(_-_|---|_synth_|-synth-)([a-z]+)(_|-)(q[0-9a-z_]+)$/\2-\4/' <<<"$1"
+  sed -E -e "s/^$m(_-_|---)f16(_|-)f16/f16/" -e "s/^$m(_-_|---|_synth_|-synth-)([a-z]+)(_|-)(q[0-9a-z_]+)\$/\\2-\\4/" <<<"$1"
 }
 done_labels=" "
 for step in "$sweep"/steps/eval/*/; do
