@@ -44,12 +44,15 @@ for bin in "$sweep"/steps/export/*/*.bin; do
 done
 pairs=()
 pair() { [[ " ${have[*]} " == *" $1 "* && " ${have[*]} " == *" $2 "* ]] && pairs+=(--compare "$1:$2") || true; }
-for type in q5_0 q4_0 q3_k; do
+for type in q5_0 q4_0 q3_k iq3_s; do
   for other in ggml imatrix gptq; do pair "tarq-$type" "$other-$type"; done
   pair "imatrix-$type" "ggml-$type"; pair "gptq-$type" "ggml-$type"
 done
 pair tarq-q3_k ggml-q4_0; pair tarq-q4_0 ggml-q5_0; pair gptq-q3_k ggml-q4_0
 data=(--data test=corpora/synth/test.jsonl)  # greedy: the test split only, as its sweep decoded
-[[ $profile == cli ]] && data+=(--data long=corpora/long/long.jsonl --nonspeech corpora/nonspeech/nonspeech.jsonl)
+if [[ $profile == cli ]]; then  # the long recordings only where the sweep decoded them (the IQ3_S sweep did not)
+  compgen -G "$out/hypotheses/*__long__cli.jsonl" >/dev/null && data+=(--data long=corpora/long/long.jsonl)
+  data+=(--nonspeech corpora/nonspeech/nonspeech.jsonl)
+fi
 tarq-deploy eval --decode "$profile" "${data[@]}" "${models[@]}" "${pairs[@]}" \
     --reference f16 --threads 1 --jobs 1 --resamples 2000 --out "$out" --quiet

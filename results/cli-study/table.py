@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-ORDER = [f"{m}-{t}" for t in ("q5_0", "q4_0", "q3_k") for m in ("ggml", "imatrix", "gptq", "tarq")]
+TYPES = ("q5_0", "q4_0", "q3_k", "iq3_s")
+ORDER = [f"{m}-{t}" for t in TYPES for m in ("ggml", "imatrix", "gptq", "tarq")]
 NAMES = {"ggml": "ggml", "imatrix": "imatrix", "gptq": "GPTQ", "tarq": "TARQ"}
 
 
@@ -55,12 +56,22 @@ def title(label: str) -> str:
     return f"{type_name.upper()} {NAMES[method]}"
 
 
+def long_cells(long: dict | None, long_runs: dict[str, dict], label: str) -> str:
+    """The long recordings' WER · rare-WER · loops · invented words a minute; a dash where none were decoded."""
+    if long is None:
+        return "—"
+    lrun, lf = long_runs[label], failure(long, label)
+    invented = lf.get("gap_invented_words", 0) / lf["gap_minutes"] if lf.get("gap_minutes") else None
+    return (f"{pct(lrun['wer']['value'])} · {pct(lrun['rare_wer']['value'])} · {lrun['loops']} / {lf['items']} · "
+            f"{'—' if invented is None else f'{invented:.1f}'}")
+
+
 def main(cli_path: str, greedy_path: str | None) -> None:
     cli = json.loads(Path(cli_path).read_text())
     greedy = json.loads(Path(greedy_path).read_text()) if greedy_path else None
     test, long = dataset(cli, "test"), dataset(cli, "long")
     g_test = dataset(greedy, "test") if greedy else None
-    runs, long_runs = by_label(test), by_label(long)
+    runs, long_runs = by_label(test), by_label(long) if long else {}
     g_runs = by_label(g_test) if g_test else {}
     nonspeech = cli["nonspeech"]["models"]
     kept = retention(test)
@@ -70,7 +81,7 @@ def main(cli_path: str, greedy_path: str | None) -> None:
           "· invented/min | non-speech words/min | RTF cli · greedy |")
     print("|---|---|---|---|---|---|---|---|")
     for label in labels:
-        run, lrun = runs[label], long_runs[label]
+        run = runs[label]
         size = Path(run["source"]).stat().st_size / 2**20
         keep = kept.get(label)
         keep_text = "—" if keep is None else f"{100 * keep['value']:.0f} %"
@@ -83,20 +94,26 @@ def main(cli_path: str, greedy_path: str | None) -> None:
             capped = difference(test, label, f"ggml-{type_name}", "capped_rare_wer")
             if rare and capped:
                 versus = f"{interval(rare)} · {interval(capped)}"
-        lf = failure(long, label)
-        invented = lf.get("gap_invented_words", 0) / lf["gap_minutes"] if lf.get("gap_minutes") else None
         ns = nonspeech.get(f"{label} [whisper.cpp]", {}).get("words_per_minute")
         g_rtf = "—" if g is None else f"{g['real_time_factor']:.2f}"
         bold = "**" if method == "tarq" else ""
         print(f"| {bold}{title(label)}{bold} | {size:.1f} | {pct(run['wer']['value'])} · {pct(run['rare_wer']['value'])}"
               f" · {pct(run['capped_rare_wer']['value'])} · {keep_text} | {g_text} | {versus} | "
-              f"{pct(lrun['wer']['value'])} · {pct(lrun['rare_wer']['value'])} · {lrun['loops']} / {lf['items']} · "
-              f"{'—' if invented is None else f'{invented:.1f}'} | {'—' if ns is None else f'{ns:.1f}'} | "
+              f"{long_cells(long, long_runs, label)} | {'—' if ns is None else f'{ns:.1f}'} | "
               f"{run['real_time_factor']:.2f} · {g_rtf} |")
 
 
-PAIRS = [("tarq", t, "ggml", t) for t in ("q5_0", "q4_0", "q3_k")] + [("tarq", "q3_k", "ggml", "q4_0"),
-         ("tarq", "q4_0", "ggml", "q5_0")] + [("tarq", t, o, t) for o in ("gptq", "imatrix") for t in ("q5_0", "q4_0", "q3_k")]
+PAIRS = [("tarq", t, "ggml", t) for t in TYPES] + [("tarq", "q3_k", "ggml", "q4_0"),
+         ("tarq", "q4_0", "ggml", "q5_0")] + [("tarq", t, o, t) for o in ("gptq", "imatrix") for t in TYPES]
+
+
+def long_pair(long: dict | None, a: str, b: str) -> str:
+    """The long recordings' WER A / B · loops A / B · invented words A / B; a dash where none were decoded."""
+    if long is None:
+        return "—"
+    la, lb, lr = failure(long, a), failure(long, b), by_label(long)
+    return (f"{pct(lr[a]['wer']['value'])} / {pct(lr[b]['wer']['value'])} · {la['loops']} / {lb['loops']} · "
+            f"{la['gap_invented_words']} / {lb['gap_invented_words']}")
 
 
 def retention_difference(ds: dict, a: str, b: str) -> dict | None:
@@ -124,13 +141,10 @@ def pairs(cli_path: str, greedy_path: str | None) -> None:
         if g_test is not None and difference(g_test, a, b, "rare_wer") is not None:
             g = f"{interval(difference(g_test, a, b, 'rare_wer'))} · {interval(difference(g_test, a, b, 'capped_rare_wer'))}"
         kept = retention_difference(test, a, b)
-        la, lb = failure(long, a), failure(long, b)
-        lr = by_label(long)
         print(f"| {title(a)} − {title(b)} | {g} | {interval(difference(test, a, b, 'rare_wer'))} | "
               f"{interval(difference(test, a, b, 'capped_rare_wer'))} | {interval(difference(test, a, b, 'wer'))} | "
               f"{'—' if kept is None else interval(kept)} | {runs[a]['loops']} / {runs[b]['loops']} | "
-              f"{pct(lr[a]['wer']['value'])} / {pct(lr[b]['wer']['value'])} · {la['loops']} / {lb['loops']} · "
-              f"{la['gap_invented_words']} / {lb['gap_invented_words']} |")
+              f"{long_pair(long, a, b)} |")
 
 
 README_ROWS = ["f16", "ggml-q5_0", "tarq-q5_0", "ggml-q4_0", "imatrix-q4_0", "gptq-q4_0", "tarq-q4_0", "ggml-q3_k",
