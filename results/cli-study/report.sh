@@ -16,7 +16,8 @@ files=$sweep-files
 mkdir -p "$out/hypotheses" "$files"
 m=${model//./\\.}  # the model's name as a sed pattern (tiny.en)
 short() {  # a sweep label or file stem (base_-_ggml_q4_0 / base---ggml-q4_0) -> ggml-q4_0
-  sed -E -e "s/^$m(_-_|---)f16(_|-)f16/f16/" -e "s/^$m(_-_|---|_synth_|-synth-)([a-z]+)(_|-)(q[0-9a-z_]+)\$/\\2-\\4/" <<<"$1"
+  sed -E -e "s/^$m(_-_|---)f16(_|-)f16/f16/" \
+         -e "s/^$m(_-_|---|_synth_|-synth-)([a-z]+)(_|-)((i?q)[0-9a-z_]+)\$/\\2-\\4/" <<<"$1"
 }
 done_labels=" "
 for step in "$sweep"/steps/eval/*/; do
