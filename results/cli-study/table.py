@@ -56,11 +56,11 @@ def title(label: str) -> str:
     return f"{type_name.upper()} {NAMES[method]}"
 
 
-def long_cells(long: dict | None, long_runs: dict[str, dict], label: str) -> str:
+def long_cells(long: dict | None, label: str) -> str:
     """The long recordings' WER · rare-WER · loops · invented words a minute; a dash where none were decoded."""
     if long is None:
         return "—"
-    lrun, lf = long_runs[label], failure(long, label)
+    lrun, lf = by_label(long)[label], failure(long, label)
     invented = lf.get("gap_invented_words", 0) / lf["gap_minutes"] if lf.get("gap_minutes") else None
     return (f"{pct(lrun['wer']['value'])} · {pct(lrun['rare_wer']['value'])} · {lrun['loops']} / {lf['items']} · "
             f"{'—' if invented is None else f'{invented:.1f}'}")
@@ -71,7 +71,7 @@ def main(cli_path: str, greedy_path: str | None) -> None:
     greedy = json.loads(Path(greedy_path).read_text()) if greedy_path else None
     test, long = dataset(cli, "test"), dataset(cli, "long")
     g_test = dataset(greedy, "test") if greedy else None
-    runs, long_runs = by_label(test), by_label(long) if long else {}
+    runs = by_label(test)
     g_runs = by_label(g_test) if g_test else {}
     nonspeech = cli["nonspeech"]["models"]
     kept = retention(test)
@@ -99,7 +99,7 @@ def main(cli_path: str, greedy_path: str | None) -> None:
         bold = "**" if method == "tarq" else ""
         print(f"| {bold}{title(label)}{bold} | {size:.1f} | {pct(run['wer']['value'])} · {pct(run['rare_wer']['value'])}"
               f" · {pct(run['capped_rare_wer']['value'])} · {keep_text} | {g_text} | {versus} | "
-              f"{long_cells(long, long_runs, label)} | {'—' if ns is None else f'{ns:.1f}'} | "
+              f"{long_cells(long, label)} | {'—' if ns is None else f'{ns:.1f}'} | "
               f"{run['real_time_factor']:.2f} · {g_rtf} |")
 
 
